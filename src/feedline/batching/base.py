@@ -1,0 +1,91 @@
+"""The batcher protocol and collation helpers shared by every strategy.
+
+A batcher is a recipe over a stream of :class:`~feedline.core.record.Example` that yields
+*global* batches: ``dict[str, np.ndarray]`` with ``batch_size`` rows (the last may be short;
+the planner applies the remainder rule). A batcher that holds examples across batches (a
+packer's open bins, a bucket window) keeps their refs in its state and rebuilds them on resume
+with ``materialize(refs)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from feedline.core.dataset import Dataset
+from feedline.core.record import Example, ExampleRef
+from feedline.tasks.base import Task
+
+__all__ = ["Batch", "BatchContext", "Batcher", "collate_padded", "real_tokens"]
+
+Batch = dict[str, np.ndarray]
+Materialize = Callable[[Sequence[ExampleRef]], list[Example]]
+
+
+class BatchContext:
+    """What a batcher is built with."""
+
+    def __init__(self, *, batch_size: int, task: Task, materialize: Materialize, seed: int) -> None:
+        self.batch_size = batch_size
+        self.task = task
+        self.materialize = materialize
+        self.seed = seed
+
+
+class Batcher(Dataset[Batch]):
+    """Base class of batching strategies; subclasses set ``strategy`` and ``Options``."""
+
+    strategy: ClassVar[str]
+    Options: ClassVar[type]
+
+    def __init__(self, parent: Dataset[Example], options: Any, ctx: BatchContext) -> None:
+        self.parent = parent
+        self.options = options
+        self.ctx = ctx
+
+
+def int_dtype(field: str, arr: np.ndarray) -> np.dtype[Any]:
+    return arr.dtype if arr.dtype.kind in "fb" else np.dtype(np.int64 if arr.dtype == np.int64 else np.int32)
+
+
+def collate_padded(examples: Sequence[Example], pad_values: dict[str, Any], length: int | None = None,
+                   multiple_of: int | None = None) -> Batch:
+    """Stack examples into a batch, right-padding token fields to the longest (or ``length``).
+
+    Adds ``attention_mask`` (1 on real tokens). 0-D fields are stacked to shape ``[B]``.
+
+        >>> import numpy as np
+        >>> from feedline.core.record import Example
+        >>> ex = [Example((0, 0, i), 0, 0, {"input_ids": np.arange(n, dtype=np.int32)}) for i, n in enumerate((2, 3))]
+        >>> collate_padded(ex, {"input_ids": 0})["attention_mask"].tolist()
+        [[1, 1, 0], [1, 1, 1]]
+    """
+    lengths = np.array([ex.length for ex in examples], dtype=np.int64)
+    t = int(length if length is not None else (lengths.max() if len(lengths) else 0))
+    if multiple_of:
+        t = -(-t // multiple_of) * multiple_of
+    first = examples[0].fields
+    batch: Batch = {}
+    for name, arr in first.items():
+        if arr.ndim == 0:
+            batch[name] = np.stack([ex.fields[name] for ex in examples])
+            continue
+        pad = pad_values.get(name, 0)
+        out = np.full((len(examples), t) + arr.shape[1:], pad, dtype=int_dtype(name, arr))
+        for i, ex in enumerate(examples):
+            a = ex.fields[name][:t]
+            out[i, : len(a)] = a
+        batch[name] = out
+    if "attention_mask" not in batch:
+        batch["attention_mask"] = (np.arange(t)[None, :] < lengths[:, None]).astype(np.int32)
+    return batch
+
+
+def real_tokens(batch: Batch) -> np.ndarray:
+    """Real (non-padding) tokens per row."""
+    if "attention_mask" in batch:
+        m = batch["attention_mask"]
+        return np.asarray(m.reshape(m.shape[0], -1).astype(bool).sum(axis=1) if m.ndim == 2 else (m.sum(axis=(1, 2)) > 0).sum(axis=-1))
+    return np.full(len(next(iter(batch.values()))), batch["input_ids"].shape[1])

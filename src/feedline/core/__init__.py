@@ -1,0 +1,1 @@
+"""The stage protocol: recipes, stateful iterators, records, counter-based randomness."""

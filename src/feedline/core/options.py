@@ -1,0 +1,149 @@
+"""Turn plain mappings (from YAML, JSON or Python) into frozen option dataclasses.
+
+Every configurable part of feedline (a source, a task, a batcher) declares its options as a
+frozen, keyword-only dataclass. :func:`build` fills one from a mapping, checking every key
+and value up front, and raises :class:`~feedline.errors.SpecError` with the key path, the
+value seen, what is allowed, and a close match for typos::
+
+    >>> from dataclasses import dataclass
+    >>> @dataclass(frozen=True, kw_only=True)
+    ... class Opts:
+    ...     max_length: int = 128
+    >>> build(Opts, {"max_lenght": 5}, "task")
+    Traceback (most recent call last):
+    ...
+    feedline.errors.SpecError: task.max_lenght: unknown key; did you mean 'max_length'? Allowed: max_length
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+from feedline.errors import SpecError
+
+__all__ = ["build", "close_match", "to_plain"]
+
+T = TypeVar("T")
+
+
+def close_match(word: str, choices: Sequence[str]) -> str:
+    """Return ``"; did you mean 'x'?"`` for the closest choice, or ``""`` when none is close."""
+    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {found[0]!r}?" if found else ""
+
+
+def build(cls: type[T], data: Any, path: str) -> T:
+    """Build the dataclass ``cls`` from ``data`` (a mapping, or already a ``cls``).
+
+    Raises:
+        SpecError: naming ``path.key`` for unknown keys, missing required keys and bad values.
+    """
+    if isinstance(data, cls):
+        return data
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise SpecError(f"{path}: expected a mapping of options, got {type(data).__name__} {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    hints = get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in fields:
+            allowed = ", ".join(sorted(fields))
+            raise SpecError(f"{path}.{key}: unknown key{close_match(str(key), list(fields))} Allowed: {allowed}")
+        kwargs[key] = _convert(hints[key], value, f"{path}.{key}")
+    for name, f in fields.items():
+        if name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise SpecError(f"{path}.{name}: required key is missing")
+    try:
+        return cls(**kwargs)
+    except SpecError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise SpecError(f"{path}: {e}") from e
+
+
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in get_args(tp))
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _convert(tp: Any, value: Any, path: str) -> Any:  # noqa: C901 - one branch per type form
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if origin is Literal:
+        allowed = get_args(tp)
+        if value in allowed:
+            return value
+        hint = close_match(str(value), [str(a) for a in allowed])
+        raise SpecError(f"{path}: {value!r} is not allowed{hint} Allowed: {_type_name(tp)}")
+    if origin in (Union, types.UnionType):
+        errors = []
+        for arg in get_args(tp):
+            try:
+                return _convert(arg, value, path)
+            except SpecError as e:
+                errors.append(e)
+        # Prefer the message of a Literal mismatch: it carries the suggestion.
+        for e in errors:
+            if "did you mean" in str(e):
+                raise e
+        raise SpecError(f"{path}: {value!r} is not a {_type_name(tp)}")
+    if tp is type(None):
+        if value is None:
+            return None
+        raise SpecError(f"{path}: expected null, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, path)  # type: ignore[arg-type]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise SpecError(f"{path}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise SpecError(f"{path}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise SpecError(f"{path}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise SpecError(f"{path}: expected a string, got {value!r}")
+    if origin in (tuple, Sequence, list, typing.Sequence):
+        args = get_args(tp)
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+            raise SpecError(f"{path}: expected a list, got {value!r}")
+        item_tp = args[0] if args else Any
+        return tuple(_convert(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value))
+    if origin in (dict, Mapping, typing.Mapping) or tp in (dict, Mapping):
+        if not isinstance(value, Mapping):
+            raise SpecError(f"{path}: expected a mapping, got {value!r}")
+        args = get_args(tp)
+        val_tp = args[1] if len(args) == 2 else Any
+        return {str(k): _convert(val_tp, v, f"{path}.{k}") for k, v in value.items()}
+    return value
+
+
+def to_plain(obj: Any) -> Any:
+    """Turn nested option dataclasses into plain JSON-ready data (tuples become lists)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    return obj

@@ -1,0 +1,65 @@
+"""The units that flow through a pipeline: records, rejections and examples.
+
+Every record has a stable **key** ``(source, file, position)`` of three integers: the index of
+the source in the spec, the index of the file in that source's sorted file list, and the
+reader's position of the record in the file (a byte offset into the decoded stream, or a row
+number). Keys are what resume states hold: never text.
+
+Examples (task outputs) add the record's epoch and ``sub``, the index among the examples that
+one record produced. ``ExampleRef = [source, file, position, epoch, sub]`` names an example in
+a state, so a buffered example can be rebuilt by re-reading its record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Example", "ExampleRef", "Key", "Record", "Rejection"]
+
+Key = tuple[int, int, int]
+ExampleRef = tuple[int, int, int, int, int]
+
+
+@dataclass(slots=True)
+class Record:
+    """One raw record: its key, the epoch it was read in, and its fields (text under ``"text"``)."""
+
+    key: Key
+    epoch: int
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """Why a record was not delivered: file, 1-based line (or row), reason code, detail."""
+
+    path: str
+    line: int | None
+    reason: str
+    detail: str = ""
+
+    def describe(self) -> str:
+        where = f"{self.path}:{self.line}" if self.line is not None else self.path
+        return f"{where}: {self.reason}" + (f" ({self.detail})" if self.detail else "")
+
+
+@dataclass(slots=True)
+class Example:
+    """A task's output for one record (or one piece of it): 1-D arrays per field."""
+
+    key: Key
+    epoch: int
+    sub: int
+    fields: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def ref(self) -> ExampleRef:
+        return (*self.key, self.epoch, self.sub)
+
+    @property
+    def length(self) -> int:
+        """Number of tokens (length of ``input_ids``)."""
+        return int(self.fields["input_ids"].shape[0])

@@ -1,0 +1,128 @@
+"""The reader protocol and the format registry.
+
+A reader turns one *split* of a file (the whole file, a byte range, a row group) into items
+``(position, next_position, line, record_or_rejection)``. ``position`` is the record's stable
+position in the file (a decoded byte offset or a row number), ``next_position`` where reading
+resumes after it, ``line`` its 1-based line (or row) for error reports. ``fetch`` re-reads
+records by position, which is how buffered records are restored on resume.
+
+Formats register by name in :data:`FORMATS` as ``"module:Class"`` (imported on first use), and
+:func:`detect_format` maps file names to formats.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from feedline.core.options import close_match
+from feedline.core.record import Rejection
+from feedline.errors import SourceError, SpecError
+from feedline.sources.files import strip_codec
+
+__all__ = ["FORMATS", "Item", "Reader", "Split", "detect_format", "get_path", "reader_class"]
+
+Item = tuple[int, int, int, "dict[str, Any] | Rejection"]
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """A unit of reading: ``file`` index and path, and a ``[start, end)`` range of positions."""
+
+    file: int
+    path: str
+    start: int = 0
+    end: int | None = None
+
+
+class Reader(ABC):
+    """Reads records of one format. Subclasses set ``name`` and implement :meth:`read`."""
+
+    name: ClassVar[str]
+
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+
+    def splits(self, file: int, path: str) -> list[Split]:
+        """The splits of one file; one per file unless the format can do better."""
+        return [Split(file, path)]
+
+    @abstractmethod
+    def read(self, split: Split, position: int, line: int) -> Iterator[Item]:
+        """Yield the items of ``split`` from ``position`` (whose line number is ``line``)."""
+
+    def fetch(self, path: str, positions: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """Re-read the records at ``positions``; the default scans the file once."""
+        wanted = set(positions)
+        found: dict[int, dict[str, Any]] = {}
+        if not wanted:
+            return found
+        start = min(wanted)
+        for pos, _next, _line, rec in self.read(Split(-1, path, start, None), start, 0):
+            if pos in wanted and not isinstance(rec, Rejection):
+                found[pos] = rec
+                if len(found) == len(wanted):
+                    break
+        missing = wanted - found.keys()
+        if missing:
+            raise SourceError(f"{path}: cannot re-read records at positions {sorted(missing)[:5]}; the file changed since the state was saved")
+        return found
+
+
+FORMATS: dict[str, str] = {
+    "text": "feedline.sources.text:TextReader",
+    "jsonl": "feedline.sources.jsonl:JsonlReader",
+}
+
+_EXTENSIONS: dict[str, str] = {
+    ".txt": "text", ".text": "text", ".md": "text", ".jsonl": "jsonl", ".ndjson": "jsonl",
+}
+
+
+def register_format(name: str, target: str, extensions: Sequence[str] = ()) -> None:
+    """Register a reader ``"module:Class"`` under ``name``, detected from ``extensions``."""
+    FORMATS[name] = target
+    for ext in extensions:
+        _EXTENSIONS[ext] = name
+
+
+def detect_format(path: str) -> str:
+    """The format of a file from its name (compression extensions ignored)."""
+    name = strip_codec(path.rstrip("/"))
+    lower = name.lower()
+    for suffix, fmt in sorted(_EXTENSIONS.items(), key=lambda kv: -len(kv[0])):
+        if lower.endswith(suffix):
+            return fmt
+    if os.path.splitext(lower)[1] == "":
+        return "text"
+    raise SourceError(
+        f"{path}: cannot tell the format from the name; set the source's format: to one of {', '.join(sorted(FORMATS))}"
+    )
+
+
+def reader_class(fmt: str) -> type[Reader]:
+    """The reader class registered under ``fmt``."""
+    target = FORMATS.get(fmt)
+    if target is None:
+        raise SpecError(f"format: {fmt!r} is not a format{close_match(fmt, sorted(FORMATS))} Formats: auto, {', '.join(sorted(FORMATS))}")
+    module, _, cls = target.partition(":")
+    return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
+
+
+def get_path(data: Any, dotted: str) -> Any:
+    """Look up ``a.b.c`` in nested mappings; ``KeyError`` when absent.
+
+        >>> get_path({"body": {"text": "hi"}}, "body.text")
+        'hi'
+    """
+    cur = data
+    for part in dotted.split("."):
+        if isinstance(cur, dict) and part in cur:
+            cur = cur[part]
+        else:
+            raise KeyError(dotted)
+    return cur

@@ -1,0 +1,89 @@
+"""A seeded shuffle buffer whose contents survive a resume.
+
+The buffer fills to ``size`` records; each output is drawn at index
+``floor(uniform(seed, salt, counter) * len(buffer))`` and its slot refilled from upstream.
+The state holds the buffered records' *keys* (never their text); on resume they are re-read
+with ``fetch`` so the buffer is restored exactly, unlike HF streaming, which drops it.
+
+State: ``{"parent": ..., "counter": n, "buffer": [[source, file, position, epoch], ...]}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from feedline.core.dataset import Dataset, DatasetIterator, State
+from feedline.core.record import Key, Record
+from feedline.core.rng import uniform
+from feedline.errors import StateError
+
+__all__ = ["ShuffleBuffer"]
+
+_SALT = 0x5B0F
+
+Fetch = Callable[[Sequence[Key]], Mapping[Key, dict[str, Any]]]
+
+
+class ShuffleBuffer(Dataset[Record]):
+    """Shuffle ``parent`` through a buffer of ``size`` records; ``fetch`` re-reads records by key."""
+
+    def __init__(self, parent: Dataset[Record], size: int, *, seed: int, fetch: Fetch) -> None:
+        self.parent = parent
+        self.size = size
+        self.seed = seed
+        self.fetch = fetch
+
+    def __iter__(self) -> ShuffleBufferIterator:
+        return ShuffleBufferIterator(self)
+
+
+class ShuffleBufferIterator(DatasetIterator[Record]):
+    """Cursor over a :class:`ShuffleBuffer`."""
+
+    def __init__(self, ds: ShuffleBuffer) -> None:
+        self.ds = ds
+        self.parent = iter(ds.parent)
+        self.buffer: list[Record] = []
+        self.counter = 0
+        self.exhausted = False
+
+    def __next__(self) -> Record:
+        while not self.exhausted and len(self.buffer) < self.ds.size:
+            rec = next(self.parent, None)
+            if rec is None:
+                self.exhausted = True
+            else:
+                self.buffer.append(rec)
+        if not self.buffer:
+            raise StopIteration
+        j = int(uniform(self.ds.seed, _SALT, self.counter) * len(self.buffer))
+        self.counter += 1
+        out = self.buffer[j]
+        nxt = None if self.exhausted else next(self.parent, None)
+        if nxt is None:
+            self.exhausted = True
+            last = self.buffer.pop()
+            if j < len(self.buffer):
+                self.buffer[j] = last
+        else:
+            self.buffer[j] = nxt
+        return out
+
+    def get_state(self) -> State:
+        return {"parent": self.parent.get_state(), "counter": self.counter, "exhausted": self.exhausted,
+                "buffer": [[*r.key, r.epoch] for r in self.buffer]}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        try:
+            self.parent.set_state(state["parent"])
+            self.counter = int(state["counter"])
+            self.exhausted = bool(state["exhausted"])
+            entries = [(int(s), int(f), int(p), int(e)) for s, f, p, e in state["buffer"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise StateError(f"shuffle buffer: malformed state ({e})") from e
+        found = self.ds.fetch([(s, f, p) for s, f, p, _ in entries])
+        self.buffer = [Record((s, f, p), e, found[(s, f, p)]) for s, f, p, e in entries]
+
+    def close(self) -> None:
+        self.parent.close()

@@ -1,0 +1,301 @@
+"""The spec: one description of a pipeline, validated up front, with a stable hash.
+
+A spec comes from a YAML or JSON file, a dict, or :class:`Spec` itself::
+
+    >>> spec = Spec.load({"sources": [{"path": "corpus/*.jsonl"}], "tokenizer": "tok.json",
+    ...                   "task": {"kind": "clm", "max_length": 512},
+    ...                   "batching": {"strategy": "pad", "batch_size": 8}})
+    >>> spec.task.kind, spec.task.options.max_length
+    ('clm', 512)
+    >>> Spec.load({"sources": [{"path": "x"}], "task": {"kind": "mln"}})
+    Traceback (most recent call last):
+    ...
+    feedline.errors.SpecError: task.kind: 'mln' is not a task; did you mean 'mlm'? Tasks: ...
+
+Task- and batcher-specific keys sit beside ``kind``/``strategy`` and are validated against that
+task's or batcher's own options dataclass. :meth:`Spec.hash` covers everything that changes the
+batches (not ``engine``, ``workers`` or ``prefetch``), so a resume state can refuse another spec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from feedline.core.options import build, close_match, to_plain
+from feedline.errors import SpecError
+
+__all__ = ["BatchingSpec", "EngineSpec", "MixSpec", "ShuffleSpec", "SourceSpec", "Spec", "TaskSpec"]
+
+OnError = Literal["skip", "raise"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceSpec:
+    """Where and how to read one source.
+
+    Attributes:
+        path: file, glob, directory or URL (``http(s)://``, ``s3://``, ``gs://``, ``hf://``).
+        hf: a Hugging Face dataset name, read with ``datasets.load_dataset`` (instead of path).
+        format: reader name, or ``auto`` to detect it from the file name.
+        text: field holding the text (dotted path allowed, ``body.text``).
+        weight: relative weight in a mixture.
+        name: a label for reports; defaults to the path.
+        unit: for ``text``: one record per ``line``, ``paragraph`` (blank-line separated) or ``file``.
+        columns: for ``csv``/``tsv`` without a header: the column names.
+        delimiter: for ``csv``: the field separator (``tsv`` uses a tab).
+        header: for ``csv``/``tsv``: whether the first row names the columns.
+        namespaces: for ``cirrus``/``wikixml``: the page namespaces to keep (0 = articles).
+        split_bytes: uncompressed files larger than this are read as several byte-range splits.
+        config, split, streaming, data_files, revision: ``load_dataset`` arguments for ``hf``.
+        iterable: a Python iterable of records or strings (not hashed; Python specs only).
+    """
+
+    path: str | None = None
+    hf: str | None = None
+    format: str = "auto"
+    text: str = "text"
+    weight: float = 1.0
+    name: str | None = None
+    unit: Literal["line", "paragraph", "file"] = "line"
+    columns: tuple[str, ...] | None = None
+    delimiter: str | None = None
+    header: bool = True
+    namespaces: tuple[int, ...] = (0,)
+    split_bytes: int = 64 << 20
+    config: str | None = None
+    split: str = "train"
+    streaming: bool = True
+    data_files: Any = None
+    revision: str | None = None
+    iterable: Any = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        given = [k for k in ("path", "hf", "iterable") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise SpecError("a source needs exactly one of 'path', 'hf' or 'iterable'" + (f"; got {given}" if given else ""))
+        if self.weight <= 0:
+            raise SpecError(f"weight: {self.weight} must be > 0")
+        if self.split_bytes < 1 << 16:
+            raise SpecError(f"split_bytes: {self.split_bytes} must be at least 65536")
+
+    @property
+    def label(self) -> str:
+        return self.name or self.path or self.hf or "iterable"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixSpec:
+    """How several sources are mixed.
+
+    ``stopping``: ``all_exhausted`` (each source read once per epoch; weights set the
+    interleaving), ``first_exhausted`` (the epoch ends when any source runs out), or ``cycle``
+    (sources restart as needed so proportions follow the weights; the epoch ends when the
+    largest-weight-adjusted source has been read once).
+    """
+
+    stopping: Literal["all_exhausted", "first_exhausted", "cycle"] = "all_exhausted"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShuffleSpec:
+    """Seeded shuffling: split (shard) order per epoch, then a bounded buffer of records."""
+
+    buffer: int = 10_000
+    shards: bool = True
+
+    def __post_init__(self) -> None:
+        if self.buffer < 0:
+            raise SpecError(f"shuffle.buffer: {self.buffer} must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskSpec:
+    """A task kind (or ``module:Class`` plug-in) and its validated options dataclass."""
+
+    kind: str
+    options: Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchingSpec:
+    """How examples become global batches; ``options`` is the strategy's own dataclass."""
+
+    strategy: str
+    batch_size: int
+    remainder: Literal["drop", "pad", "keep"]
+    options: Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineSpec:
+    """Where the per-record work runs: ``local`` threads, or a Ray cluster."""
+
+    kind: Literal["local", "ray"] = "local"
+    address: str = "auto"
+    num_cpus: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spec:
+    """A validated pipeline description. Build it with :meth:`load`."""
+
+    sources: tuple[SourceSpec, ...]
+    task: TaskSpec
+    batching: BatchingSpec
+    tokenizer: str | None = None
+    seed: int = 0
+    epochs: int | None = 1
+    mix: MixSpec = MixSpec()
+    shuffle: ShuffleSpec | None = None
+    on_error: OnError = "skip"
+    engine: EngineSpec = EngineSpec()
+    workers: int = 0
+    prefetch: int = 4
+    streams: Mapping[str, Any] | None = None
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def load(cls, spec: Spec | Mapping[str, Any] | str | os.PathLike[str]) -> Spec:
+        """Load and validate a spec from a ``Spec``, a mapping, or a ``.yaml``/``.json`` file.
+
+        Relative source paths in a file are resolved against the file's directory.
+        """
+        if isinstance(spec, Spec):
+            return spec
+        if isinstance(spec, (str, os.PathLike)):
+            return cls.from_mapping(read_spec_file(spec), base=Path(spec).resolve().parent)
+        if isinstance(spec, Mapping):
+            return cls.from_mapping(spec)
+        raise SpecError(f"a spec must be a path, a mapping or a feedline.Spec; got {type(spec).__name__}")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], base: Path | None = None) -> Spec:
+        """Validate a mapping; see the module docstring for the layout."""
+        from feedline.batching.registry import batcher_options
+        from feedline.tasks.registry import task_options
+
+        data = dict(data)
+        if "source" in data:
+            if "sources" in data:
+                raise SpecError("give either 'source' or 'sources', not both")
+            data["sources"] = [data.pop("source")]
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in data:
+            if key not in known:
+                raise SpecError(f"{key}: unknown key{close_match(key, sorted(known))} Allowed: {', '.join(sorted(known))}")
+        raw_sources = data.get("sources")
+        if not raw_sources:
+            raise SpecError("sources: at least one source is required, e.g. sources: [{path: corpus.jsonl}]")
+        if isinstance(raw_sources, (str, Mapping)):
+            raw_sources = [raw_sources]
+        sources = []
+        for i, s in enumerate(raw_sources):
+            s = {"path": s} if isinstance(s, str) else s
+            src = build(SourceSpec, s, f"sources[{i}]")
+            if base is not None and src.path and "://" not in src.path and not os.path.isabs(src.path):
+                src = dataclasses.replace(src, path=str(base / src.path))
+            sources.append(src)
+        task_raw = data.get("task", {"kind": "clm"})
+        if isinstance(task_raw, str):
+            task_raw = {"kind": task_raw}
+        task_raw = dict(task_raw)
+        kind = task_raw.pop("kind", "clm")
+        task = TaskSpec(kind=kind, options=build(task_options(kind), task_raw, "task"))
+        bat_raw = dict(data.get("batching") or {})
+        strategy = bat_raw.pop("strategy", "pad")
+        batch_size = bat_raw.pop("batch_size", 8)
+        remainder = bat_raw.pop("remainder", "drop")
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise SpecError(f"batching.batch_size: {batch_size!r} must be a positive integer (global rows per step)")
+        if remainder not in ("drop", "pad", "keep"):
+            raise SpecError(f"batching.remainder: {remainder!r} is not allowed{close_match(str(remainder), ['drop', 'pad', 'keep'])} Allowed: 'drop' | 'pad' | 'keep'")
+        batching = BatchingSpec(
+            strategy=strategy, batch_size=batch_size, remainder=remainder,
+            options=build(batcher_options(strategy), bat_raw, "batching"),
+        )
+        shuffle_raw = data.get("shuffle")
+        if shuffle_raw is True:
+            shuffle_raw = {}
+        if isinstance(shuffle_raw, int) and not isinstance(shuffle_raw, bool):
+            shuffle_raw = {"buffer": shuffle_raw}
+        shuffle = None if shuffle_raw in (None, False) else build(ShuffleSpec, shuffle_raw, "shuffle")
+        engine_raw = data.get("engine", "local")
+        if isinstance(engine_raw, str):
+            engine_raw = {"kind": engine_raw}
+        rest = {k: v for k, v in data.items() if k not in ("sources", "task", "batching", "shuffle", "engine")}
+        scalars = build(_Scalars, rest, "spec")
+        return cls(
+            sources=tuple(sources), task=task, batching=batching, shuffle=shuffle,
+            engine=build(EngineSpec, engine_raw, "engine"),
+            **{f.name: getattr(scalars, f.name) for f in dataclasses.fields(scalars)},
+        )
+
+    # ------------------------------------------------------------------ identity
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as plain data (what :meth:`hash` covers, plus engine/workers/prefetch)."""
+        d = to_plain(self)
+        d["task"] = {"kind": self.task.kind, **to_plain(self.task.options)}
+        d["batching"] = {"strategy": self.batching.strategy, "batch_size": self.batching.batch_size,
+                         "remainder": self.batching.remainder, **to_plain(self.batching.options)}
+        for s in d["sources"]:
+            s.pop("iterable", None)
+        return d
+
+    def hash(self) -> str:
+        """A stable hex digest of everything that determines the batches."""
+        d = self.to_dict()
+        for k in ("engine", "workers", "prefetch", "streams"):
+            d.pop(k, None)
+        blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def replace(self, **changes: Any) -> Spec:
+        """A copy with some top-level fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Scalars:
+    seed: int = 0
+    epochs: int | None = 1
+    mix: MixSpec = MixSpec()
+    tokenizer: str | None = None
+    on_error: OnError = "skip"
+    workers: int = 0
+    prefetch: int = 4
+    streams: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.epochs is not None and self.epochs < 1:
+            raise SpecError(f"epochs: {self.epochs} must be >= 1, or null for endless")
+        if self.workers < 0 or self.prefetch < 1:
+            raise SpecError("workers must be >= 0 (0 = one per core) and prefetch >= 1")
+
+
+def read_spec_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a ``.yaml``/``.yml``/``.json`` spec file (``-`` reads standard input)."""
+    import sys
+
+    import yaml
+
+    p = str(path)
+    try:
+        text = sys.stdin.read() if p == "-" else Path(p).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(f"{p}: spec file not found") from None
+    except OSError as e:
+        raise SpecError(f"{p}: cannot read spec file ({e.strerror})") from e
+    try:
+        data = json.loads(text) if p.endswith(".json") else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise SpecError(f"{p}: not valid {'JSON' if p.endswith('.json') else 'YAML'}: {e}") from e
+    if not isinstance(data, dict):
+        raise SpecError(f"{p}: a spec must be a mapping at the top level, got {type(data).__name__}")
+    return data

@@ -1,0 +1,102 @@
+"""The task protocol.
+
+A task turns a *chunk* of records into examples. It tokenizes the chunk itself (in one batched,
+GIL-free call) because what to tokenize is task-specific (plain text, sentence pairs, chat
+turns). Per-sample randomness comes from :func:`feedline.core.rng.sample_rng` keyed by
+``(seed, epoch, record key, sub)``, so output never depends on chunking or threads::
+
+    class Upper(Task):
+        kind = "upper"
+        Options = UpperOptions                     # a frozen dataclass
+
+        def process(self, records):
+            ids = self.tok.encode_batch([r.data["text"].upper() for r in records])
+            return [[self.example(r, 0, input_ids=i, labels=i)] for r, i in zip(records, ids)]
+
+``process`` returns, for each record, a list of examples (a record may give several, or none)
+or a :class:`~feedline.core.record.Rejection`. Fields are 1-D arrays per token, or 0-D arrays
+per example; :attr:`Task.pad_values` tells batchers how to pad each token field.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from feedline.core.record import Example, Record, Rejection
+from feedline.core.rng import sample_rng
+from feedline.tokenize.tokenizer import Tokenizer
+
+__all__ = ["PAD_VALUES", "Task", "TaskContext", "TaskOutput"]
+
+TaskOutput = list[Example] | Rejection
+
+#: How batchers pad the conventional token fields; ``"pad_id"`` means the tokenizer's pad id.
+PAD_VALUES: dict[str, Any] = {
+    "input_ids": "pad_id", "labels": -100, "attention_mask": 0, "token_type_ids": 0,
+    "position_ids": 0, "decoder_input_ids": "pad_id", "special_tokens_mask": 1, "loss_mask": 0,
+}
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What a task is built with: the tokenizer (``None`` for tokenizer-free tasks) and the seed."""
+
+    tokenizer: Tokenizer | None
+    seed: int
+
+
+class Task(ABC):
+    """Base class of tasks. Subclasses set ``kind`` and ``Options`` and implement :meth:`process`."""
+
+    kind: ClassVar[str]
+    Options: ClassVar[type]
+    #: Token fields whose pad value differs from :data:`PAD_VALUES` (or that are new).
+    extra_pad_values: ClassVar[dict[str, Any]] = {}
+    #: Field that batchers' length budget counts (usually ``input_ids``).
+    length_field: ClassVar[str] = "input_ids"
+
+    def __init__(self, options: Any, ctx: TaskContext) -> None:
+        self.options = options
+        self.ctx = ctx
+        self.seed = ctx.seed
+
+    @property
+    def tok(self) -> Tokenizer:
+        if self.ctx.tokenizer is None:
+            from feedline.errors import TaskError
+
+            raise TaskError(f"task {self.kind!r} needs a tokenizer; set tokenizer: in the spec")
+        return self.ctx.tokenizer
+
+    @property
+    def max_length(self) -> int | None:
+        """The sequence length examples are built for (batchers default to it)."""
+        return getattr(self.options, "max_length", None)
+
+    @property
+    def pad_values(self) -> dict[str, Any]:
+        """Concrete pad value per token field."""
+        pad_id = self.ctx.tokenizer.pad_id if self.ctx.tokenizer is not None else 0
+        vals = {**PAD_VALUES, **self.extra_pad_values}
+        return {k: (pad_id if v == "pad_id" else v) for k, v in vals.items()}
+
+    @abstractmethod
+    def process(self, records: Sequence[Record]) -> list[TaskOutput]:
+        """Turn records into examples; one entry per record, in order."""
+
+    # ----------------------------------------------------------------- helpers
+    def rng(self, record: Record, sub: int = 0, stream: int = 0) -> np.random.Generator:
+        """The per-sample generator for ``record`` (and sub-example ``sub``)."""
+        return sample_rng(self.seed, record.epoch, record.key, sub, stream)
+
+    @staticmethod
+    def example(record: Record, sub: int, **fields: np.ndarray) -> Example:
+        return Example(record.key, record.epoch, sub, dict(fields))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.options!r})"

@@ -1,0 +1,67 @@
+"""Causal language modelling (GPT): ``labels`` equal ``input_ids``, unshifted (HF shifts inside the model).
+
+Each document is encoded, framed with BOS/EOS as configured, and cut at ``max_length``:
+``overflow: split`` (default) turns a long document into consecutive pieces so no token is lost,
+``truncate`` keeps only the first piece. Batchers then pad (-100 labels on padding), pack
+(positions restart per document) or concatenate-and-chunk.
+
+    task: {kind: clm, max_length: 1024, eos: true, bos: false}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from feedline.core.record import Record
+from feedline.errors import SpecError
+from feedline.tasks.base import Task, TaskOutput
+
+__all__ = ["CausalLM", "CausalLMOptions"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CausalLMOptions:
+    """Options of the ``clm`` task.
+
+    Attributes:
+        max_length: tokens per example; ``None`` keeps whole documents.
+        eos: append the EOS token to each document (the separator between documents).
+        bos: prepend the BOS token to each document.
+        overflow: ``split`` long documents into pieces, or ``truncate`` them.
+    """
+
+    max_length: int | None = 1024
+    eos: bool = True
+    bos: bool = False
+    overflow: Literal["split", "truncate"] = "split"
+
+    def __post_init__(self) -> None:
+        if self.max_length is not None and self.max_length < 2:
+            raise SpecError(f"task.max_length: {self.max_length} must be >= 2")
+
+
+class CausalLM(Task):
+    """The ``clm`` task."""
+
+    kind = "clm"
+    Options = CausalLMOptions
+
+    def process(self, records: Sequence[Record]) -> list[TaskOutput]:
+        opts: CausalLMOptions = self.options
+        ids = self.tok.encode_batch([r.data["text"] for r in records])
+        bos = [self.tok.special("bos")] if opts.bos else []
+        eos = [self.tok.special("eos")] if opts.eos else []
+        out: list[TaskOutput] = []
+        for rec, doc in zip(records, ids, strict=True):
+            if bos or eos:
+                doc = np.concatenate([np.asarray(bos, np.int32), doc, np.asarray(eos, np.int32)])
+            n = opts.max_length or max(len(doc), 1)
+            pieces = [doc[i:i + n] for i in range(0, len(doc), n)] or [doc]
+            if opts.overflow == "truncate":
+                pieces = pieces[:1]
+            out.append([self.example(rec, j, input_ids=p, labels=p) for j, p in enumerate(pieces)])
+        return out

@@ -1,0 +1,100 @@
+"""Load a tokenizer from a ``tokenizer.json``, a directory, a SentencePiece ``.model``, or a hub name.
+
+    >>> tok = load_tokenizer("../shared/data/tokenizers/gpt2")           # doctest: +SKIP
+    >>> tok = load_tokenizer("bert-base-uncased")  # hub name: online only  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from typing import Any
+
+from feedline.errors import TokenizerError
+from feedline.tokenize.tokenizer import Tokenizer
+
+__all__ = ["load_tokenizer"]
+
+
+def _read_config(directory: str) -> dict[str, Any]:
+    cfg: dict[str, Any] = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        p = os.path.join(directory, name)
+        if os.path.isfile(p):
+            try:
+                with open(p, encoding="utf-8") as f:
+                    cfg.update(json.load(f))
+            except (OSError, json.JSONDecodeError) as e:
+                raise TokenizerError(f"{p}: unreadable ({e})") from e
+    cfg.pop("added_tokens_decoder", None)
+    return cfg
+
+
+@functools.lru_cache(maxsize=16)
+def load_tokenizer(name: str) -> Tokenizer:
+    """Load and cache a tokenizer by path or hub name.
+
+    Raises:
+        TokenizerError: naming the path or hub name and what to do.
+    """
+    path = os.path.expanduser(name)
+    if os.path.isfile(path):
+        if path.endswith(".model"):
+            return _from_sentencepiece(path)
+        return Tokenizer.from_file(path, _read_config(os.path.dirname(path) or "."))
+    if os.path.isdir(path):
+        tj = os.path.join(path, "tokenizer.json")
+        if os.path.isfile(tj):
+            return Tokenizer.from_file(tj, _read_config(path))
+        models = sorted(f for f in os.listdir(path) if f.endswith(".model"))
+        if models:
+            return _from_sentencepiece(os.path.join(path, models[0]), _read_config(path))
+        if os.path.isfile(os.path.join(path, "tokenizer_config.json")):
+            return _from_transformers(path)
+        raise TokenizerError(f"{path}: no tokenizer.json, *.model or tokenizer_config.json in this directory")
+    if os.sep in name and not name.count("/") == 1 or name.endswith((".json", ".model")):
+        raise TokenizerError(f"{name}: no such tokenizer file or directory")
+    return _from_transformers(name)
+
+
+def _from_transformers(name: str) -> Tokenizer:
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as e:
+        raise TokenizerError(f"{name}: loading by hub name needs transformers: pip install 'feedline[hf]', or pass a tokenizer.json path") from e
+    try:
+        hf = AutoTokenizer.from_pretrained(name)
+    except Exception as e:  # transformers raises OSError, ValueError, HTTP errors...
+        raise TokenizerError(
+            f"{name}: could not load this tokenizer from the Hugging Face hub or cache ({type(e).__name__}); "
+            "offline, pass a local tokenizer.json or directory instead"
+        ) from e
+    backend = getattr(hf, "backend_tokenizer", None)
+    if backend is None:
+        raise TokenizerError(f"{name}: only fast (Rust) tokenizers are supported; this one is slow-only")
+    cfg: dict[str, Any] = {f"{r}_token": getattr(hf, f"{r}_token", None) for r in ("bos", "eos", "pad", "unk", "cls", "sep", "mask")}
+    cfg = {k: v for k, v in cfg.items() if v is not None}
+    if getattr(hf, "chat_template", None):
+        cfg["chat_template"] = hf.chat_template
+    return Tokenizer(backend, name, cfg)
+
+
+def _from_sentencepiece(path: str, config: dict[str, Any] | None = None) -> Tokenizer:
+    try:
+        import sys
+
+        from tokenizers.implementations import SentencePieceUnigramTokenizer
+
+        # tokenizers looks for the protobuf schema under a top-level name; sentencepiece ships it.
+        if "sentencepiece_model_pb2" not in sys.modules:
+            from sentencepiece import sentencepiece_model_pb2
+
+            sys.modules["sentencepiece_model_pb2"] = sentencepiece_model_pb2
+
+        impl = SentencePieceUnigramTokenizer.from_spm(path)
+    except Exception as e:
+        raise TokenizerError(
+            f"{path}: cannot convert this SentencePiece model ({e}); it needs the protobuf and sentencepiece packages"
+        ) from e
+    return Tokenizer(impl._tokenizer, path, config)
