@@ -21,11 +21,9 @@ def records(spec: Spec | Mapping[str, Any] | str, *, limit: int | None = None) -
         spec = {**spec, "task": {"kind": "clm"}}
     it = iter(Pipeline(spec).records())
     try:
-        n = 0
-        for rec in it:
+        for n, rec in enumerate(it):
             if limit is not None and n >= limit:
                 return
-            n += 1
             yield {**rec.data, "__key__": list(rec.key), "__epoch__": rec.epoch}
     finally:
         it.close()

@@ -73,7 +73,7 @@ def collate_padded(examples: Sequence[Example], pad_values: dict[str, Any], leng
             batch[name] = np.stack([ex.fields[name] for ex in examples])
             continue
         pad = pad_values.get(name, 0)
-        out = np.full((len(examples), t) + arr.shape[1:], pad, dtype=int_dtype(name, arr))
+        out = np.full((len(examples), t, *arr.shape[1:]), pad, dtype=int_dtype(name, arr))
         for i, ex in enumerate(examples):
             a = ex.fields[name][:t]
             out[i, : len(a)] = a

@@ -69,6 +69,6 @@ def complete_batch(batch: Batch, batch_size: int, world_size: int, remainder: st
     out: Batch = {}
     for k, v in batch.items():
         fill = pad_values.get(k, 0)
-        pad = np.full((target - n,) + v.shape[1:], fill, dtype=v.dtype)
+        pad = np.full((target - n, *v.shape[1:]), fill, dtype=v.dtype)
         out[k] = np.concatenate([v, pad])
     return out

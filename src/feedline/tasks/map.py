@@ -81,7 +81,7 @@ class TaskMapIterator(DatasetIterator[Example]):
         self._submit()
         if not self.inflight:
             return False
-        state, fut, recs = self.inflight.popleft()
+        state, fut, _recs = self.inflight.popleft()
         outputs = fut.result() if isinstance(fut, cf.Future) else fut
         self.current_state = state
         self.current_rejected = self.rejections.get_state()

@@ -53,7 +53,8 @@ def load_tokenizer(name: str) -> Tokenizer:
         if os.path.isfile(os.path.join(path, "tokenizer_config.json")):
             return _from_transformers(path)
         raise TokenizerError(f"{path}: no tokenizer.json, *.model or tokenizer_config.json in this directory")
-    if os.sep in name and not name.count("/") == 1 or name.endswith((".json", ".model")):
+    looks_like_path = name.startswith((".", "/", "~")) or name.count("/") > 1 or name.endswith((".json", ".model"))
+    if looks_like_path:
         raise TokenizerError(f"{name}: no such tokenizer file or directory")
     return _from_transformers(name)
 

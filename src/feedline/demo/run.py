@@ -1,0 +1,77 @@
+"""``feedline demo``: a loader feeding a tiny model's training on the embedded corpus.
+
+The task table :data:`DEMO_TASKS` maps a task name to the spec it streams and the model it
+trains; ``--source``/``--tokenizer`` replace the embedded corpus and tokenizer with anything a
+spec accepts.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from feedline.demo.corpus import ensure_demo_assets
+from feedline.demo.train import TrainSummary, train
+from feedline.tokenize.tokenizer import Tokenizer
+
+__all__ = ["DEMO_TASKS", "DemoTask", "run_demo"]
+
+
+@dataclass(frozen=True)
+class DemoTask:
+    """A demo: ``spec(source, tokenizer, seq_len, batch_size)`` and ``model(tokenizer, seq_len)``."""
+
+    spec: Callable[[Any, str, int, int], dict[str, Any]]
+    model: Callable[[Tokenizer, int], Any]
+    lr: float = 3e-3
+
+
+def _clm_spec(source: Any, tokenizer: str, seq_len: int, batch_size: int) -> dict[str, Any]:
+    return {"sources": [source], "tokenizer": tokenizer, "seed": 0, "epochs": None, "shuffle": {"buffer": 512},
+            "task": {"kind": "clm", "max_length": seq_len}, "batching": {"strategy": "pad", "batch_size": batch_size}}
+
+
+def _gpt(tok: Tokenizer, seq_len: int) -> Any:
+    from feedline.demo.models import TinyGPT
+
+    return TinyGPT(tok.vocab_size, max_len=max(seq_len, 64))
+
+
+DEMO_TASKS: dict[str, DemoTask] = {
+    "clm": DemoTask(spec=_clm_spec, model=_gpt),
+}
+
+
+@contextmanager
+def _batches(spec: dict[str, Any], in_process: bool) -> Iterator[Any]:
+    from feedline.loader import Loader
+
+    with Loader(spec) as loader:
+        yield loader
+
+
+def run_demo(*, task: str = "clm", steps: int = 300, source: Any = None, tokenizer: str | None = None,
+             seq_len: int = 128, batch_size: int = 16, in_process: bool = False, out: TextIO | None = None) -> TrainSummary:
+    """Run the demo and return its summary (also printed)."""
+    from feedline.errors import SpecError
+    from feedline.tokenize.load import load_tokenizer
+
+    out = out or sys.stderr
+    if task not in DEMO_TASKS:
+        raise SpecError(f"--task: {task!r} has no demo; choose one of {', '.join(sorted(DEMO_TASKS))}")
+    demo = DEMO_TASKS[task]
+    if source is None or tokenizer is None:
+        corpus, tok_dir = ensure_demo_assets()
+        source = source or str(corpus)
+        tokenizer = tokenizer or str(tok_dir)
+    spec = demo.spec(source, tokenizer, seq_len, batch_size)
+    tok = load_tokenizer(tokenizer)
+    model = demo.model(tok, seq_len)
+    print(f"feedline demo: task {task}, source {source}, tokenizer {tokenizer}", file=out)
+    with _batches(spec, in_process) as batches:
+        summary = train(model, batches, steps=steps, lr=demo.lr, out=out)
+    print(summary.describe(), file=out)
+    return summary

@@ -1,0 +1,1 @@
+"""Offline tools behind CLI commands: tokenizer training, export, packing, sharding, token counting."""
