@@ -45,7 +45,7 @@ class DatasetIterator(ABC, Iterator[T_co]):
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Restore a state from :meth:`get_state`; the next element is the one that followed it."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Release resources held by this iterator and its parents. Idempotent."""
 
     def __enter__(self) -> DatasetIterator[T_co]:

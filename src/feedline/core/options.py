@@ -79,7 +79,7 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _convert(tp: Any, value: Any, path: str) -> Any:  # noqa: C901 - one branch per type form
+def _convert(tp: Any, value: Any, path: str) -> Any:
     origin = get_origin(tp)
     if tp is Any:
         return value
