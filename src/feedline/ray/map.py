@@ -1,0 +1,211 @@
+"""Run a task over a record stream as Ray tasks across a cluster, in order, with exact state.
+
+:class:`RayTaskMap` is the Ray engine's drop-in for :class:`feedline.tasks.map.TaskMap`. The
+driver reads records (cheap: a fraction of tokenization's cost, see ``docs/ray.md``) in chunks
+of ``chunk``, submits ``task.process(chunk)`` as a Ray task, keeps up to ``ahead`` chunks in
+flight over the cluster, and takes results back in submission order::
+
+    driver:  read chunk 0 ─► submit ─┐  read chunk 1 ─► submit ─┐  ...   get(0) get(1) ...
+    cluster:                         └► worker A: process(0)    └► worker B: process(1)
+
+Planning, shuffling, packing and cursors never leave the driver, so the examples, their order,
+the rejection counts and the state are exactly :class:`TaskMap`'s: the state (the parent's
+state at the start of the current chunk plus the examples of it already yielded) has the same
+layout, and a state saved under one engine resumes under the other.
+
+The task travels once per job: it is ``ray.put`` in the object store, and each worker process
+unpickles it (tokenizer included) on first use and keeps it, so chunks carry only records.
+A worker that dies mid-chunk (node lost, OOM-killed) has its chunk re-run by Ray
+(``max_retries``); since a chunk's output is a pure function of its records, the retry gives
+the same examples and nothing is lost or duplicated.
+
+State: ``{"parent": ..., "skip": n, "rejected": {reason: n}}``.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from feedline.core.dataset import Dataset, DatasetIterator, State
+from feedline.core.record import Example, Record, Rejection
+from feedline.errors import FeedlineError, StateError, TaskError
+from feedline.ray.runtime import cluster_cpus, connect
+from feedline.sources.report import Rejections
+from feedline.spec import EngineSpec
+from feedline.tasks.base import Task, TaskOutput
+
+__all__ = ["RayTaskMap", "RayTaskMapIterator"]
+
+#: Records per Ray task; equal to :class:`TaskMap`'s default so states carry across engines.
+DEFAULT_CHUNK = 256
+#: Ray re-runs a chunk whose worker died this many times before the stream fails.
+DEFAULT_RETRIES = 3
+
+# Worker side: tasks already unpickled in this worker process, by object-ref id (a few jobs at most).
+_TASKS: collections.OrderedDict[str, Task] = collections.OrderedDict()
+_TASKS_KEPT = 4
+
+
+def process_chunk(task_box: list[Any], records: Sequence[Record]) -> list[TaskOutput]:
+    """Run on a Ray worker: ``task.process(records)`` with the task cached in this process.
+
+    ``task_box`` holds the task's object ref inside a list, so Ray does not resolve (and
+    unpickle) it on every call; it is fetched here once per worker process.
+    """
+    import ray
+
+    ref = task_box[0]
+    key = ref.hex()
+    task = _TASKS.get(key)
+    if task is None:
+        task = ray.get(ref)
+        _TASKS[key] = task
+        while len(_TASKS) > _TASKS_KEPT:
+            _TASKS.popitem(last=False)
+    return task.process(records)
+
+
+class RayTaskMap(Dataset[Example]):
+    """The examples of ``task`` over ``parent``'s records, computed on a Ray cluster.
+
+    Args:
+        parent: the records (read in the driver).
+        task: the task; pickled once and shipped to the workers.
+        engine: where to run (``address``, ``num_cpus``); see :func:`feedline.ray.runtime.connect`.
+        chunk: records per Ray task (keep the default to share states with the local engine).
+        ahead: chunks in flight (default: twice the CPUs the engine may use).
+        retries: re-runs of a chunk whose worker died.
+        on_error: ``skip`` counts rejected records, ``raise`` raises on the first.
+
+    Example:
+        >>> from feedline.pipeline import Pipeline                       # doctest: +SKIP
+        >>> p = Pipeline({**spec, "engine": {"kind": "ray", "address": "local", "num_cpus": 2}})
+        >>> examples = iter(p.examples())                                # a RayTaskMapIterator
+    """
+
+    def __init__(self, parent: Dataset[Record], task: Task, engine: EngineSpec | None = None, *,
+                 chunk: int = DEFAULT_CHUNK, ahead: int | None = None, retries: int = DEFAULT_RETRIES,
+                 on_error: str = "skip") -> None:
+        if chunk < 1:
+            raise ValueError(f"chunk: {chunk} must be >= 1")
+        self.parent = parent
+        self.task = task
+        self.engine = engine or EngineSpec(kind="ray")
+        self.chunk = chunk
+        self.ahead = ahead
+        self.retries = retries
+        self.on_error = on_error
+
+    def __iter__(self) -> RayTaskMapIterator:
+        return RayTaskMapIterator(self)
+
+    def __repr__(self) -> str:
+        return f"RayTaskMap({self.task!r}, address={self.engine.address!r}, chunk={self.chunk})"
+
+
+class RayTaskMapIterator(DatasetIterator[Example]):
+    """Cursor over a :class:`RayTaskMap`; connects to Ray on creation."""
+
+    def __init__(self, ds: RayTaskMap) -> None:
+        self.ds = ds
+        self.ray = connect(ds.engine)
+        self.ahead = ds.ahead or 2 * cluster_cpus(ds.engine)
+        self.remote = self.ray.remote(max_retries=ds.retries, retry_exceptions=False)(process_chunk)
+        self.task_ref: Any = None
+        self.parent = iter(ds.parent)
+        self.rejections = Rejections(ds.on_error)
+        self.inflight: collections.deque[tuple[State, Any]] = collections.deque()
+        self.exhausted = False
+        self.current: list[Example] = []
+        self.current_state: State | None = None
+        self.current_rejected: dict[str, int] = {}
+        self.skip = 0
+
+    # ----------------------------------------------------------------- driver loop
+    def _submit(self) -> None:
+        """Read chunks until ``ahead`` are in flight or the parent is exhausted."""
+        if self.task_ref is None:
+            self.task_ref = self.ray.put(self.ds.task)
+        while not self.exhausted and len(self.inflight) < self.ahead:
+            state = self.parent.get_state()
+            recs: list[Record] = []
+            for rec in self.parent:
+                recs.append(rec)
+                if len(recs) == self.ds.chunk:
+                    break
+            if len(recs) < self.ds.chunk:
+                self.exhausted = True
+            if not recs:
+                break
+            self.inflight.append((state, self.remote.remote([self.task_ref], recs)))
+
+    def _result(self, ref: Any, state: State) -> list[TaskOutput]:
+        try:
+            return self.ray.get(ref)  # type: ignore[no-any-return]
+        except self.ray.exceptions.RayTaskError as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, FeedlineError):
+                raise cause from None
+            raise TaskError(f"task {self.ds.task.kind!r} failed on a Ray worker for the chunk read from {state}: {e}") from e
+        except self.ray.exceptions.RayError as e:
+            raise TaskError(
+                f"a Ray worker processing a chunk of {self.ds.task.kind!r} was lost {self.ds.retries + 1} times ({e}); "
+                "check the cluster's health (OOM kills, lost nodes) or raise the retries"
+            ) from e
+
+    def _advance(self) -> bool:
+        self._submit()
+        if not self.inflight:
+            return False
+        state, ref = self.inflight.popleft()
+        outputs = self._result(ref, state)
+        self.current_state = state
+        self.current_rejected = self.rejections.get_state()
+        examples: list[Example] = []
+        for out in outputs:
+            if isinstance(out, Rejection):
+                self.rejections.add(out)
+            else:
+                examples.extend(out)
+        self.current, self.skip = examples, 0
+        return True
+
+    def __next__(self) -> Example:
+        while self.skip >= len(self.current):
+            if not self._advance():
+                raise StopIteration
+        ex = self.current[self.skip]
+        self.skip += 1
+        return ex
+
+    # ----------------------------------------------------------------- state
+    def get_state(self) -> State:
+        if self.current_state is None:
+            return {"parent": self.parent.get_state(), "skip": 0, "rejected": self.rejections.get_state()}
+        return {"parent": self.current_state, "skip": self.skip, "rejected": self.current_rejected}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        try:
+            parent, skip, rejected = state["parent"], int(state["skip"]), state["rejected"]
+        except (KeyError, TypeError, ValueError) as e:
+            raise StateError(f"ray task map: malformed state ({e})") from e
+        self.inflight.clear()  # dropped refs: Ray frees their results; at most `ahead` chunks are wasted
+        self.parent.set_state(parent)
+        self.rejections.set_state(rejected)
+        self.exhausted, self.current, self.current_state, self.skip = False, [], None, 0
+        if skip:
+            if not self._advance():
+                raise StateError("ray task map: the state points past the end of the stream")
+            self.skip = skip
+
+    @property
+    def rejected(self) -> dict[str, int]:
+        return dict(self.rejections.counts)
+
+    def close(self) -> None:
+        """Drop in-flight chunks and close the parent. Idempotent; leaves the Ray session running."""
+        self.inflight.clear()
+        self.current = []
+        self.parent.close()

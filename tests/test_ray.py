@@ -1,0 +1,228 @@
+"""The Ray engine on a local Ray instance: same batches as the local engine, exact resume, retries."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from feedline.core.record import Example, Record, Rejection
+from feedline.errors import MissingDependency, RecordError, TaskError
+from feedline.loader import Loader
+from feedline.pipeline import Pipeline
+from feedline.ray.map import RayTaskMap
+from feedline.spec import EngineSpec
+from feedline.tasks.base import TaskOutput
+from feedline.tasks.clm import CausalLM
+from feedline.tasks.map import TaskMap
+from feedline.testing import assert_batches_equal, assert_resumes_exactly, collect, make_corpus
+
+ray = pytest.importorskip("ray")
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+TOKENIZERS = DATA / "tokenizers"
+needs_data = pytest.mark.skipif(not TOKENIZERS.is_dir(), reason="shared test data (../shared/data) is absent")
+
+RAY = {"kind": "ray", "address": "auto"}
+
+
+@pytest.fixture(scope="module")
+def ray_session() -> Iterator[Any]:
+    """One local Ray instance (2 CPUs) for the whole module; test-module classes pickle by value."""
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    root = tmp_path_factory.mktemp("ray-corpus")
+    return {
+        "a": make_corpus(root / "a", files=3, docs=150, seed=1),
+        "b": make_corpus(root / "b", files=2, docs=100, seed=2, max_words=40),
+    }
+
+
+def spec_for(corpus: dict[str, list[str]], engine: Any = "local", **over: Any) -> dict[str, Any]:
+    """A mixture of two sources, shuffled, clm on GPT-2, padded batches of 16."""
+    spec: dict[str, Any] = {
+        "seed": 7,
+        "sources": [{"path": corpus["a"][0].rsplit("/", 1)[0], "weight": 2.0},
+                    {"path": corpus["b"][0].rsplit("/", 1)[0], "weight": 1.0}],
+        "shuffle": {"buffer": 64},
+        "tokenizer": str(TOKENIZERS / "gpt2" / "tokenizer.json"),
+        "task": {"kind": "clm", "max_length": 64},
+        "batching": {"strategy": "pad", "batch_size": 16},
+        "engine": engine,
+    }
+    spec.update(over)
+    return spec
+
+
+def both_engines(spec: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+    local, remote = Loader({**spec, "engine": "local"}), Loader({**spec, "engine": RAY})
+    try:
+        return collect(local), collect(remote)
+    finally:
+        local.close()
+        remote.close()
+
+
+# ------------------------------------------------------------------ identical output
+@needs_data
+def test_clm_mixture_with_shuffle_is_identical_to_local(ray_session: Any, corpus: dict[str, list[str]]) -> None:
+    spec = spec_for(corpus)
+    assert isinstance(Pipeline({**spec, "engine": RAY}).examples(), RayTaskMap)
+    want, got = both_engines(spec)
+    assert len(want) > 40  # long enough to span several chunks
+    assert_batches_equal(want, got, where="clm ray vs local")
+
+
+@needs_data
+def test_mlm_is_identical_to_local(ray_session: Any, corpus: dict[str, list[str]]) -> None:
+    from feedline.tasks.registry import TASKS
+
+    if "mlm" not in TASKS:
+        pytest.skip("the mlm task is not in this checkout yet")
+    spec = spec_for(corpus, tokenizer=str(TOKENIZERS / "bert-base-uncased"), task={"kind": "mlm", "max_length": 64})
+    want, got = both_engines(spec)
+    assert want and "labels" in want[0]
+    assert_batches_equal(want, got, where="mlm ray vs local")
+
+
+@needs_data
+def test_pack_is_identical_to_local(ray_session: Any, corpus: dict[str, list[str]]) -> None:
+    from feedline.batching.registry import STRATEGIES
+
+    if "pack" not in STRATEGIES:
+        pytest.skip("the pack strategy is not in this checkout yet")
+    spec = spec_for(corpus, batching={"strategy": "pack", "batch_size": 8})
+    want, got = both_engines(spec)
+    assert want
+    assert_batches_equal(want, got, where="pack ray vs local")
+
+
+# ------------------------------------------------------------------ resume
+@needs_data
+def test_resume_is_exact(ray_session: Any, corpus: dict[str, list[str]]) -> None:
+    assert assert_resumes_exactly(spec_for(corpus, engine=RAY), every=9, check=2) >= 3
+
+
+@needs_data
+def test_states_carry_across_engines(ray_session: Any, corpus: dict[str, list[str]]) -> None:
+    """The engine is not part of the spec hash: a local state resumes on Ray and vice versa."""
+    spec = spec_for(corpus)
+    ref = Loader(spec)
+    batches, states = collect(ref, with_states=True)
+    ref.close()
+    for at, src, dst in ((11, "local", RAY), (23, RAY, "local")):
+        saver = Loader({**spec, "engine": src})
+        collect(saver, limit=at)
+        state = saver.state_dict()
+        saver.close()
+        assert state["pipeline"] == states[at - 1]["pipeline"]
+        resumed = Loader({**spec, "engine": dst}, state=state)
+        assert_batches_equal(batches[at:], collect(resumed), where=f"{src} -> {dst} at step {at}")
+        resumed.close()
+
+
+# ------------------------------------------------------------------ failures
+class DieOnce(CausalLM):
+    """clm that SIGKILLs its own worker process the first time it sees ``victim``'s record.
+
+    With ``marker`` empty it dies every time.
+    """
+
+    victim: tuple[int, int, int]
+    marker: str = ""
+
+    def process(self, records: Sequence[Record]) -> list[TaskOutput]:
+        if any(r.key == self.victim for r in records) and not (self.marker and os.path.exists(self.marker)):
+            if self.marker:
+                Path(self.marker).write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().process(records)
+
+
+class RejectSome(CausalLM):
+    """clm that rejects records whose text mentions 'river' (to check the accounting)."""
+
+    def process(self, records: Sequence[Record]) -> list[TaskOutput]:
+        out = super().process(records)
+        return [Rejection("x", None, "river") if "river" in r.data["text"] else o for r, o in zip(records, out)]
+
+
+class Broken(CausalLM):
+    def process(self, records: Sequence[Record]) -> list[TaskOutput]:
+        raise TaskError("broken task: refuses every chunk")
+
+
+def task_of(cls: type[CausalLM], pipeline: Pipeline) -> CausalLM:
+    return cls(pipeline.task.options, pipeline.task.ctx)
+
+
+def examples_of(it: Iterator[Example]) -> list[tuple[Any, ...]]:
+    return [(e.key, e.epoch, e.sub, e.fields["input_ids"].tobytes()) for e in it]
+
+
+@needs_data
+def test_killed_worker_is_retried_without_loss_or_duplicates(ray_session: Any, corpus: dict[str, list[str]],
+                                                             tmp_path: Path) -> None:
+    p = Pipeline(spec_for(corpus))
+    want = examples_of(iter(TaskMap(p.records(), p.task, chunk=32)))
+    task = task_of(DieOnce, p)
+    task.victim = want[len(want) // 2][0]   # a record in the middle of the stream
+    task.marker = str(tmp_path / "killed")
+    got = examples_of(iter(RayTaskMap(p.records(), task, EngineSpec(kind="ray"), chunk=32)))
+    assert Path(task.marker).exists(), "the worker was never killed; the test did not test anything"
+    assert int(Path(task.marker).read_text()) != os.getpid()
+    assert got == want
+
+
+@needs_data
+def test_worker_lost_too_often_fails_clearly(ray_session: Any, corpus: dict[str, list[str]]) -> None:
+    p = Pipeline(spec_for(corpus))
+    task = task_of(DieOnce, p)
+    task.victim = next(iter(p.records())).key   # no marker: every attempt dies
+    with pytest.raises(TaskError, match="lost 2 times"):
+        list(RayTaskMap(p.records(), task, EngineSpec(kind="ray"), retries=1))
+
+
+@needs_data
+def test_rejections_and_states_match_the_local_engine(ray_session: Any, corpus: dict[str, list[str]]) -> None:
+    p = Pipeline(spec_for(corpus))
+    task = task_of(RejectSome, p)
+    local, remote = iter(TaskMap(p.records(), task, chunk=40)), iter(RayTaskMap(p.records(), task, chunk=40))
+    n = 0
+    for a, b in zip(local, remote, strict=True):
+        assert (a.key, a.sub) == (b.key, b.sub)
+        assert local.get_state() == remote.get_state()
+        n += 1
+    assert n > 100 and local.rejected == remote.rejected and remote.rejected["river"] > 10
+    strict = RayTaskMap(p.records(), task, on_error="raise")
+    with pytest.raises(RecordError, match="river"):
+        list(strict)
+
+
+@needs_data
+def test_task_errors_reach_the_driver_as_themselves(ray_session: Any, corpus: dict[str, list[str]]) -> None:
+    p = Pipeline(spec_for(corpus))
+    with pytest.raises(TaskError, match="refuses every chunk"):
+        next(iter(RayTaskMap(p.records(), task_of(Broken, p))))
+
+
+def test_without_ray_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch, corpus: dict[str, list[str]]) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # makes `import ray` raise ImportError
+    loader = Loader(spec_for(corpus, engine=RAY, tokenizer=None, task={"kind": "clm"}))
+    with pytest.raises(MissingDependency, match=r"pip install 'feedline\[ray\]'"):
+        collect(loader)
+    loader.close()
+
