@@ -1,0 +1,57 @@
+"""Shared test fixtures: the real data beside the repo (skipped cleanly when absent) and small corpora."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+TOKENIZERS = SHARED_DATA / "tokenizers"
+
+
+def shared(*parts: str) -> Path:
+    """A path under ``../shared/data``; skips the test when it is absent (a user's clone has none)."""
+    p = SHARED_DATA.joinpath(*parts)
+    if not p.exists():
+        pytest.skip(f"real test data not available: {p}")
+    return p
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep feedline's cache (demo corpus, tokenizers) out of the user's home during tests."""
+    cache = os.environ.get("FEEDLINE_TEST_CACHE") or str(tmp_path_factory.getbasetemp() / "feedline-cache")
+    monkeypatch.setenv("FEEDLINE_CACHE", cache)
+
+
+@pytest.fixture(scope="session")
+def gpt2_path() -> str:
+    return str(shared("tokenizers", "gpt2"))
+
+
+@pytest.fixture(scope="session")
+def bert_path() -> str:
+    return str(shared("tokenizers", "bert-base-uncased"))
+
+
+@pytest.fixture(scope="session")
+def small_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A byte-level BPE tokenizer trained here on generated text: always available."""
+    from feedline.testing import make_corpus
+    from feedline.tools.train_tokenizer import train_tokenizer
+
+    d = tmp_path_factory.mktemp("small-tok")
+    make_corpus(d / "corpus", files=2, docs=200)
+    train_tokenizer([str(d / "corpus")], str(d / "tok"), kind="bpe", vocab_size=400)
+    return str(d / "tok")
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> str:
+    """A 3-file JSONL corpus of 40 documents each; returns its directory."""
+    from feedline.testing import make_corpus
+
+    make_corpus(tmp_path / "corpus", files=3, docs=40)
+    return str(tmp_path / "corpus")
