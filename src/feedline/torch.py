@@ -1,0 +1,14 @@
+"""PyTorch adapter (public path): ``from feedline.torch import TorchLoader``.
+
+    >>> from feedline.torch import TorchLoader
+    >>> for batch in TorchLoader("spec.yaml", device="cuda"):   # doctest: +SKIP
+    ...     model(**batch).loss.backward()
+
+See :mod:`feedline.adapters.torch` for the data path and the resume guarantees.
+"""
+
+from __future__ import annotations
+
+from feedline.adapters.torch import TorchBatch, TorchLoader, passthrough_collate, to_torch
+
+__all__ = ["TorchBatch", "TorchLoader", "passthrough_collate", "to_torch"]
