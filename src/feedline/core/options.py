@@ -12,7 +12,7 @@ value seen, what is allowed, and a close match for typos::
     >>> build(Opts, {"max_lenght": 5}, "task")
     Traceback (most recent call last):
     ...
-    feedline.errors.SpecError: task.max_lenght: unknown key; did you mean 'max_length'? Allowed: max_length
+    feedline.errors.SpecError: task.max_lenght: unknown key; did you mean 'max_length'? (allowed: max_length)
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def build(cls: type[T], data: Any, path: str) -> T:
     for key, value in data.items():
         if key not in fields:
             allowed = ", ".join(sorted(fields))
-            raise SpecError(f"{path}.{key}: unknown key{close_match(str(key), list(fields))} Allowed: {allowed}")
+            raise SpecError(f"{path}.{key}: unknown key{close_match(str(key), list(fields))} (allowed: {allowed})")
         kwargs[key] = _convert(hints[key], value, f"{path}.{key}")
     for name, f in fields.items():
         if name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
@@ -88,8 +88,13 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         if value in allowed:
             return value
         hint = close_match(str(value), [str(a) for a in allowed])
-        raise SpecError(f"{path}: {value!r} is not allowed{hint} Allowed: {_type_name(tp)}")
+        raise SpecError(f"{path}: {value!r} is not allowed{hint} (allowed: {_type_name(tp)})")
     if origin in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if value is None and len(args) < len(get_args(tp)):
+            return None
+        if len(args) == 1:  # Optional[X]: X's own message is the clearest
+            return _convert(args[0], value, path)
         errors = []
         for arg in get_args(tp):
             try:
