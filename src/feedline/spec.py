@@ -10,7 +10,7 @@ A spec comes from a YAML or JSON file, a dict, or :class:`Spec` itself::
     >>> Spec.load({"sources": [{"path": "x"}], "task": {"kind": "mln"}})
     Traceback (most recent call last):
     ...
-    feedline.errors.SpecError: task.kind: 'mln' is not a task; did you mean 'mlm'? Tasks: ...
+    feedline.errors.SpecError: task.kind: 'mln' is not a task; did you mean 'mlm'? (tasks: ...)
 
 Task- and batcher-specific keys sit beside ``kind``/``strategy`` and are validated against that
 task's or batcher's own options dataclass. :meth:`Spec.hash` covers everything that changes the
@@ -44,23 +44,25 @@ class SourceSpec:
         path: file, glob, directory or URL (``http(s)://``, ``s3://``, ``gs://``, ``hf://``).
         hf: a Hugging Face dataset name, read with ``datasets.load_dataset`` (instead of path).
         format: reader name, or ``auto`` to detect it from the file name.
-        text: field holding the text (dotted path allowed, ``body.text``).
+        text: field holding the text (dotted path allowed, ``body.text``); ``null`` keeps each
+            record as it is, with no text check (chat data: ``messages``/``conversations``).
         weight: relative weight in a mixture.
         name: a label for reports; defaults to the path.
         unit: for ``text``: one record per ``line``, ``paragraph`` (blank-line separated) or ``file``.
-        columns: for ``csv``/``tsv`` without a header: the column names.
+        columns: for ``csv``/``tsv`` without a header: the column names; for ``parquet``,
+            ``arrow`` and ``hf``: the columns to read (projection; all when unset).
         delimiter: for ``csv``: the field separator (``tsv`` uses a tab).
         header: for ``csv``/``tsv``: whether the first row names the columns.
         namespaces: for ``cirrus``/``wikixml``: the page namespaces to keep (0 = articles).
         split_bytes: uncompressed files larger than this are read as several byte-range splits.
-        config, split, streaming, data_files, revision: ``load_dataset`` arguments for ``hf``.
+        config, split, streaming, data_files, data_dir, revision: ``load_dataset`` arguments for ``hf``.
         iterable: a Python iterable of records or strings (not hashed; Python specs only).
     """
 
     path: str | None = None
     hf: str | None = None
     format: str = "auto"
-    text: str = "text"
+    text: str | None = "text"
     weight: float = 1.0
     name: str | None = None
     unit: Literal["line", "paragraph", "file"] = "line"
@@ -73,6 +75,7 @@ class SourceSpec:
     split: str = "train"
     streaming: bool = True
     data_files: Any = None
+    data_dir: str | None = None
     revision: str | None = None
     iterable: Any = field(default=None, compare=False)
 
@@ -189,7 +192,7 @@ class Spec:
         known = {f.name for f in dataclasses.fields(cls)}
         for key in data:
             if key not in known:
-                raise SpecError(f"{key}: unknown key{close_match(key, sorted(known))} Allowed: {', '.join(sorted(known))}")
+                raise SpecError(f"{key}: unknown key{close_match(key, sorted(known))} (allowed: {', '.join(sorted(known))})")
         raw_sources = data.get("sources")
         if not raw_sources:
             raise SpecError("sources: at least one source is required, e.g. sources: [{path: corpus.jsonl}]")
@@ -215,7 +218,7 @@ class Spec:
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise SpecError(f"batching.batch_size: {batch_size!r} must be a positive integer (global rows per step)")
         if remainder not in ("drop", "pad", "keep"):
-            raise SpecError(f"batching.remainder: {remainder!r} is not allowed{close_match(str(remainder), ['drop', 'pad', 'keep'])} Allowed: 'drop' | 'pad' | 'keep'")
+            raise SpecError(f"batching.remainder: {remainder!r} is not allowed{close_match(str(remainder), ['drop', 'pad', 'keep'])} (allowed: 'drop' | 'pad' | 'keep')")
         batching = BatchingSpec(
             strategy=strategy, batch_size=batch_size, remainder=remainder,
             options=build(batcher_options(strategy), bat_raw, "batching"),

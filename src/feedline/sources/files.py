@@ -13,11 +13,11 @@ import io
 import lzma
 import os
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from feedline.errors import SourceError
 
-__all__ = ["codec_of", "expand", "is_url", "open_binary", "size_of", "strip_codec"]
+__all__ = ["ZstdStream", "codec_of", "expand", "is_url", "open_binary", "open_raw", "size_of", "strip_codec"]
 
 _CODECS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
 
@@ -105,7 +105,7 @@ def open_raw(path: str) -> IO[bytes]:
 
         return open_url(path)
     try:
-        return open(_local(path), "rb")  # noqa: SIM115 - the caller closes it
+        return open(_local(path), "rb")
     except FileNotFoundError:
         raise SourceError(f"{path}: file not found (was it removed after listing?)") from None
     except OSError as e:
@@ -124,7 +124,50 @@ def open_binary(path: str) -> IO[bytes]:
         return bz2.BZ2File(raw, mode="rb")
     if codec == "xz":
         return lzma.LZMAFile(raw, mode="rb")
-    import zstandard
+    return io.BufferedReader(ZstdStream(raw), buffer_size=1 << 20)
 
-    reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True)
-    return io.BufferedReader(reader, buffer_size=1 << 20)  # type: ignore[arg-type]
+
+class ZstdStream(io.RawIOBase):
+    """Decompress concatenated zstd frames; a stream that ends inside a frame raises ``EOFError``.
+
+    (``zstandard``'s own ``stream_reader`` ends quietly on a truncated frame, which would lose
+    the tail of a file without a word.)
+    """
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        super().__init__()
+        import zstandard
+
+        self.raw = raw
+        self.dctx = zstandard.ZstdDecompressor()
+        self.dobj = self.dctx.decompressobj()
+        self.started = False  # the current frame has received input
+        self.pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        while not self.pending:
+            chunk = self.raw.read(1 << 17)
+            if not chunk:
+                if self.started and not self.dobj.eof:
+                    raise EOFError("zstd stream ended inside a frame (truncated file?)")
+                return 0
+            while chunk:
+                self.started = True
+                self.pending += self.dobj.decompress(chunk)
+                chunk = b""
+                if self.dobj.eof:  # next frame: feed it what the last one left over
+                    chunk = self.dobj.unused_data
+                    self.dobj = self.dctx.decompressobj()
+                    self.started = False
+        n = min(len(view), len(self.pending))
+        view[:n] = self.pending[:n]
+        self.pending = self.pending[n:]
+        return n
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()

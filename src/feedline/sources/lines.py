@@ -1,40 +1,211 @@
-"""Line-oriented reading with exact decoded byte positions, shared by line-based formats.
+"""Line-oriented reading with exact byte positions, shared by the line-based formats.
 
-Positions are offsets into the *decoded* (decompressed) byte stream, so a key means the same
-whether the file is plain or compressed. A plain file seeks straight to a position; a
-compressed stream is read forward to it.
+Positions are offsets into the *decoded* byte stream (decompressed; UTF-16 transcoded to UTF-8),
+so a key means the same whether a file is plain or compressed. A plain local file seeks straight
+to a position; other streams are read forward to it.
+
+:class:`LineReader` is the base of ``text``, ``bert``, ``jsonl`` and ``cirrus``: it splits a
+large plain file into byte ranges, aligns each range to the first line starting inside it (a
+record belongs to the split holding its first byte), turns a broken compressed stream into a
+``truncated`` rejection after delivering every good line before it, and re-reads single
+records by seeking.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import codecs
+import io
+import zlib
+from collections.abc import Iterator, Sequence
+from typing import IO, Any
 
+from feedline.core.record import Rejection
 from feedline.errors import SourceError
-from feedline.sources.files import open_binary
+from feedline.sources.files import codec_of, is_url, open_binary, size_of
+from feedline.sources.reader import Item, Reader, Split
 
-__all__ = ["iter_lines"]
+__all__ = ["BOM", "LineReader", "iter_lines", "open_decoded"]
 
-BOM = b"\xef\xbb\xbf"
+BOM = codecs.BOM_UTF8
+_UTF16 = {codecs.BOM_UTF16_LE: "utf-16-le", codecs.BOM_UTF16_BE: "utf-16-be"}
+
+# What a broken stream raises: gzip/bz2/lzma (OSError, EOFError), zlib, zstandard (ZstdError is
+# a plain Exception subclass, matched by name below).
+_BROKEN: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error, ValueError)
 
 
-def iter_lines(path: str, position: int, end: int | None = None) -> Iterator[tuple[int, bytes]]:
-    """Yield ``(position, raw_line)`` from ``position`` until ``end`` (a line starting before ``end`` is read whole)."""
-    try:
-        f = open_binary(path)
-    except SourceError:
-        raise
+def _is_broken(e: BaseException) -> bool:
+    return isinstance(e, _BROKEN) or type(e).__name__ == "ZstdError"
+
+
+class _Transcoder(io.RawIOBase):
+    """UTF-16 bytes in, UTF-8 bytes out (forward only)."""
+
+    def __init__(self, raw: IO[bytes], encoding: str) -> None:
+        super().__init__()
+        self.raw = raw
+        self.decoder = codecs.getincrementaldecoder(encoding)(errors="replace")
+        self.pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        while not self.pending:
+            chunk = self.raw.read(1 << 16)
+            self.pending = self.decoder.decode(chunk, final=not chunk).encode("utf-8")
+            if not chunk:
+                break
+        n = min(len(view), len(self.pending))
+        view[:n] = self.pending[:n]
+        self.pending = self.pending[n:]
+        return n
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
+def open_decoded(path: str) -> tuple[IO[bytes], bool]:
+    """Open a file as UTF-8-ish bytes; returns ``(stream, seekable)``.
+
+    A UTF-16 file with a BOM is transcoded to UTF-8 (BOM dropped); a UTF-8 BOM is left in place
+    for :func:`iter_lines` to strip, so positions stay file offsets for plain files.
+    """
+    f = open_binary(path)
+    head = f.peek(4)[:4] if hasattr(f, "peek") else b""
+    for bom, encoding in _UTF16.items():
+        if head.startswith(bom):
+            f.read(len(bom))
+            return io.BufferedReader(_Transcoder(f, encoding)), False
+    return f, codec_of(path) is None and not is_url(path)
+
+
+def _skip(f: IO[bytes], n: int) -> None:
+    while n > 0:
+        got = f.read(min(n, 1 << 20))
+        if not got:
+            return
+        n -= len(got)
+
+
+def iter_lines(path: str, position: int = 0, *, align: bool = False) -> Iterator[tuple[int, bytes]]:
+    """Yield ``(position, raw_line)`` from ``position`` to the end of the file.
+
+    With ``align``, ``position`` may fall inside a line: reading starts at the first line that
+    begins at or after it. Errors of a broken stream propagate (see :class:`LineReader`).
+    """
+    f, seekable = open_decoded(path)
     with f:
+        pos = position
+        if align and position > 0:
+            pos -= 1
+        if pos:
+            if seekable:
+                f.seek(pos)
+            else:
+                _skip(f, pos)
+        if align and position > 0:
+            pos += len(f.readline())
+        for raw in f:
+            start = pos
+            pos += len(raw)
+            if start == 0 and raw.startswith(BOM):
+                raw = raw[len(BOM):]
+            yield start, raw
+
+
+class LineReader(Reader):
+    """Base of line-based formats: subclasses implement :meth:`parse` (or override :meth:`records`).
+
+    ``parse(raw, path, line)`` returns a record, a :class:`Rejection`, or ``None`` for lines
+    that are not records (blank lines, bulk action lines).
+    """
+
+    splittable = True
+
+    def parse(self, raw: bytes, path: str, line: int | None) -> dict[str, Any] | Rejection | None:
+        raise NotImplementedError
+
+    def splits(self, file: int, path: str) -> list[Split]:
+        size = size_of(path) if codec_of(path) is None else None
+        step = self.spec.split_bytes
+        if not self.splittable or size is None or size <= step or _is_utf16(path):
+            return [Split(file, path)]
+        return [Split(file, path, s, min(s + step, size)) for s in range(0, size, step)]
+
+    def records(self, lines: Iterator[tuple[int, bytes]], path: str, line: int, known: bool,
+                end: int | None) -> Iterator[Item]:
+        """Turn ``(position, raw)`` lines into items; lines starting at or after ``end`` are not read."""
+        for pos, raw in lines:
+            if end is not None and pos >= end:
+                return
+            line += 1
+            rec = self.parse(raw, path, line if known else None)
+            if rec is not None:
+                yield pos, pos + len(raw), line, _locate(rec, pos, known)
+
+    def read(self, split: Split, position: int, line: int) -> Iterator[Item]:
+        align = position == split.start and split.start > 0
+        known = split.start == 0
+        lines = iter_lines(split.path, position, align=align)
+        last = [position, line]
+
+        def tracked() -> Iterator[tuple[int, bytes]]:
+            for pos, raw in lines:
+                last[0] = pos
+                yield pos, raw
+            last[0] = -1
+
         try:
-            if position:
-                f.seek(position)
-            pos = position
-            for raw in f:
-                if end is not None and pos >= end:
-                    break
-                start = pos
-                pos += len(raw)
-                if start == 0 and raw.startswith(BOM):
-                    raw = raw[len(BOM):]
-                yield start, raw
-        except (OSError, EOFError, ValueError) as e:
-            raise SourceError(f"{path}: stream broken near byte {position} ({e}); the file may be truncated") from e
+            for item in self.records(tracked(), split.path, line, known, split.end):
+                last[1] = item[2]
+                yield item
+        except SourceError:
+            raise
+        except Exception as e:
+            if not _is_broken(e):
+                raise
+            where = last[0] if last[0] >= 0 else position
+            yield where, where, last[1], Rejection(
+                split.path, None, "truncated",
+                f"stream broken after byte {where} ({type(e).__name__}: {e}); records before it were delivered",
+            )
+        finally:
+            lines.close()
+
+    def fetch(self, path: str, positions: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """Seek to each position of a plain local file; one forward pass otherwise."""
+        if codec_of(path) is not None or is_url(path) or _is_utf16(path):
+            return super().fetch(path, positions)
+        found: dict[int, dict[str, Any]] = {}
+        for p in sorted(set(positions)):
+            items = self.read(Split(-1, path, 0, None), p, 0)
+            try:
+                item = next(items, None)
+            finally:
+                items.close()  # type: ignore[attr-defined]
+            if item is None or item[0] != p or isinstance(item[3], Rejection):
+                raise SourceError(f"{path}: no record at byte {p}; the file changed since the state was saved")
+            found[p] = item[3]
+        return found
+
+
+def _locate(rec: dict[str, Any] | Rejection, pos: int, known: bool) -> dict[str, Any] | Rejection:
+    """Rejections far into a split have no known line number: name the byte offset instead."""
+    if isinstance(rec, Rejection) and not known:
+        detail = f"at byte {pos}" + (f"; {rec.detail}" if rec.detail else "")
+        return Rejection(rec.path, None, rec.reason, detail)
+    return rec
+
+
+def _is_utf16(path: str) -> bool:
+    if codec_of(path) is not None or is_url(path):
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except OSError:
+        return False
+    return head in _UTF16

@@ -24,7 +24,7 @@ from feedline.core.record import Rejection
 from feedline.errors import SourceError, SpecError
 from feedline.sources.files import strip_codec
 
-__all__ = ["FORMATS", "Item", "Reader", "Split", "detect_format", "get_path", "reader_class"]
+__all__ = ["FORMATS", "Item", "Reader", "Split", "detect_format", "get_path", "reader_class", "register_format"]
 
 Item = tuple[int, int, int, "dict[str, Any] | Rejection"]
 
@@ -61,8 +61,9 @@ class Reader(ABC):
         found: dict[int, dict[str, Any]] = {}
         if not wanted:
             return found
+        # A split starting at 0 is never re-aligned: ``start`` is an exact record position.
         start = min(wanted)
-        for pos, _next, _line, rec in self.read(Split(-1, path, start, None), start, 0):
+        for pos, _next, _line, rec in self.read(Split(-1, path, 0, None), start, 0):
             if pos in wanted and not isinstance(rec, Rejection):
                 found[pos] = rec
                 if len(found) == len(wanted):
@@ -74,13 +75,29 @@ class Reader(ABC):
 
 
 FORMATS: dict[str, str] = {
-    "text": "feedline.sources.text:TextReader",
+    "arrow": "feedline.sources.arrow:ArrowReader",
+    "bert": "feedline.sources.text:BertReader",
+    "cirrus": "feedline.sources.cirrus:CirrusReader",
+    "csv": "feedline.sources.tabular:CsvReader",
+    "hf": "feedline.sources.hf:HfReader",
+    "iterable": "feedline.sources.iterable:IterableReader",
+    "json": "feedline.sources.jsonl:JsonReader",
     "jsonl": "feedline.sources.jsonl:JsonlReader",
+    "parquet": "feedline.sources.parquet:ParquetReader",
+    "text": "feedline.sources.text:TextReader",
+    "tsv": "feedline.sources.tabular:TsvReader",
+    "wikixml": "feedline.sources.wikixml:WikiXmlReader",
 }
 
 _EXTENSIONS: dict[str, str] = {
     ".txt": "text", ".text": "text", ".md": "text", ".jsonl": "jsonl", ".ndjson": "jsonl",
+    ".json": "json", ".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".pq": "parquet",
+    ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow", ".xml": "wikixml",
 }
+
+# Name patterns that win over the extension (a CirrusSearch dump is ``*.json.gz``).
+_PATTERNS: tuple[tuple[str, str], ...] = (("cirrussearch", "cirrus"), ("pages-articles", "wikixml"),
+                                          ("pages-meta", "wikixml"))
 
 
 def register_format(name: str, target: str, extensions: Sequence[str] = ()) -> None:
@@ -94,6 +111,10 @@ def detect_format(path: str) -> str:
     """The format of a file from its name (compression extensions ignored)."""
     name = strip_codec(path.rstrip("/"))
     lower = name.lower()
+    base = os.path.basename(lower)
+    for pattern, fmt in _PATTERNS:
+        if pattern in base:
+            return fmt
     for suffix, fmt in sorted(_EXTENSIONS.items(), key=lambda kv: -len(kv[0])):
         if lower.endswith(suffix):
             return fmt
@@ -108,7 +129,7 @@ def reader_class(fmt: str) -> type[Reader]:
     """The reader class registered under ``fmt``."""
     target = FORMATS.get(fmt)
     if target is None:
-        raise SpecError(f"format: {fmt!r} is not a format{close_match(fmt, sorted(FORMATS))} Formats: auto, {', '.join(sorted(FORMATS))}")
+        raise SpecError(f"format: {fmt!r} is not a format{close_match(fmt, sorted(FORMATS))} (formats: auto, {', '.join(sorted(FORMATS))})")
     module, _, cls = target.partition(":")
     return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
 

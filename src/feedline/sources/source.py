@@ -20,23 +20,44 @@ from typing import Any
 from feedline.core.dataset import Dataset, DatasetIterator, State
 from feedline.core.record import Key, Record, Rejection
 from feedline.core.rng import permutation
-from feedline.errors import StateError
+from feedline.errors import RecordError, SourceError, StateError
+from feedline.sources.arrow import saved_dataset_files
 from feedline.sources.files import expand
 from feedline.sources.reader import Reader, Split, detect_format, reader_class
 from feedline.sources.report import Rejections
 from feedline.spec import SourceSpec
 
-__all__ = ["FileSource", "make_reader"]
+__all__ = ["FileSource", "list_files", "make_reader", "source_format"]
 
 _SALT = 0x5047
 
 
+def source_format(spec: SourceSpec, files: Sequence[str]) -> str:
+    """The format of a source: ``spec.format``, or the one format all its files' names imply."""
+    if spec.format != "auto":
+        return spec.format
+    if spec.hf:
+        return "hf"
+    if spec.iterable is not None:
+        return "iterable"
+    found = sorted({detect_format(f) for f in files})
+    if len(found) > 1:
+        raise SourceError(f"{spec.label}: files of several formats ({', '.join(found)}); "
+                          "narrow the path with a glob or give each format its own source")
+    return found[0]
+
+
 def make_reader(spec: SourceSpec, files: Sequence[str]) -> Reader:
-    """The reader for a source, detecting the format from the first file when ``auto``."""
-    fmt = spec.format
-    if fmt == "auto":
-        fmt = "hf" if spec.hf else "iterable" if spec.iterable is not None else detect_format(files[0])
-    return reader_class(fmt)(spec)
+    """The reader for a source, detecting the format from its files when ``auto``."""
+    return reader_class(source_format(spec, files))(spec)
+
+
+def list_files(spec: SourceSpec) -> list[str]:
+    """The files of a source: expanded path, or a ``datasets`` ``save_to_disk`` folder's data files."""
+    if spec.path is None:
+        return [spec.hf or "<iterable>"]
+    saved = saved_dataset_files(spec.path)
+    return saved if saved is not None else expand(spec.path)
 
 
 class FileSource(Dataset[Record]):
@@ -58,10 +79,7 @@ class FileSource(Dataset[Record]):
     @property
     def files(self) -> list[str]:
         if self._files is None:
-            if self.spec.path is not None:
-                self._files = expand(self.spec.path)
-            else:
-                self._files = [self.spec.hf or "<iterable>"]
+            self._files = list_files(self.spec)
         return self._files
 
     @property
@@ -73,7 +91,13 @@ class FileSource(Dataset[Record]):
     @property
     def splits(self) -> list[Split]:
         if self._splits is None:
-            self._splits = [s for i, f in enumerate(self.files) for s in self.reader.splits(i, f)]
+            splits: list[Split] = []
+            for i, f in enumerate(self.files):
+                try:
+                    splits += self.reader.splits(i, f)
+                except SourceError:  # unreadable now: reading it later reports the rejection
+                    splits.append(Split(i, f))
+            self._splits = splits
         return self._splits
 
     def order(self, epoch: int) -> list[int]:
@@ -132,7 +156,17 @@ class FileSourceIterator(DatasetIterator[Record]):
         while True:
             if self._items is None and not self._start_split():
                 raise StopIteration
-            item = next(self._items, None)
+            try:
+                item = next(self._items, None)
+            except RecordError:
+                raise
+            except SourceError as e:
+                # A file that cannot be opened or read (missing, 404, permission) is one
+                # rejection; the other files are still read.
+                sp = self.src.splits[self._order[self.split]]  # type: ignore[index]
+                self.close()
+                self.rejections.add(Rejection(sp.path, None, "unreadable", str(e).removeprefix(f"{sp.path}: ")))
+                item = None
             if item is None:
                 self._items, self.split, self.pos = None, self.split + 1, None
                 continue

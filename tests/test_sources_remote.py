@@ -1,0 +1,118 @@
+"""URLs: streamed through fsspec from a real HTTP server on loopback that drops connections."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import ClassVar
+
+import pytest
+
+from feedline.errors import RecordError, SourceError
+from feedline.records import records
+from feedline.sources.remote import open_url
+
+pytest.importorskip("aiohttp")
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """Serves ``files``; the first ``drops[path]`` full requests are cut off halfway."""
+
+    files: ClassVar[dict[str, bytes]] = {}
+    drops: ClassVar[dict[str, int]] = {}
+    ranges_seen: ClassVar[list[str]] = []
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _head(self, code: int, length: int, extra: dict[str, str] | None = None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Length", str(length))
+        self.send_header("Accept-Ranges", "bytes")
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+
+    def do_HEAD(self) -> None:
+        body = self.files.get(self.path)
+        if body is None:
+            self._head(404, 0)
+        else:
+            self._head(200, len(body))
+
+    def do_GET(self) -> None:
+        body = self.files.get(self.path)
+        if body is None:
+            self._head(404, 0)
+            return
+        rng = self.headers.get("Range")
+        if rng:
+            self.ranges_seen.append(rng)
+            start = int(rng.split("=")[1].split("-")[0])
+            part = body[start:]
+            self._head(206, len(part), {"Content-Range": f"bytes {start}-{len(body) - 1}/{len(body)}"})
+            self.wfile.write(part)
+            return
+        if self.drops.get(self.path, 0) > 0:
+            self.drops[self.path] -= 1
+            self._head(200, len(body))
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+            time.sleep(0.3)  # let the client consume the first half before the drop
+            self.close_connection = True
+            self.connection.shutdown(2)  # drop the connection mid-body
+            return
+        self._head(200, len(body))
+        self.wfile.write(body)
+
+
+@pytest.fixture()
+def server() -> Iterator[str]:
+    _Handler.files, _Handler.drops, _Handler.ranges_seen = {}, {}, []
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def _corpus(n: int = 3000) -> bytes:
+    return "".join(json.dumps({"text": f"remote document {i} " + "word " * (i % 40)}) + "\n" for i in range(n)).encode()
+
+
+def test_open_url_resumes_a_dropped_connection_with_a_range_request(server: str) -> None:
+    body = _corpus()
+    _Handler.files["/c.jsonl"] = body
+    _Handler.drops["/c.jsonl"] = 1
+    with open_url(f"{server}/c.jsonl", backoff=0.01) as f:
+        got = f.read()
+    assert got == body
+    assert _Handler.ranges_seen and _Handler.ranges_seen[0] != "bytes=0-"
+
+
+def test_url_source_delivers_every_record_across_a_drop(server: str) -> None:
+    body = _corpus()
+    _Handler.files["/c.jsonl"] = body
+    _Handler.drops["/c.jsonl"] = 2
+    recs = list(records({"sources": [f"{server}/c.jsonl"]}))
+    assert [r["text"] for r in recs] == [json.loads(x)["text"] for x in body.splitlines()]
+
+
+def test_url_404_is_a_counted_rejection_and_other_files_are_read(server: str) -> None:
+    _Handler.files["/ok.jsonl"] = _corpus(10)
+    spec = {"sources": [{"path": f"{server}/missing.jsonl"}, {"path": f"{server}/ok.jsonl"}]}
+    assert len(list(records(spec))) == 10
+    with pytest.raises(RecordError, match=r"missing\.jsonl.*unreadable"):
+        list(records({**spec, "on_error": "raise"}))
+
+
+def test_open_url_gives_up_after_retries(server: str) -> None:
+    _Handler.files["/c.jsonl"] = _corpus(100)
+    with pytest.raises(SourceError, match="not found"):
+        open_url(f"{server}/nope.jsonl", backoff=0.01).read()
