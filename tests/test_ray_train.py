@@ -1,0 +1,133 @@
+"""Ray Train integration: per-worker shards from feedline, state in Ray Train checkpoints."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from feedline.batching.planner import slice_for_rank
+from feedline.errors import StateError
+from feedline.loader import Loader
+from feedline.ray.train import STATE_FILE, load_state, save_state, shard_for_worker
+from feedline.testing import assert_batches_equal, collect, make_corpus
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+GPT2 = DATA / "tokenizers" / "gpt2" / "tokenizer.json"
+needs_data = pytest.mark.skipif(not GPT2.exists(), reason="shared test data (../shared/data) is absent")
+
+
+@dataclass
+class Ctx:
+    rank: int
+    size: int
+
+    def get_world_rank(self) -> int:
+        return self.rank
+
+    def get_world_size(self) -> int:
+        return self.size
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("ray-train-corpus")
+    make_corpus(root, files=2, docs=60, seed=3)
+    return {"seed": 5, "sources": [{"path": str(root)}], "shuffle": {"buffer": 32}, "tokenizer": str(GPT2),
+            "task": {"kind": "clm", "max_length": 32}, "batching": {"strategy": "pad", "batch_size": 4}}
+
+
+def digest(batch: Mapping[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for k in sorted(batch):
+        a = np.ascontiguousarray(batch[k])
+        h.update(f"{k}{a.dtype}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------------ the helpers, without a cluster
+@needs_data
+def test_shard_for_worker_gives_each_rank_its_slice_and_resumes(spec: dict[str, Any], tmp_path: Path) -> None:
+    full = collect(Loader(spec, 0, 1))
+    shards = [shard_for_worker(spec, context=Ctx(r, 2), state=None, checkpoint=tmp_path) for r in range(2)]
+    got = [collect(s, limit=3) for s in shards]
+    for r in range(2):
+        assert_batches_equal([slice_for_rank(b, r, 2) for b in full[:3]], got[r], where=f"rank {r}")
+    save_state(shards[1], tmp_path)
+    assert load_state(tmp_path) == shards[1].state_dict()
+    resumed = shard_for_worker(spec, context=Ctx(0, 1), checkpoint=str(tmp_path))  # elastic: 2 ranks -> 1
+    assert_batches_equal(full[3:], collect(resumed), where="resumed on one worker")
+
+
+def test_load_state_without_or_with_a_bad_file(tmp_path: Path) -> None:
+    assert load_state(tmp_path) is None
+    (tmp_path / STATE_FILE).write_text("{not json")
+    with pytest.raises(StateError, match="not a feedline state"):
+        load_state(tmp_path)
+    (tmp_path / STATE_FILE).write_text("[1, 2]")
+    with pytest.raises(StateError, match="must be a JSON object"):
+        load_state(str(tmp_path))
+
+
+# ------------------------------------------------------------------ a real TorchTrainer, 2 CPU workers
+def train_loop(config: dict[str, Any]) -> None:
+    """Take ``steps`` batches of this worker's shard, record their digests, checkpoint feedline's state."""
+    import ray.train as rt
+
+    loader = shard_for_worker(config["spec"])
+    rank = rt.get_context().get_world_rank()
+    seen = [digest(b) for b in collect(loader, limit=config["steps"])]
+    Path(config["out"], f"{config['run']}-{rank}.json").write_text(json.dumps(seen))
+    with tempfile.TemporaryDirectory() as d:
+        checkpoint = None
+        if rank == 0:
+            save_state(loader, d)
+            checkpoint = rt.Checkpoint.from_directory(d)
+        rt.report({"step": loader.step}, checkpoint=checkpoint)
+    loader.close()
+
+
+@pytest.fixture(scope="module")
+def ray_session() -> Iterator[Any]:
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("torch")
+    pytest.importorskip("ray.train.torch")
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+@needs_data
+@pytest.mark.slow
+def test_torch_trainer_workers_get_their_shards_and_resume(ray_session: Any, spec: dict[str, Any], tmp_path: Path) -> None:
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    def fit(run: str, workers: int, steps: int) -> Any:
+        """A run named "job": a second fit restores from the first's latest checkpoint (Ray Train v2)."""
+        config = {"spec": spec, "steps": steps, "out": str(tmp_path), "run": run}
+        trainer = TorchTrainer(train_loop, train_loop_config=config,
+                               scaling_config=ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 1}),
+                               run_config=RunConfig(name="job", storage_path=str(tmp_path / "runs")))
+        return trainer.fit()
+
+    first = fit("first", workers=2, steps=3)
+    assert first.metrics["step"] == 3
+    for rank in range(2):
+        want = [digest(b) for b in collect(Loader(spec, rank, 2), limit=3)]
+        assert json.loads((tmp_path / f"first-{rank}.json").read_text()) == want
+    # A restart from the checkpoint, with one worker instead of two, continues the global stream.
+    second = fit("second", workers=1, steps=2)
+    assert second.metrics["step"] == 5
+    want = [digest(b) for b in collect(Loader(spec, 0, 1))[3:5]]
+    assert json.loads((tmp_path / "second-0.json").read_text()) == want
