@@ -16,13 +16,26 @@ turns). Per-sample randomness comes from :func:`feedline.core.rng.sample_rng` ke
 ``process`` returns, for each record, a list of examples (a record may give several, or none)
 or a :class:`~feedline.core.record.Rejection`. Fields are 1-D arrays per token, or 0-D arrays
 per example; :attr:`Task.pad_values` tells batchers how to pad each token field.
+
+Two class attributes describe fields that are *not* aligned with ``input_ids`` (batchers and
+packers read them; both default to empty, so older tasks are unaffected):
+
+* :attr:`Task.vector_fields`: fixed-size per-example vectors (a multi-hot ``labels`` of
+  ``num_labels``, an inference ``key`` of 3). Batchers stack them like 0-D fields; they are
+  never padded along the token axis and never packed.
+* :attr:`Task.target_fields`: token fields with their own length (the decoder side of an
+  encoder-decoder task: ``labels`` and ``decoder_input_ids`` of ``span``). Batchers pad them to
+  their own longest row; packers must not pack them with ``input_ids``.
+
+:attr:`Task.packable` is ``False`` for tasks whose rows must not be packed (classification,
+inference, encoder-decoder).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -44,10 +57,13 @@ PAD_VALUES: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class TaskContext:
-    """What a task is built with: the tokenizer (``None`` for tokenizer-free tasks) and the seed."""
+    """What a task is built with: the tokenizer (``None`` for tokenizer-free tasks), the seed and,
+    when built by a pipeline, the whole spec (tasks that need a first pass over the data, or that
+    check other settings, read it; it is ``None`` in unit tests)."""
 
     tokenizer: Tokenizer | None
     seed: int
+    spec: Any = field(default=None, compare=False)
 
 
 class Task(ABC):
@@ -59,6 +75,12 @@ class Task(ABC):
     extra_pad_values: ClassVar[dict[str, Any]] = {}
     #: Field that batchers' length budget counts (usually ``input_ids``).
     length_field: ClassVar[str] = "input_ids"
+    #: Fixed-size per-example vector fields: stacked, never padded along tokens, never packed.
+    vector_fields: ClassVar[frozenset[str]] = frozenset()
+    #: Token fields with their own length (decoder side): padded to their own longest row.
+    target_fields: ClassVar[frozenset[str]] = frozenset()
+    #: Whether rows of this task may be packed several to a row.
+    packable: ClassVar[bool] = True
 
     def __init__(self, options: Any, ctx: TaskContext) -> None:
         self.options = options
@@ -91,12 +113,21 @@ class Task(ABC):
 
     # ----------------------------------------------------------------- helpers
     def rng(self, record: Record, sub: int = 0, stream: int = 0) -> np.random.Generator:
-        """The per-sample generator for ``record`` (and sub-example ``sub``)."""
+        """The per-sample generator for ``record`` (and sub-example ``sub``).
+
+        Use a different ``stream`` for each independent decision (e.g. 0 for masking, 1 for
+        document-level choices), so changing one never shifts the draws of another.
+        """
         return sample_rng(self.seed, record.epoch, record.key, sub, stream)
 
     @staticmethod
     def example(record: Record, sub: int, **fields: np.ndarray) -> Example:
         return Example(record.key, record.epoch, sub, dict(fields))
+
+    @staticmethod
+    def reject(record: Record, reason: str, detail: str = "") -> Rejection:
+        """A :class:`Rejection` for a record this task cannot use (counted and reported by reason)."""
+        return Rejection(f"record {tuple(record.key)}", None, reason, detail)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.options!r})"

@@ -6,6 +6,17 @@ Each document is encoded, framed with BOS/EOS as configured, and cut at ``max_le
 (positions restart per document) or concatenate-and-chunk.
 
     task: {kind: clm, max_length: 1024, eos: true, bos: false}
+
+Document boundaries (``frame``), for a document ``a b c d e`` cut at ``max_length`` 4 with
+``bos`` and ``eos``::
+
+    document (default)   <s> a b c | d e </s>          BOS/EOS mark the document's ends only
+    piece                <s> a b </s> | <s> c d </s> | <s> e </s>   every row is framed
+
+``document`` matches Megatron's ``--append-eod`` and fairseq (one EOS per document; the
+packer or concat batcher then separates documents); ``piece`` suits models that expect every
+row to start with BOS (Llama-style). HF ``run_clm.py`` inserts no separator at all: set
+``eos: false`` for that.
 """
 
 from __future__ import annotations
@@ -32,16 +43,20 @@ class CausalLMOptions:
         eos: append the EOS token to each document (the separator between documents).
         bos: prepend the BOS token to each document.
         overflow: ``split`` long documents into pieces, or ``truncate`` them.
+        frame: put BOS/EOS around each ``document`` (default) or each ``piece``.
     """
 
     max_length: int | None = 1024
     eos: bool = True
     bos: bool = False
     overflow: Literal["split", "truncate"] = "split"
+    frame: Literal["document", "piece"] = "document"
 
     def __post_init__(self) -> None:
         if self.max_length is not None and self.max_length < 2:
             raise SpecError(f"task.max_length: {self.max_length} must be >= 2")
+        if self.frame == "piece" and self.max_length is not None and self.max_length <= int(self.bos) + int(self.eos):
+            raise SpecError(f"task.max_length: {self.max_length} leaves no room for text between BOS/EOS (frame: piece)")
 
 
 class CausalLM(Task):
@@ -56,9 +71,17 @@ class CausalLM(Task):
         bos = [self.tok.special("bos")] if opts.bos else []
         eos = [self.tok.special("eos")] if opts.eos else []
         out: list[TaskOutput] = []
+        frame_b, frame_e = np.asarray(bos, np.int32), np.asarray(eos, np.int32)
         for rec, doc in zip(records, ids, strict=True):
+            if opts.frame == "piece":
+                n = (opts.max_length or len(doc) + len(bos) + len(eos)) - len(bos) - len(eos)
+                pieces = [np.concatenate([frame_b, doc[i:i + n], frame_e]) for i in range(0, max(len(doc), 1), max(n, 1))]
+                if opts.overflow == "truncate":
+                    pieces = pieces[:1]
+                out.append([self.example(rec, j, input_ids=p, labels=p) for j, p in enumerate(pieces)])
+                continue
             if bos or eos:
-                doc = np.concatenate([np.asarray(bos, np.int32), doc, np.asarray(eos, np.int32)])
+                doc = np.concatenate([frame_b, doc, frame_e])
             n = opts.max_length or max(len(doc), 1)
             pieces = [doc[i:i + n] for i in range(0, len(doc), n)] or [doc]
             if opts.overflow == "truncate":

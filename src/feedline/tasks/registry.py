@@ -15,7 +15,13 @@ from feedline.tasks.base import Task
 __all__ = ["TASKS", "task_class", "task_options"]
 
 TASKS: dict[str, str] = {
+    "chat": "feedline.tasks.chat:Chat",
+    "classify": "feedline.tasks.classify:Classify",
     "clm": "feedline.tasks.clm:CausalLM",
+    "infer": "feedline.tasks.infer:Infer",
+    "mlm": "feedline.tasks.mlm:MaskedLM",
+    "sop": "feedline.tasks.sop:SentenceOrder",
+    "span": "feedline.tasks.span:SpanCorruption",
 }
 
 
@@ -23,7 +29,7 @@ def task_class(kind: str) -> type[Task]:
     """The task class for ``kind`` (a built-in name or ``module:Class``)."""
     target = TASKS.get(kind)
     if target is None and ":" not in kind:
-        raise SpecError(f"task.kind: {kind!r} is not a task{close_match(kind, sorted(TASKS))} Tasks: {', '.join(sorted(TASKS))}, or 'package.module:Class'")
+        raise SpecError(f"task.kind: {kind!r} is not a task{close_match(kind, sorted(TASKS))} (tasks: {', '.join(sorted(TASKS))}, or 'package.module:Class')")
     module, _, name = (target or kind).partition(":")
     try:
         cls = getattr(importlib.import_module(module), name)

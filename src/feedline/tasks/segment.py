@@ -1,0 +1,49 @@
+"""Sentence segmentation for tasks that need sentences (``sop``) when the source has none.
+
+``pysbd`` (rule-based, maintained, 22 languages) does the work. It is pure Python and slow on
+long strings (its cost grows faster than linearly), so text is first cut at line breaks and
+each paragraph is segmented on its own; ``bench/bench_segment.py`` measures the cost. Give a
+source that already has sentences (the ``bert`` format: one sentence per line, blank line
+between documents) to skip segmentation entirely::
+
+    >>> split_sentences("Dr. Smith went home. He slept.\\nNext paragraph.", "pysbd")
+    ['Dr. Smith went home. ', 'He slept.', 'Next paragraph.']
+    >>> split_sentences("one\\n\\ntwo", "lines")
+    ['one', 'two']
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Literal
+
+from feedline.errors import require
+
+__all__ = ["Segmenter", "split_sentences"]
+
+Segmenter = Literal["pysbd", "lines"]
+
+_local = threading.local()
+
+
+def _pysbd(language: str) -> Any:
+    cache = getattr(_local, "segmenters", None)
+    if cache is None:
+        cache = _local.segmenters = {}
+    seg = cache.get(language)
+    if seg is None:
+        pysbd: Any = require("pysbd", "sop")
+        seg = cache[language] = pysbd.Segmenter(language=language, clean=False)
+    return seg
+
+
+def split_sentences(text: str, segmenter: Segmenter = "pysbd", language: str = "en") -> list[str]:
+    """The non-blank sentences of ``text`` (``lines``: each non-blank line is one sentence)."""
+    paragraphs = [p for p in text.splitlines() if p.strip()]
+    if segmenter == "lines":
+        return paragraphs
+    seg = _pysbd(language)
+    out: list[str] = []
+    for p in paragraphs:
+        out.extend(s for s in seg.segment(p) if s.strip())
+    return out
