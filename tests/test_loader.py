@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 
 import feedline
+from conftest import shared
 from feedline import Loader, StateError
 from feedline.testing import assert_batches_equal, assert_resumes_exactly, collect, make_corpus
-
-from conftest import shared
 
 
 def spec_for(corpus: str, tokenizer: str, **over: object) -> dict:

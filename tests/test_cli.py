@@ -1,0 +1,64 @@
+"""The command line as a user runs it: real subprocesses, exit codes, help with examples."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from feedline.cli.__main__ import _commands
+
+EXE = [sys.executable, "-m", "feedline.cli"]
+
+
+def run(*args: str, stdin: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*EXE, *args], input=stdin, capture_output=True, text=True, timeout=240, env=env)
+
+
+@pytest.mark.parametrize("name", sorted(_commands()))
+def test_every_command_has_help_with_an_example(name: str) -> None:
+    r = run(name, "--help")
+    assert r.returncode == 0, r.stderr
+    assert "example:" in r.stdout and "feedline" in r.stdout
+
+
+def test_exit_codes_and_one_line_reasons(tmp_path: Path) -> None:
+    r = run("inspect", str(tmp_path / "missing.yaml"))
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "spec file not found" in r.stderr
+    r = run("inspect", "-", stdin='{"sources": ["x.jsonl"], "task": {"kind": "clm", "max_lenght": 3}}')
+    assert r.returncode == 2 and "did you mean 'max_length'" in r.stderr
+    r = run("inspect", "-", stdin=json.dumps({"sources": [str(tmp_path / "nope.jsonl")], "tokenizer": str(tmp_path)}))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert run("no-such-command").returncode == 2
+
+
+def test_inspect_highlights_loss_tokens(corpus: str, small_tokenizer: str) -> None:
+    spec = {"sources": [corpus], "tokenizer": small_tokenizer, "task": {"kind": "clm", "max_length": 16},
+            "batching": {"strategy": "pad", "batch_size": 2}}
+    r = run("inspect", "-", "--json", "-n", "2", stdin=json.dumps(spec))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["task"] == "clm" and len(out["batches"]) == 2
+    assert out["batches"][0]["fields"]["input_ids"] == {"shape": [2, 16], "dtype": "int32"}
+    row = out["batches"][0]["rows"][0]
+    assert row["loss_tokens"] == row["tokens"] and row["text"].startswith("[[Document")
+    plain = run("inspect", "-", "--no-color", stdin=json.dumps(spec))
+    assert "input_ids" in plain.stdout and "[[" in plain.stdout
+
+
+def test_train_tokenizer_command(tmp_path: Path, corpus: str) -> None:
+    r = run("train-tokenizer", corpus, "-o", str(tmp_path / "tok"), "--kind", "wordpiece", "--vocab-size", "300")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "tok" / "tokenizer.json").exists() and "wordpiece" in r.stdout
+
+
+def test_demo_trains_with_falling_loss(tmp_path: Path) -> None:
+    r = run("demo", "--steps", "60", "--seq-len", "64", "--batch-size", "8")
+    assert r.returncode == 0, r.stderr
+    summary = r.stderr.strip().splitlines()[-1]
+    first, last = (float(x) for x in summary.split("loss ")[1].split(",")[0].split(" -> "))
+    assert last < first - 0.5, summary
+    assert "waited for data" in summary
