@@ -9,7 +9,8 @@ with ``materialize(refs)``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -18,7 +19,7 @@ from feedline.core.dataset import Dataset
 from feedline.core.record import Example, ExampleRef
 from feedline.tasks.base import Task
 
-__all__ = ["Batch", "BatchContext", "Batcher", "collate_padded", "real_tokens"]
+__all__ = ["Batch", "BatchContext", "Batcher", "FillStats", "collate_padded", "real_tokens"]
 
 Batch = dict[str, np.ndarray]
 Materialize = Callable[[Sequence[ExampleRef]], list[Example]]
@@ -46,15 +47,58 @@ class Batcher(Dataset[Batch]):
         self.ctx = ctx
 
 
+@dataclass(slots=True)
+class FillStats:
+    """How well a batcher fills its rows; iterators of ``pack``/``concat``/``bucket`` expose one as ``stats``.
+
+    ``efficiency`` is real tokens over token slots (rows times padded length): 1.0 means no padding.
+    Counters are part of the batcher's state, so they survive a resume.
+
+        >>> s = FillStats(rows=2, tokens=900, slots=1024); round(s.efficiency, 4), round(s.padding, 4)
+        (0.8789, 0.1211)
+    """
+
+    rows: int = 0
+    tokens: int = 0
+    slots: int = 0
+    documents: int = 0
+    split_documents: int = 0
+    truncated_tokens: int = 0
+
+    @property
+    def efficiency(self) -> float:
+        return self.tokens / self.slots if self.slots else 0.0
+
+    @property
+    def padding(self) -> float:
+        return 1.0 - self.efficiency if self.slots else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "efficiency": self.efficiency}
+
+    def get_state(self) -> list[int]:
+        return [self.rows, self.tokens, self.slots, self.documents, self.split_documents, self.truncated_tokens]
+
+    @classmethod
+    def from_state(cls, state: Sequence[int] | Mapping[str, int] | None) -> FillStats:
+        if not state:
+            return cls()
+        if isinstance(state, Mapping):
+            return cls(**{k: int(v) for k, v in state.items() if k != "efficiency"})
+        return cls(*(int(x) for x in state))
+
+
 def int_dtype(field: str, arr: np.ndarray) -> np.dtype[Any]:
     return arr.dtype if arr.dtype.kind in "fb" else np.dtype(np.int64 if arr.dtype == np.int64 else np.int32)
 
 
 def collate_padded(examples: Sequence[Example], pad_values: dict[str, Any], length: int | None = None,
-                   multiple_of: int | None = None) -> Batch:
+                   multiple_of: int | None = None, *, vector_fields: Collection[str] = (),
+                   target_fields: Collection[str] = ()) -> Batch:
     """Stack examples into a batch, right-padding token fields to the longest (or ``length``).
 
-    Adds ``attention_mask`` (1 on real tokens). 0-D fields are stacked to shape ``[B]``.
+    Adds ``attention_mask`` (1 on real tokens). 0-D fields are stacked to shape ``[B]`` and
+    ``vector_fields`` to ``[B, n]``; ``target_fields`` are padded to their own longest row.
 
         >>> import numpy as np
         >>> from feedline.core.record import Example
@@ -69,13 +113,18 @@ def collate_padded(examples: Sequence[Example], pad_values: dict[str, Any], leng
     first = examples[0].fields
     batch: Batch = {}
     for name, arr in first.items():
-        if arr.ndim == 0:
+        if arr.ndim == 0 or name in vector_fields:  # per-example scalars and fixed-size vectors
             batch[name] = np.stack([ex.fields[name] for ex in examples])
             continue
         pad = pad_values.get(name, 0)
-        out = np.full((len(examples), t, *arr.shape[1:]), pad, dtype=int_dtype(name, arr))
+        width = t
+        if name in target_fields:  # own length (decoder side of encoder-decoder tasks)
+            width = max(len(ex.fields[name]) for ex in examples)
+            if multiple_of:
+                width = -(-width // multiple_of) * multiple_of
+        out = np.full((len(examples), width, *arr.shape[1:]), pad, dtype=int_dtype(name, arr))
         for i, ex in enumerate(examples):
-            a = ex.fields[name][:t]
+            a = ex.fields[name][:width]
             out[i, : len(a)] = a
         batch[name] = out
     if "attention_mask" not in batch:
@@ -87,5 +136,7 @@ def real_tokens(batch: Batch) -> np.ndarray:
     """Real (non-padding) tokens per row."""
     if "attention_mask" in batch:
         m = batch["attention_mask"]
-        return np.asarray(m.reshape(m.shape[0], -1).astype(bool).sum(axis=1) if m.ndim == 2 else (m.sum(axis=(1, 2)) > 0).sum(axis=-1))
+        if m.ndim == 3:  # [B, T, T] block mask: a position is real when it attends to anything
+            return np.asarray(m.astype(bool).any(axis=2).sum(axis=1))
+        return np.asarray(m.astype(bool).sum(axis=1))
     return np.full(len(next(iter(batch.values()))), batch["input_ids"].shape[1])

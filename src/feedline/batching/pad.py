@@ -67,7 +67,9 @@ class _PadIterator(DatasetIterator[Batch]):
                 break
         if not rows:
             raise StopIteration
-        return collate_padded(rows, self.pad_values, self.length, self.ds.options.pad_to_multiple_of)
+        task = self.ds.ctx.task
+        return collate_padded(rows, self.pad_values, self.length, self.ds.options.pad_to_multiple_of,
+                              vector_fields=task.vector_fields, target_fields=task.target_fields)
 
     def get_state(self) -> State:
         return {"parent": self.parent.get_state()}

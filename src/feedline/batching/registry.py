@@ -11,6 +11,9 @@ from feedline.errors import SpecError
 __all__ = ["STRATEGIES", "batcher_class", "batcher_options"]
 
 STRATEGIES: dict[str, str] = {
+    "bucket": "feedline.batching.bucket:BucketBatcher",
+    "concat": "feedline.batching.concat:ConcatBatcher",
+    "pack": "feedline.batching.pack:PackBatcher",
     "pad": "feedline.batching.pad:PadBatcher",
 }
 
@@ -18,7 +21,7 @@ STRATEGIES: dict[str, str] = {
 def batcher_class(strategy: str) -> type[Batcher]:
     target = STRATEGIES.get(strategy)
     if target is None:
-        raise SpecError(f"batching.strategy: {strategy!r} is not a strategy{close_match(strategy, sorted(STRATEGIES))} Strategies: {', '.join(sorted(STRATEGIES))}")
+        raise SpecError(f"batching.strategy: {strategy!r} is not a strategy{close_match(strategy, sorted(STRATEGIES))} (strategies: {', '.join(sorted(STRATEGIES))})")
     module, _, name = target.partition(":")
     return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
 
