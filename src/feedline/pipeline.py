@@ -80,7 +80,7 @@ class Pipeline:
     @cached_property
     def task(self) -> Task:
         cls = task_class(self.spec.task.kind)
-        return cls(self.spec.task.options, TaskContext(self.tokenizer, self.spec.seed))
+        return cls(self.spec.task.options, TaskContext(self.tokenizer, self.spec.seed, spec=self.spec))
 
     @property
     def workers(self) -> int:
