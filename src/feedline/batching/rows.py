@@ -76,7 +76,7 @@ def collate_rows(rows: Sequence[Sequence[Piece]], max_length: int, max_docs: int
     """Lay packed rows out as fixed-shape arrays; see the module docstring.
 
         >>> ids = lambda *v: {"input_ids": np.array(v, np.int32), "labels": np.array(v, np.int32)}
-        >>> b = collate_rows([[Piece((0,), 0, ids(5, 6, 7)), Piece((1,), 0, ids(8, 9))]], 6, 3, {"input_ids": 0})
+        >>> b = collate_rows([[Piece((0,), 0, ids(5, 6, 7)), Piece((1,), 0, ids(8, 9))]], 6, 3, {"labels": -100})
         >>> b["labels"].tolist(), b["position_ids"].tolist(), b["cu_seqlens"].tolist()
         ([[-100, 6, 7, -100, 9, -100]], [[0, 1, 2, 0, 1, 0]], [[0, 3, 5, 5]])
     """

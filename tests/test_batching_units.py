@@ -1,0 +1,145 @@
+"""Unit tests of the packing algorithm, the planner and the bucket batcher; doctests of the batching modules."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from feedline import Loader
+from feedline.batching.bestfit import BestFitPacker
+from feedline.batching.planner import assign_rows, complete_batch, slice_for_rank
+from feedline.errors import SpecError
+from feedline.pipeline import GlobalStream, Pipeline
+from feedline.testing import assert_resumes_exactly, collect
+
+HISTOGRAMS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "packing_sim" / "histograms.py"
+
+
+@pytest.mark.parametrize("module", ["base", "bestfit", "rows", "planner"])
+def test_docstring_examples(module: str) -> None:
+    result = doctest.testmod(importlib.import_module(f"feedline.batching.{module}"))
+    assert result.failed == 0
+
+
+def pack_lengths(lengths: list[int], capacity: int, **kw: Any) -> list[list[int]]:
+    p: BestFitPacker[int] = BestFitPacker(capacity, **kw)
+    for i, n in enumerate(lengths):
+        p.push(n, i)
+    p.flush()
+    return list(p.ready)
+
+
+def test_best_fit_decreasing_matches_the_trl_example() -> None:
+    # TRL's documented bfd example (seq_length 4) after truncation: lengths 4, 2, 3, 1
+    rows = pack_lengths([4, 2, 3, 1], 4, window=4, open_bins=0)
+    assert rows == [[0], [2, 3], [1]]
+
+
+def test_every_item_once_and_no_row_overflows() -> None:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 100, size=5000).tolist()
+    rows = pack_lengths(lengths, 100, window=64, open_bins=8, max_items=5)
+    assert sorted(i for r in rows for i in r) == list(range(5000))
+    assert all(sum(lengths[i] for i in r) <= 100 and len(r) <= 5 for r in rows)
+
+
+def test_open_bins_bound_what_is_buffered() -> None:
+    p: BestFitPacker[int] = BestFitPacker(100, window=10, open_bins=3)
+    for i in range(200):
+        p.push(51, i)  # no two fit together: every bin stays open until closed by the bound
+        assert len(p.open_contents()) <= 3
+    assert p.pending < 10
+
+
+def test_restore_continues_identically() -> None:
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 64, size=400).tolist()
+    a: BestFitPacker[int] = BestFitPacker(64, window=16, open_bins=4)
+    for i in range(160):
+        a.push(lengths[i], i)
+    b: BestFitPacker[int] = BestFitPacker(64, window=16, open_bins=4)
+    b.restore(list(a.ready), [[(lengths[i], i) for i in row] for row in a.open_contents()])
+    for p in (a, b):
+        for i in range(160, 400):
+            p.push(lengths[i], i)
+        p.flush()
+    assert list(a.ready) == list(b.ready)
+
+
+def test_carried_bins_beat_per_window_packing_on_the_wikipedia_histogram() -> None:
+    if not HISTOGRAMS.exists():
+        pytest.skip(f"reference histograms not available: {HISTOGRAMS}")
+    spec = importlib.util.spec_from_file_location("histograms", HISTOGRAMS)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    hist = mod.wikipedia_histogram
+    lengths = np.random.default_rng(0).choice(np.arange(1, 513), size=60_000, p=hist / hist.sum()).tolist()
+
+    def efficiency(open_bins: int) -> float:
+        rows = pack_lengths(lengths, 512, window=1000, open_bins=open_bins, max_items=64)
+        return sum(lengths) / (len(rows) * 512)
+
+    carried, fresh = efficiency(64), efficiency(0)
+    assert carried >= 0.997
+    assert carried > fresh
+
+
+def test_assign_rows_gives_equal_rows_and_near_equal_tokens() -> None:
+    rng = np.random.default_rng(2)
+    tokens = rng.integers(1, 512, size=64)
+    parts = assign_rows(tokens, 8)
+    assert all(len(p) == 8 for p in parts)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(64))
+    sums = [int(tokens[p].sum()) for p in parts]
+    assert max(sums) - min(sums) <= int(tokens.max())
+    assert all((np.diff(p) > 0).all() for p in parts), "rows keep their global order within a rank"
+    with pytest.raises(SpecError, match="multiple of the world size"):
+        assign_rows(tokens[:10], 4)
+
+
+def test_slices_reassemble_and_remainder_rules() -> None:
+    batch = {"input_ids": np.arange(12, dtype=np.int32).reshape(6, 2), "attention_mask": np.ones((6, 2), np.int32)}
+    got = np.concatenate([slice_for_rank(batch, r, 3)["input_ids"] for r in range(3)])
+    assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, batch["input_ids"].tolist()))
+    short = {k: v[:5] for k, v in batch.items()}
+    assert complete_batch(short, 6, 2, "drop", {}) is None
+    padded = complete_batch(short, 6, 2, "pad", {"attention_mask": 0})
+    assert padded is not None and len(padded["input_ids"]) == 6 and padded["attention_mask"][5].sum() == 0
+    kept = complete_batch(short, 8, 2, "keep", {})
+    assert kept is not None and len(kept["input_ids"]) == 6
+
+
+def bucket_spec(corpus: str, tokenizer: str, **kw: Any) -> dict[str, Any]:
+    return {"sources": [{"path": corpus}], "tokenizer": tokenizer, "seed": 3,
+            "task": {"kind": "clm", "max_length": 64},
+            "batching": {"strategy": "bucket", "batch_size": 4, "window_batches": 5, "remainder": "keep", **kw}}
+
+
+def test_bucket_pads_less_delivers_each_example_once_and_resumes(corpus: str, small_tokenizer: str) -> None:
+    s = bucket_spec(corpus, small_tokenizer)
+    it = iter(GlobalStream(Pipeline(s)))
+    batches = [b for _s, b, _st in it]
+    bucket_stats = it.it.stats
+    it.close()
+    pad = collect(Loader({**s, "batching": {"strategy": "pad", "batch_size": 4, "remainder": "keep"}}))
+    real = sum(int(b["attention_mask"].sum()) for b in batches)
+    assert real == sum(int(b["attention_mask"].sum()) for b in pad)
+    assert bucket_stats.efficiency > real / sum(b["input_ids"].size for b in pad)
+    assert bucket_stats.tokens == real
+    rows = sorted(tuple(r[m.astype(bool)].tolist()) for b in batches for r, m in zip(b["input_ids"], b["attention_mask"]))
+    assert rows == sorted(tuple(r[m.astype(bool)].tolist()) for b in pad for r, m in zip(b["input_ids"], b["attention_mask"]))
+    widths = [b["input_ids"].shape[1] for b in batches]
+    assert widths != sorted(widths), "batches of a window come in shuffled order"
+    assert assert_resumes_exactly(s, every=4) >= 3
+
+
+def test_bucket_token_budget_is_checked(corpus: str, small_tokenizer: str) -> None:
+    with pytest.raises(SpecError, match="max_tokens"):
+        collect(Loader(bucket_spec(corpus, small_tokenizer, max_tokens=20)))
