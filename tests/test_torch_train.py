@@ -1,0 +1,162 @@
+"""Training through TorchLoader: loss falls, torchrun ranks stay in lockstep, the HF Trainer runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import SHARED_DATA
+
+torch = pytest.importorskip("torch")
+
+import feedline  # noqa: E402
+from feedline.testing import assert_batches_equal, collect  # noqa: E402
+from feedline.torch import TorchLoader, passthrough_collate  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Any:
+    """Tiny models run fastest single-threaded; on a busy 2-core machine, extra threads only spin."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def text_source(corpus: str) -> tuple[dict[str, Any], str]:
+    """Real prose when ../shared/data is present, else the generated corpus (so the test always runs)."""
+    real = SHARED_DATA / "prose" / "c4_demo.jsonl"
+    if real.exists():
+        return {"path": str(real)}, "real C4 documents"
+    return {"path": corpus}, "generated corpus"
+
+
+def test_tiny_model_loss_falls_over_100_steps(corpus: str, small_tokenizer: str) -> None:
+    from feedline.demo.models import TinyGPT
+
+    source, what = text_source(corpus)
+    spec = {"sources": [source], "tokenizer": small_tokenizer, "seed": 0, "epochs": None, "shuffle": {"buffer": 64},
+            "task": {"kind": "clm", "max_length": 64}, "batching": {"strategy": "pad", "batch_size": 8}}
+    torch.manual_seed(0)
+    loader = TorchLoader(spec)
+    model = TinyGPT(feedline.load_tokenizer(small_tokenizer).vocab_size, d=64, layers=1, heads=2, ff=128, max_len=64)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for batch in loader:
+        loss = model(batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if len(losses) == 100:
+            break
+    loader.close()
+    first, last = np.mean(losses[:10]), np.mean(losses[-10:])
+    assert len(losses) == 100
+    assert last < first - 0.5, f"loss on {what} did not fall: {first:.3f} -> {last:.3f}"
+
+
+WORKER = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from feedline.torch import TorchLoader
+
+    spec_path, out = sys.argv[1], sys.argv[2]
+    dist.init_process_group("gloo")
+    loader = TorchLoader(spec_path, int64=False)     # rank and world size from torchrun's environment
+    rank = dist.get_rank()
+    assert (loader.rank, loader.world_size) == (rank, dist.get_world_size())
+    batches = []
+    for batch in loader:
+        flag = torch.ones(1)
+        dist.all_reduce(flag)                      # a DDP-style collective every step: a rank that
+        batches.append({k: v.numpy() for k, v in batch.items()})   # stopped early would hang the other
+    steps = torch.tensor([len(batches)])
+    dist.all_reduce(steps, op=dist.ReduceOp.MAX)
+    np.savez(f"{out}/rank{rank}.npz", **{f"{i}:{k}": v for i, b in enumerate(batches) for k, v in b.items()})
+    with open(f"{out}/rank{rank}.json", "w") as f:
+        json.dump({"steps": len(batches), "max_steps": int(steps), "state_step": loader.state_dict()["step"]}, f)
+    dist.destroy_process_group()
+""")
+
+
+def load_rank(out: Path, rank: int) -> tuple[dict[str, Any], list[dict[str, np.ndarray]]]:
+    info = json.loads((out / f"rank{rank}.json").read_text())
+    arrays = np.load(out / f"rank{rank}.npz")
+    batches: list[dict[str, np.ndarray]] = [{} for _ in range(info["steps"])]
+    for name in arrays.files:
+        i, field = name.split(":")
+        batches[int(i)][field] = arrays[name]
+    return info, batches
+
+
+def test_torchrun_two_ranks_get_their_slices_and_stop_together(tmp_path: Path, corpus: str, small_tokenizer: str) -> None:
+    spec = {"sources": [{"path": corpus}], "tokenizer": small_tokenizer, "seed": 1, "shuffle": {"buffer": 20},
+            "task": {"kind": "clm", "max_length": 40}, "batching": {"strategy": "pad", "batch_size": 6}}
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    (tmp_path / "worker.py").write_text(WORKER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(tmp_path / "worker.py"), str(spec_path), str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    glob = collect(feedline.Loader(spec))
+    infos = []
+    for rank in range(2):
+        info, got = load_rank(tmp_path, rank)
+        infos.append(info)
+        assert_batches_equal(collect(feedline.Loader(spec, rank=rank, world_size=2)), got, where=f"rank {rank}")
+    assert infos[0]["steps"] == infos[1]["steps"] == infos[0]["max_steps"] == len(glob) > 3
+    assert infos[0]["state_step"] == infos[1]["state_step"] == len(glob)
+    # together the two slices are exactly each global batch's rows
+    _, r0 = load_rank(tmp_path, 0)
+    _, r1 = load_rank(tmp_path, 1)
+    for g, a, b in zip(glob, r0, r1, strict=True):
+        rows = sorted(map(tuple, np.concatenate([a["input_ids"], b["input_ids"]]).tolist()))
+        assert rows == sorted(map(tuple, g["input_ids"].tolist()))
+
+
+@pytest.mark.parametrize("dataloader", ["trainer", "passthrough"])
+def test_hf_trainer_runs_10_steps_from_torchloader(tmp_path: Path, corpus: str, small_tokenizer: str, dataloader: str) -> None:
+    """As given (the Trainer's own DataLoader) and through ``get_train_dataloader`` returning ``loader.dataloader()``."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate", reason="the HF Trainer needs accelerate")
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    class FeedlineTrainer(Trainer):
+        def get_train_dataloader(self) -> Any:
+            return self.train_dataset.dataloader()
+
+    spec = {"sources": [{"path": corpus}], "tokenizer": small_tokenizer, "seed": 2, "epochs": None,
+            "task": {"kind": "clm", "max_length": 32}, "batching": {"strategy": "pad", "batch_size": 4}}
+    vocab = feedline.load_tokenizer(small_tokenizer).vocab_size
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=32, n_embd=32, n_layer=1, n_head=2))
+    loader = TorchLoader(spec)
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=10, per_device_train_batch_size=1,
+                             learning_rate=1e-3, logging_steps=1, save_strategy="no", report_to=[],
+                             use_cpu=True, dataloader_pin_memory=False, disable_tqdm=True)
+    cls = Trainer if dataloader == "trainer" else FeedlineTrainer
+    trainer = cls(model=model, args=args, train_dataset=loader, data_collator=passthrough_collate)
+    result = trainer.train()
+    loader.close()
+    assert trainer.state.global_step == 10
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 10 and all(np.isfinite(losses))
+    assert np.isfinite(result.training_loss)
+    # accelerate's DataLoader wrapper looks one batch ahead; the pass-through DataLoader does not,
+    # so its state is exactly the 10 batches trained on (what a checkpoint callback should save)
+    assert loader.step == (11 if dataloader == "trainer" else 10)
