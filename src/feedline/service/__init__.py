@@ -1,0 +1,15 @@
+"""The loader service: ``feedline serve`` and the client behind ``Loader("tcp://...")``.
+
+Modules: :mod:`.protocol` (wire format), :mod:`.server` (event loop), :mod:`.ranked` and
+:mod:`.shared` (the two delivery modes), :mod:`.producer` (pipeline thread), :mod:`.session`
+(hello validation), :mod:`.client` and :mod:`.connection` (the client), :mod:`.auth`
+(CurveZMQ and the bind policy), :mod:`.metrics` (stats and Prometheus), :mod:`.streams`
+(named streams), :mod:`.launch` (run ``feedline serve`` as a subprocess).
+"""
+
+from feedline.service.client import RemoteLoader
+from feedline.service.launch import serve_process
+from feedline.service.server import Server, ServerOptions
+from feedline.service.streams import load_streams
+
+__all__ = ["RemoteLoader", "Server", "ServerOptions", "load_streams", "serve_process"]

@@ -1,0 +1,225 @@
+"""The client's I/O thread: one connection to a server that survives the server's restarts.
+
+    conn = Connection(address, hello={...}, resume=state_json, prefetch=4, ...)
+    conn.start()
+    kind, *payload = conn.items.get()     # ("welcome", state) ("batch", step, state, arrays)
+                                          # ("end", step) ("error", exc)
+    conn.consumed(step)                   # grants one credit, acks ``step``
+
+The thread owns the DEALER socket: it sends the hello, grants credit (``prefetch`` minus what is
+already queued locally, then one per consumed batch), pings every heartbeat, and when the server
+is silent for ``timeout`` (or says it is shutting down) it reconnects with exponential backoff,
+sending the state after the last batch it *received*: batches already queued stay valid, so the
+caller sees an unbroken stream. It gives up after ``reconnect`` seconds without a server.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import zmq
+
+from feedline.errors import AuthError, FeedlineError, ProtocolError, TransportError, TransportTimeout
+from feedline.service.auth import ClientKeys
+from feedline.service.protocol import decode_batch, error_from_header, pack, unpack_header
+
+__all__ = ["Connection"]
+
+_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+
+
+class Connection:
+    """A reconnecting connection run by a daemon thread; see the module docstring."""
+
+    def __init__(self, address: str, *, hello: Mapping[str, Any], resume: str | None, prefetch: int,
+                 keys: ClientKeys | None, timeout: float, reconnect: float, max_message: int) -> None:
+        self.address = address
+        self.hello = dict(hello)
+        self.resume = resume          # state JSON after the last batch received
+        self.prefetch = prefetch
+        self.keys = keys
+        self.timeout = timeout
+        self.reconnect = reconnect
+        self.max_message = max_message
+        self.items: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._ctx: zmq.Context[Any] = zmq.Context()
+        self._pipe_addr = f"inproc://feedline-client-{id(self)}"
+        self._pipe_in = self._ctx.socket(zmq.PAIR)
+        self._pipe_in.bind(self._pipe_addr)
+        self._pipe_out = self._ctx.socket(zmq.PAIR)   # used by the caller's thread only
+        self._pipe_out.connect(self._pipe_addr)
+        self._thread = threading.Thread(target=self._run, name="feedline-client", daemon=True)
+        self._sock: zmq.Socket[Any] | None = None
+        self._monitor: zmq.Socket[Any] | None = None
+        self._queued = 0
+        self._heartbeat = 1.0
+        self._welcomed_once = False
+
+    def start(self) -> None:
+        self._thread.start()
+
+    # ------------------------------------------------------- caller's thread
+    def consumed(self, step: int | None) -> None:
+        """Report that the caller finished the batch of ``step``; grants one credit."""
+        self._pipe_out.send(pack("credit", n=1, step=step))
+
+    def close(self, ack: int | None = None) -> None:
+        """Ack ``ack`` (if given), say bye, stop the thread and free the sockets. Idempotent."""
+        if self._ctx.closed:
+            return
+        if self._thread.is_alive():
+            self._pipe_out.send(pack("bye", step=ack))
+            self._thread.join(timeout=5)
+        self._pipe_out.close(linger=0)
+        self._pipe_in.close(linger=0)
+        self._ctx.term()
+
+    # ---------------------------------------------------------------- thread
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except FeedlineError as e:
+            self.items.put(("error", e))
+        except Exception as e:  # a bug or an OS failure: surface it to the caller
+            self.items.put(("error", TransportError(f"client connection failed: {type(e).__name__}: {e}")))
+        finally:
+            self._disconnect()
+
+    def _connect(self) -> None:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_message)
+        sock.setsockopt(zmq.RCVHWM, 0)        # bounded by credit instead
+        if self.keys is not None:
+            self.keys.apply(sock)
+        self._monitor = sock.get_monitor_socket(_HANDSHAKE_FAILED)
+        sock.connect(self.address)
+        self._sock = sock
+        self._send(pack("hello", **self.hello, state=self.resume))
+
+    def _disconnect(self) -> None:
+        if self._monitor is not None and self._sock is not None:
+            self._sock.disable_monitor()
+            self._monitor.close(linger=0)
+            self._monitor = None
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+
+    def _loop(self) -> None:
+        lost_at = time.monotonic()       # when we last had no server (initially: not connected yet)
+        backoff = 0.1
+        welcomed = False
+        self._connect()
+        last_heard = last_sent = time.monotonic()
+        poller = zmq.Poller()
+        poller.register(self._pipe_in, zmq.POLLIN)
+        while True:
+            assert self._sock is not None and self._monitor is not None
+            poller.register(self._sock, zmq.POLLIN)
+            poller.register(self._monitor, zmq.POLLIN)
+            events = dict(poller.poll(int(min(self._heartbeat, backoff if not welcomed else 1.0) * 1000)))
+            now = time.monotonic()
+            if self._monitor in events:
+                self._monitor.recv_multipart()
+                raise AuthError(f"{self.address} refused the connection handshake: "
+                                + ("check the keys (server.key and client.key_secret) and that the server authorizes "
+                                   "this client" if self.keys else "the server requires CurveZMQ keys; pass keys=DIR"))
+            if self._pipe_in in events:
+                h = unpack_header(self._pipe_in.recv())
+                if h["op"] == "bye":
+                    if welcomed and h.get("step") is not None:
+                        self._send(pack("credit", n=0, step=h["step"]))
+                    self._send(pack("bye"))
+                    return
+                self._queued -= 1
+                if welcomed:
+                    self._send(pack("credit", n=1, step=h.get("step")))
+                    last_sent = now
+            if self._sock in events:
+                last_heard = now
+                for frames in self._drain():
+                    outcome = self._handle(frames, welcomed)
+                    if outcome == "welcome":
+                        welcomed, backoff = True, 0.1
+                        self._send(pack("credit", n=max(0, self.prefetch - self._queued)))
+                    elif outcome == "end":
+                        self._send(pack("bye"))
+                        return
+                    elif outcome == "lost":
+                        last_heard = 0.0
+            if welcomed and now - last_sent >= self._heartbeat:
+                self._send(pack("ping"))
+                last_sent = now
+            silent = now - last_heard > (self.timeout if welcomed else min(self.timeout, 2.0 + backoff))
+            if silent:
+                if welcomed:
+                    lost_at, welcomed = now, False
+                if now - lost_at > self.reconnect:
+                    raise TransportTimeout(
+                        f"no answer from the loader service at {self.address} for {self.reconnect:.0f}s; "
+                        "is 'feedline serve' running there?" + ("" if self.keys else
+                                                                " If it uses keys, pass keys=DIR."))
+                poller.unregister(self._sock)
+                poller.unregister(self._monitor)
+                self._disconnect()
+                backoff = min(backoff * 2, 5.0)
+                self._connect()
+                last_heard = last_sent = time.monotonic()
+
+    def _send(self, frame: bytes) -> None:
+        assert self._sock is not None
+        try:
+            self._sock.send(frame, zmq.NOBLOCK)
+        except zmq.Again:  # not connected and the queue is full: the reconnect logic takes over
+            pass
+
+    def _drain(self) -> list[list[zmq.Frame]]:
+        out = []
+        assert self._sock is not None
+        while True:
+            try:
+                out.append(self._sock.recv_multipart(zmq.NOBLOCK, copy=False))
+            except zmq.Again:
+                return out
+
+    def _handle(self, frames: list[zmq.Frame], welcomed: bool) -> str | None:
+        h = unpack_header(frames[0].buffer, self.max_message)
+        op = h["op"]
+        if op == "batch":
+            if not welcomed:
+                return None  # left over from a connection we gave up on
+            state = h.get("state")
+            step = h.get("step")
+            if not isinstance(state, str) or not isinstance(step, int):
+                raise ProtocolError("batch header lacks its step or state")
+            arrays = decode_batch(h, frames[1:])
+            self.resume = state
+            self._queued += 1
+            self.items.put(("batch", step, state, arrays))
+        elif op == "welcome":
+            state = h.get("state")
+            self._heartbeat = float(h.get("heartbeat", 1.0))
+            if not self._welcomed_once and isinstance(state, str):
+                self._welcomed_once = True
+                self.resume = self.resume or state
+                self.items.put(("welcome", state))
+            return "welcome"
+        elif op == "end":
+            self.items.put(("end", h.get("step")))
+            return "end"
+        elif op == "error":
+            raise error_from_header(h)
+        elif op == "bye":
+            if h.get("reason") == "replaced by a new connection of this rank":
+                raise TransportError(f"loader service: {h.get('reason')} (two loaders share this rank?)")
+            return "lost"
+        elif op not in ("pong", "stats"):
+            raise ProtocolError(f"unexpected message {op!r:.20} from the server")
+        return None
+

@@ -1,0 +1,164 @@
+"""Ranked mode: one global cursor shared by the ``world_size`` ranks of a training job.
+
+A :class:`RankedCursor` runs one global stream (a :class:`~.producer.Producer`) and keeps the
+global steps that some rank still needs in a window::
+
+    step:     41   42   43   44   45   46        (window = 6)
+    rank 0:             ▲ next                 acked 42
+    rank 1:                       ▲ next       acked 44
+    production stops at acked_min + window = 48; steps <= acked_min (42) are dropped
+
+Every rank gets its slice of the same global steps, so slices reassemble the global stream. A
+slow or absent rank holds production back (at most ``window`` steps ahead of it), and memory
+stays bounded. A step is dropped only when every rank has *consumed* it (the client reports its
+consumed step with each credit), so a rank that reconnects with the state of the last batch it
+received finds the next step still there.
+
+Joining: a rank arriving with the state after step ``s`` joins a cursor of the same stream and
+world size when step ``s + 1`` is in (or just ahead of) the window; when ``s`` is a little behind
+the window (ranks of a job restarted after a server crash carry slightly different states), the
+cursor is *rewound* to the earliest state, and ranks that are ahead simply wait for production to
+reach them; otherwise it gets a cursor of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from feedline.pipeline import Pipeline
+from feedline.service.producer import End, Produced, Producer
+
+__all__ = ["RankSlot", "RankedCursor"]
+
+log = logging.getLogger("feedline.service")
+
+
+@dataclass(slots=True)
+class RankSlot:
+    """One rank's position in a cursor: the next step to send and the last step consumed."""
+
+    next: int
+    acked: int
+    client: bytes | None = None
+    session: str = ""
+
+
+class RankedCursor:
+    """The shared global position of one (stream, world size) training job."""
+
+    def __init__(self, stream: str, pipeline: Pipeline, world_size: int, start: Mapping[str, Any] | None,
+                 *, window: int, wake: Callable[[], None], initial: Mapping[str, Any] | None = None) -> None:
+        self.stream = stream
+        self.pipeline = pipeline
+        self.world_size = world_size
+        self.window = window
+        self._wake = wake
+        self._initial = initial
+        self.buffer: deque[Produced] = deque()
+        self.ended_at: int | None = None
+        self.error: BaseException | None = None
+        self.idle_since = time.monotonic()
+        self.producer = self._start(start)
+        s = self.low - 1
+        self.ranks = [RankSlot(next=s + 1, acked=s) for _ in range(world_size)]
+
+    def _start(self, start: Mapping[str, Any] | None) -> Producer:
+        producer = Producer(self.pipeline, world_size=self.world_size, start=start, depth=2, wake=self._wake,
+                            initial=self._initial, name=f"feedline-{self.stream}-w{self.world_size}")
+        self.start_state = producer.initial_state()
+        self.low = int(self.start_state["step"]) + 1  # first step in (or next into) the buffer
+        self.produced = self.low - 1                  # last step moved into the buffer
+        self.buffer.clear()
+        self.ended_at = None
+        self.error = None
+        producer.start()
+        return producer
+
+    # ---------------------------------------------------------------- joining
+    def can_join(self, step: int) -> bool:
+        """Whether a rank whose next step is ``step`` can be served from this cursor as it is."""
+        return self.error is None and self.low <= step <= self.produced + 1 + self.window
+
+    def can_rewind(self, step: int) -> bool:
+        """Whether rewinding to serve ``step`` is cheap (within a window or two behind)."""
+        return self.error is None and step < self.low and self.low - step <= 2 * self.window
+
+    def rewind(self, start: Mapping[str, Any] | None) -> None:
+        """Restart production from an earlier state; ranks ahead of it wait for production."""
+        log.info("stream %r (world size %d): rewinding from step %d to %d", self.stream, self.world_size,
+                 self.low, int(start["step"]) + 1 if start else 1)
+        self.producer.close()
+        self.producer = self._start(start)
+        for slot in self.ranks:
+            slot.acked = min(slot.acked, self.low - 1)
+            slot.next = max(slot.next, self.low)
+
+    def taken_by_other(self, rank: int, session: str) -> bool:
+        """Whether another job's live client holds ``rank`` (a reconnect reuses its session)."""
+        slot = self.ranks[rank]
+        return slot.client is not None and slot.session != session
+
+    def attach(self, rank: int, client: bytes, session: str, step: int) -> bytes | None:
+        """Seat ``client`` as ``rank`` with ``step`` next; returns the client it replaced."""
+        slot = self.ranks[rank]
+        old = slot.client if slot.client != client else None
+        slot.client, slot.session, slot.next, slot.acked = client, session, step, step - 1
+        return old
+
+    def detach(self, rank: int, client: bytes) -> None:
+        if self.ranks[rank].client == client:
+            self.ranks[rank].client = None
+        if not self.clients():
+            self.idle_since = time.monotonic()
+
+    def clients(self) -> list[bytes]:
+        return [s.client for s in self.ranks if s.client is not None]
+
+    # ------------------------------------------------------------- production
+    def ack(self, rank: int, step: int) -> None:
+        slot = self.ranks[rank]
+        if slot.acked < step < slot.next:
+            slot.acked = step
+
+    def pump(self) -> None:
+        """Move produced steps into the window while it has room; drop steps every rank consumed."""
+        floor = min(s.acked for s in self.ranks)
+        while self.buffer and self.buffer[0].step <= floor:
+            self.buffer.popleft()
+            self.low = self.buffer[0].step if self.buffer else self.produced + 1
+        while self.ended_at is None and self.error is None and self.produced - floor < self.window:
+            item = self.producer.poll()
+            if item is None:
+                break
+            if isinstance(item, Produced):
+                self.buffer.append(item)
+                self.produced = item.step
+            elif isinstance(item, End):
+                self.ended_at = item.step
+            else:
+                self.error = item
+
+    def next_for(self, rank: int) -> Produced | End | None:
+        """What rank ``rank`` should receive next, or ``None`` when it must wait."""
+        want = self.ranks[rank].next
+        if self.buffer and self.buffer[0].step <= want <= self.produced:
+            return self.buffer[want - self.buffer[0].step]
+        if self.ended_at is not None and want > self.ended_at:
+            return End(self.ended_at)
+        return None
+
+    def sent(self, rank: int, step: int) -> None:
+        self.ranks[rank].next = step + 1
+
+    @property
+    def depth(self) -> int:
+        return len(self.buffer)
+
+    def close(self) -> None:
+        self.producer.close()
+        self.buffer.clear()
