@@ -142,7 +142,7 @@ class Loader:
     @property
     def step(self) -> int:
         """Global steps received so far."""
-        return int(self._global["step"])
+        return int(self._global["step"] or 0)
 
     def close(self) -> None:
         """Stop the background thread. Idempotent."""

@@ -96,11 +96,11 @@ class Pipeline:
 
     def materialize(self, refs: Sequence[ExampleRef]) -> list[Example]:
         """Rebuild examples from refs by re-reading their records (used to restore buffers)."""
-        refs = [tuple(int(x) for x in r) for r in refs]
-        found = self.fetch([(s, f, p) for s, f, p, _e, _sub in refs])
+        ints = [(int(r[0]), int(r[1]), int(r[2]), int(r[3]), int(r[4])) for r in refs]
+        found = self.fetch([(s, f, p) for s, f, p, _e, _sub in ints])
         cache: dict[tuple[int, int, int, int], list[Example]] = {}
         out = []
-        for s, f, p, e, sub in refs:
+        for s, f, p, e, sub in ints:
             k = (s, f, p, e)
             if k not in cache:
                 res = self.task.process([Record((s, f, p), e, found[(s, f, p)])])[0]

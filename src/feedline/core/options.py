@@ -95,16 +95,16 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
             return None
         if len(args) == 1:  # Optional[X]: X's own message is the clearest
             return _convert(args[0], value, path)
-        errors = []
+        errors: list[SpecError] = []
         for arg in get_args(tp):
             try:
                 return _convert(arg, value, path)
-            except SpecError as e:
-                errors.append(e)
+            except SpecError as err:
+                errors.append(err)
         # Prefer the message of a Literal mismatch: it carries the suggestion.
-        for e in errors:
-            if "did you mean" in str(e):
-                raise e
+        hinted = [x for x in errors if "did you mean" in str(x)]
+        if hinted:
+            raise hinted[0]
         raise SpecError(f"{path}: {value!r} is not a {_type_name(tp)}")
     if tp is type(None):
         if value is None:
@@ -129,16 +129,15 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
             return value
         raise SpecError(f"{path}: expected a string, got {value!r}")
     if origin in (tuple, Sequence, list, typing.Sequence):
-        args = get_args(tp)
         if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
             raise SpecError(f"{path}: expected a list, got {value!r}")
-        item_tp = args[0] if args else Any
+        item_tp = get_args(tp)[0] if get_args(tp) else Any
         return tuple(_convert(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value))
     if origin in (dict, Mapping, typing.Mapping) or tp in (dict, Mapping):
         if not isinstance(value, Mapping):
             raise SpecError(f"{path}: expected a mapping, got {value!r}")
-        args = get_args(tp)
-        val_tp = args[1] if len(args) == 2 else Any
+        kv = get_args(tp)
+        val_tp = kv[1] if len(kv) == 2 else Any
         return {str(k): _convert(val_tp, v, f"{path}.{k}") for k, v in value.items()}
     return value
 

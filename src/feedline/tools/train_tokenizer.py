@@ -68,6 +68,7 @@ def _from_counts(path: str) -> Iterator[str]:
 
 
 def _build(kind: str, vocab_size: int, min_frequency: int, lowercase: bool, sentinels: int) -> tuple[RustTokenizer, Any, dict[str, Any]]:
+    trainer: Any
     if kind == "bpe":
         tok = RustTokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
