@@ -117,6 +117,12 @@ class MixtureIterator(DatasetIterator[Record]):
             raise StateError(f"mixture: malformed state ({e})") from e
 
     @property
+    def proportions(self) -> list[float]:
+        """The realised share of records delivered from each source so far."""
+        total = sum(self.counts)
+        return [c / total if total else 0.0 for c in self.counts]
+
+    @property
     def rejected(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for it in self.its:
