@@ -13,7 +13,8 @@ the rejection counts and the state are exactly :class:`TaskMap`'s: the state (th
 state at the start of the current chunk plus the examples of it already yielded) has the same
 layout, and a state saved under one engine resumes under the other.
 
-The task travels once per job: it is ``ray.put`` in the object store, and each worker process
+Each Ray task reserves one CPU and tokenizes on one thread (``TOKENIZERS_PARALLELISM=false``
+in the workers), so N CPUs run N chunks at once. The task travels once per job: it is ``ray.put`` in the object store, and each worker process
 unpickles it (tokenizer included) on first use and keeps it, so chunks carry only records.
 A worker that dies mid-chunk (node lost, OOM-killed) has its chunk re-run by Ray
 (``max_retries``); since a chunk's output is a pure function of its records, the retry gives
@@ -42,6 +43,10 @@ __all__ = ["RayTaskMap", "RayTaskMapIterator"]
 DEFAULT_CHUNK = 256
 #: Ray re-runs a chunk whose worker died this many times before the stream fails.
 DEFAULT_RETRIES = 3
+
+#: Each Ray task reserves one CPU, so its tokenizer runs one thread: the cluster's parallelism is
+#: the number of tasks, without N tasks x all-cores Rayon pools oversubscribing a node.
+WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false"}
 
 # Worker side: tasks already unpickled in this worker process, by object-ref id (a few jobs at most).
 _TASKS: collections.OrderedDict[str, Task] = collections.OrderedDict()
@@ -112,7 +117,8 @@ class RayTaskMapIterator(DatasetIterator[Example]):
         self.ds = ds
         self.ray = connect(ds.engine)
         self.ahead = ds.ahead or 2 * cluster_cpus(ds.engine)
-        self.remote = self.ray.remote(max_retries=ds.retries, retry_exceptions=False)(process_chunk)
+        self.remote = self.ray.remote(num_cpus=1, max_retries=ds.retries, retry_exceptions=False,
+                                      runtime_env={"env_vars": WORKER_ENV})(process_chunk)
         self.task_ref: Any = None
         self.parent = iter(ds.parent)
         self.rejections = Rejections(ds.on_error)
