@@ -24,6 +24,7 @@ from typing import IO, Any
 
 from feedline.core.rng import mix64, permutation
 from feedline.errors import SourceError, SpecError
+from feedline.sources.files import open_binary
 from feedline.sources.inputs import read_inputs
 from feedline.sources.report import Rejections
 
@@ -53,11 +54,12 @@ def shard(inputs: Sequence[str], output_dir: str, *, num_shards: int, seed: int 
         raise SpecError("shard: give at least one input path")
     os.makedirs(output_dir, exist_ok=True)
     tmp = [os.path.join(output_dir, f".{prefix}-{i:05d}.scatter.zst") for i in range(num_shards)]
-    cctx = zstandard.ZstdCompressor(level=1)
     rejections = Rejections(on_error)
     writers: list[IO[bytes]] = []
     try:
         for p in tmp:
+            # One compressor per writer: a compression context serves one stream at a time.
+            cctx = zstandard.ZstdCompressor(level=1)
             writers.append(cctx.stream_writer(open(p, "wb"), closefd=True))  # noqa: SIM115 - closed below
         for rec in read_inputs(inputs, format=format, text=text, on_error=on_error, rejections=rejections):
             line = json.dumps(rec.data, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
@@ -69,9 +71,8 @@ def shard(inputs: Sequence[str], output_dir: str, *, num_shards: int, seed: int 
     out_ctx = zstandard.ZstdCompressor(level=level)
     try:
         for i, p in enumerate(tmp):
-            with open(p, "rb") as f:
-                lines = zstandard.ZstdDecompressor().decompress(f.read(), max_output_size=1 << 40).splitlines(keepends=True) \
-                    if os.path.getsize(p) else []
+            with open_binary(p) as f:
+                lines = f.read().splitlines(keepends=True)
             order = permutation(len(lines), seed, 0x5A4D, i)
             name = os.path.join(output_dir, f"{prefix}-{i:05d}-of-{num_shards:05d}.jsonl.zst")
             with open(name, "wb") as out, out_ctx.stream_writer(out, closefd=False) as w:
