@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,36 @@ def test_states_carry_across_engines(ray_session: Any, corpus: dict[str, list[st
         resumed = Loader({**spec, "engine": dst}, state=state)
         assert_batches_equal(batches[at:], collect(resumed), where=f"{src} -> {dst} at step {at}")
         resumed.close()
+
+
+# ------------------------------------------------------------------ the service with a Ray engine
+@needs_data
+def test_service_with_a_ray_engine_serves_the_local_batches(ray_session: Any, corpus: dict[str, list[str]]) -> None:
+    """A server whose pipeline runs on Ray: two ranks over ZeroMQ reassemble the local stream."""
+    pytest.importorskip("zmq")
+    from feedline.batching.planner import slice_for_rank
+    from feedline.service.server import Server, ServerOptions
+
+    spec = spec_for(corpus, epochs=1)
+    want = collect(Loader(spec))
+    server = Server({"train": Pipeline({**spec, "engine": RAY})},
+                    ServerOptions(bind="tcp://127.0.0.1:0", heartbeat=0.2, timeout=5.0, drain_timeout=1.0))
+    address = server.bind()
+    thread = threading.Thread(target=server.serve, name="ray-test-server", daemon=True)
+    thread.start()
+    try:
+        clients = [Loader(address, rank=r, world_size=2) for r in range(2)]
+        its = [iter(c) for c in clients]
+        got: list[list[Any]] = [[], []]
+        for _ in want:
+            for r in range(2):
+                got[r].append(next(its[r]))
+        for r in range(2):
+            assert_batches_equal([slice_for_rank(b, r, 2) for b in want], got[r], where=f"rank {r} via the service")
+            clients[r].close()
+    finally:
+        server.stop()
+        thread.join(timeout=10)
 
 
 # ------------------------------------------------------------------ failures
