@@ -119,7 +119,7 @@ def open_binary(path: str) -> IO[bytes]:
     if codec is None:
         return raw
     if codec == "gzip":
-        return gzip.GzipFile(fileobj=raw, mode="rb")
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
     if codec == "bz2":
         return bz2.BZ2File(raw, mode="rb")
     if codec == "xz":

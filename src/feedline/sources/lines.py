@@ -16,7 +16,7 @@ from __future__ import annotations
 import codecs
 import io
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import IO, Any
 
 from feedline.core.record import Rejection
@@ -90,7 +90,7 @@ def _skip(f: IO[bytes], n: int) -> None:
         n -= len(got)
 
 
-def iter_lines(path: str, position: int = 0, *, align: bool = False) -> Iterator[tuple[int, bytes]]:
+def iter_lines(path: str, position: int = 0, *, align: bool = False) -> Generator[tuple[int, bytes], None, None]:
     """Yield ``(position, raw_line)`` from ``position`` to the end of the file.
 
     With ``align``, ``position`` may fall inside a line: reading starts at the first line that

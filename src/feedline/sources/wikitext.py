@@ -48,13 +48,13 @@ def wikitext_to_text(source: str) -> str:
     for node in code.filter_tags(recursive=True):
         if str(node.tag).strip().lower() in _DROP_TAGS:
             _remove(code, node)
-    for node in code.filter_wikilinks(recursive=True):
-        if _DROP_LINK.match(str(node.title)):
-            _remove(code, node)
-    for node in code.filter_templates(recursive=False):
-        _remove(code, node)
-    for node in code.filter_comments(recursive=True):
-        _remove(code, node)
+    for link in code.filter_wikilinks(recursive=True):
+        if _DROP_LINK.match(str(link.title)):
+            _remove(code, link)
+    for template in code.filter_templates(recursive=False):
+        _remove(code, template)
+    for comment in code.filter_comments(recursive=True):
+        _remove(code, comment)
     text = code.strip_code(normalize=True, collapse=True)
     lines = [_SPACES.sub(" ", ln).strip() for ln in text.split("\n")]
     text = "\n".join(ln for ln in lines if not _is_debris(ln))
