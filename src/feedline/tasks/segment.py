@@ -1,8 +1,10 @@
 """Sentence segmentation for tasks that need sentences (``sop``) when the source has none.
 
 ``pysbd`` (rule-based, maintained, 22 languages) does the work. It is pure Python and slow on
-long strings (its cost grows faster than linearly), so text is first cut at line breaks and
-each paragraph is segmented on its own; ``bench/bench_segment.py`` measures the cost. Give a
+long strings (its cost grows faster than linearly with the string), so text is first cut at
+line breaks, and long paragraphs into blocks of about ``_BLOCK`` characters at an obvious
+sentence end (``.``/``!``/``?`` after a word of 4+ letters, then space and a capital), and each
+block is segmented on its own; ``bench/bench_segment.py`` measures the cost. Give a
 source that already has sentences (the ``bert`` format: one sentence per line, blank line
 between documents) to skip segmentation entirely::
 
@@ -14,6 +16,7 @@ between documents) to skip segmentation entirely::
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any, Literal
 
@@ -24,6 +27,21 @@ __all__ = ["Segmenter", "split_sentences"]
 Segmenter = Literal["pysbd", "lines"]
 
 _local = threading.local()
+_BLOCK = 1000
+_OBVIOUS_END = re.compile(r"\w{4,}[.!?][\"')\]]*\s+(?=[A-Z])")
+
+
+def _blocks(paragraph: str) -> list[str]:
+    """Cut a long paragraph at obvious sentence ends roughly every ``_BLOCK`` characters."""
+    out, start = [], 0
+    while len(paragraph) - start > 2 * _BLOCK:
+        m = _OBVIOUS_END.search(paragraph, start + _BLOCK)
+        if m is None:
+            break
+        out.append(paragraph[start:m.end()])
+        start = m.end()
+    out.append(paragraph[start:])
+    return out
 
 
 def _pysbd(language: str) -> Any:
@@ -45,5 +63,6 @@ def split_sentences(text: str, segmenter: Segmenter = "pysbd", language: str = "
     seg = _pysbd(language)
     out: list[str] = []
     for p in paragraphs:
-        out.extend(s for s in seg.segment(p) if s.strip())
+        for block in _blocks(p):
+            out.extend(s for s in seg.segment(block) if s.strip())
     return out
