@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -59,6 +60,29 @@ def timed(items: Iterable[Any], count: Any) -> tuple[float, int]:
     return time.perf_counter() - t0, n
 
 
+def cpu_timed(items: Iterable[Any], count: Any) -> tuple[float, float, int]:
+    """Wall seconds, this process's CPU seconds (all its threads), and the count."""
+    c0 = time.process_time()
+    t, n = timed(items, count)
+    return t, time.process_time() - c0, n
+
+
+def one_core_rate(spec: dict[str, Any], chunk: int) -> float:
+    """Tokens per CPU-second of the task on one thread, measured in a child process.
+
+    The child runs with ``TOKENIZERS_PARALLELISM=false`` (as Ray workers do), so its CPU time is
+    one core's, whatever else the machine is doing: the ``r`` of the model in docs/ray.md.
+    """
+    code = ("import json,sys,time; from feedline.pipeline import Pipeline; from feedline.tasks.map import TaskMap\n"
+            "p=Pipeline(json.loads(sys.argv[1])); c=time.process_time(); n=0\n"
+            "for e in TaskMap(p.records(), p.task, chunk=int(sys.argv[2]), workers=1): n+=len(e.fields['input_ids'])\n"
+            "print(n/(time.process_time()-c))")
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(spec), str(chunk)], env=env,
+                         capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def tokens(ex: Any) -> int:
     return int(ex.fields["input_ids"].shape[0])
 
@@ -73,6 +97,7 @@ def run(mb: float, chunk: int) -> dict[str, Any]:
                 "task": {"kind": "clm", "max_length": 1024}, "batching": {"strategy": "pad", "batch_size": 8}}
         p = Pipeline(spec)
         rows: dict[str, Any] = {}
+        model: dict[str, float] = {"r_tokens_per_core_s": one_core_rate(spec, chunk)}
         t, n = timed(iter(p.records()), lambda r: 1)
         rows["driver: read records"] = {"seconds": t, "records": n, "records_per_s": n / t}
         t, n = timed(iter(TaskMap(p.records(), p.task, chunk=chunk, workers=1)), tokens)
@@ -85,15 +110,17 @@ def run(mb: float, chunk: int) -> dict[str, Any]:
                 engine = EngineSpec(kind="ray", address="auto")
                 warm = RayTaskMap(p.records(), p.task, engine, chunk=chunk)
                 timed(zip(range(4 * chunk * cpus), iter(warm)), lambda x: 0)  # start workers, ship the task
-                t, n = timed(iter(RayTaskMap(p.records(), p.task, engine, chunk=chunk)), tokens)
+                t, cpu, n = cpu_timed(iter(RayTaskMap(p.records(), p.task, engine, chunk=chunk)), tokens)
                 rows[f"ray engine, {cpus} worker{'s' if cpus > 1 else ''}"] = {"seconds": t, "tokens": n, "tokens_per_s": n / t}
+                if cpus == 2:
+                    model["D_driver_tokens_per_cpu_s"] = n / cpu
                 if cpus == 2:
                     echo = Echo(p.task.options, p.task.ctx)
                     t, n = timed(iter(RayTaskMap(p.records(), echo, engine, chunk=chunk)), lambda x: 1)
                     rows["ray driver loop, no-op task"] = {"seconds": t, "records": n, "records_per_s": n / t}
             finally:
                 ray.shutdown()
-        return {"mb": mb, "chunk": chunk, "cpus": os.cpu_count(), "rows": rows, "load": load0, "load_after": os.getloadavg()[0]}
+        return {"mb": mb, "chunk": chunk, "cpus": os.cpu_count(), "rows": rows, "model": model, "load": load0, "load_after": os.getloadavg()[0]}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -124,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     two, one = rows["ray engine, 2 workers"]["tokens_per_s"], rows["ray engine, 1 worker"]["tokens_per_s"]
     print(f"ray 2 workers / 1 worker: {two / one:.2f}x;  ray 2 workers / local 2 threads: "
           f"{two / rows['local engine, 2 threads']['tokens_per_s']:.2f}x")
+    m = res["model"]
+    r, d = m["r_tokens_per_core_s"], m["D_driver_tokens_per_cpu_s"]
+    print(f"model inputs (CPU time, robust to load): r = {r / 1e6:.2f} Mtok/s per worker core; "
+          f"D = {d / 1e6:.2f} Mtok/s per driver core; D / r = {d / r:.1f} worker cores per driver core")
     return 0
 
 
