@@ -1,0 +1,368 @@
+"""The loader service end to end: real `feedline serve` processes and real sockets on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zmq
+
+import feedline
+from feedline.errors import AuthError, ProtocolError, SpecError, StateError, TransportTimeout
+from feedline.service import serve_process
+from feedline.service.protocol import pack, unpack_header
+from feedline.testing import assert_batches_equal, collect
+from service_helpers import free_port, make_spec, rows, rss_kb, start_server, stop, tokenizer_path, write_spec
+
+FAST = ["--heartbeat", "0.2", "--timeout", "1.5"]
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("service")
+    tok = tokenizer_path(tmp)
+    spec = make_spec(tmp, tok)
+    val = make_spec(tmp, tok, name="val", docs=12, seed=9)
+    return {"tmp": tmp, "spec": spec, "path": write_spec(tmp / "train.json", spec), "val": val,
+            "val_path": write_spec(tmp / "val.json", val)}
+
+
+@pytest.fixture(scope="module")
+def server(env: dict[str, Any]) -> Any:
+    proc, address = start_server(env["path"], *FAST, "--stream", f"validation={env['val_path']}",
+                                 "--metrics-port", "0")
+    yield proc, address
+    stop(proc)
+
+
+def reference(spec: dict[str, Any], rank: int = 0, world_size: int = 1, state: Any = None) -> tuple[list, list]:
+    loader = feedline.Loader(spec, rank, world_size, state=state)
+    try:
+        return collect(loader, with_states=True)
+    finally:
+        loader.close()
+
+
+def consume_ranks(loaders: list[Any], steps: int | None = None) -> tuple[list[list], list[list]]:
+    """Round-robin over the ranks (as lockstep trainers do) until the end or ``steps`` steps."""
+    its = [iter(lo) for lo in loaders]
+    batches: list[list] = [[] for _ in loaders]
+    states: list[list] = [[] for _ in loaders]
+    while steps is None or len(batches[0]) < steps:
+        got = [next(it, None) for it in its]
+        if got[0] is None:
+            assert all(g is None for g in got), "ranks ended at different steps"
+            break
+        for r, (b, lo) in enumerate(zip(got, loaders)):
+            batches[r].append({k: np.array(v) for k, v in b.items()})
+            states[r].append(json.loads(json.dumps(lo.state_dict())))
+    return batches, states
+
+
+def test_one_client_gets_the_in_process_batches_and_states(env: dict, server: Any) -> None:
+    _, address = server
+    want, want_states = reference(env["spec"])
+    with feedline.Loader(address, 0, 1) as loader:
+        assert loader.state_dict() == json.loads(json.dumps(feedline.Loader(env["spec"]).state_dict()))
+        got, got_states = collect(loader, with_states=True)
+        assert loader.step == len(want)
+    assert len(want) > 5
+    assert_batches_equal(want, got, "remote W=1")
+    assert got_states == want_states
+
+
+def test_four_ranks_reassemble_the_global_stream(env: dict, server: Any) -> None:
+    _, address = server
+    loaders = [feedline.Loader(address, r, 4, prefetch=2) for r in range(4)]
+    try:
+        got, states = consume_ranks(loaders)
+    finally:
+        for lo in loaders:
+            lo.close()
+    global_batches, _ = reference(env["spec"])
+    assert len(got[0]) == len(global_batches)
+    for step, full in enumerate(global_batches):
+        merged = {k: np.concatenate([got[r][step][k] for r in range(4)]) for k in full}
+        assert rows(merged) == rows(full), f"step {step + 1}: rank slices do not reassemble the global batch"
+    for r in range(4):
+        want, want_states = reference(env["spec"], r, 4)
+        assert_batches_equal(want, got[r], f"rank {r}")
+        assert states[r] == want_states
+        assert states[r] == [{**s, "world_size": 4} for s in states[0]]  # one global state for every rank
+
+
+def test_resume_from_a_remote_state_elsewhere_and_with_another_world_size(env: dict, server: Any) -> None:
+    _, address = server
+    with feedline.Loader(address, 2, 4) as loader:
+        collect(loader, limit=3)
+        state = loader.state_dict()
+    assert state["step"] == 3 and state["world_size"] == 4
+    loaders = [feedline.Loader(address, r, 2, state=state) for r in range(2)]   # ranks run in lockstep
+    try:
+        got, got_states = consume_ranks(loaders)
+    finally:
+        for lo in loaders:
+            lo.close()
+    for r in range(2):
+        want, want_states = reference(env["spec"], r, 2, state=state)   # in-process, W=2
+        assert_batches_equal(want, got[r], f"elastic resume W=4 -> 2, rank {r}")
+        assert got_states[r] == want_states
+
+
+def test_named_stream_unknown_stream_and_mismatches_are_refused(env: dict, server: Any) -> None:
+    _, address = server
+    want, _ = reference(env["val"])
+    with feedline.Loader(address, stream="validation") as loader:
+        assert_batches_equal(want, collect(loader), "validation stream")
+    with pytest.raises(SpecError, match="no stream named 'test'.*train, validation"):
+        first(feedline.Loader(address, stream="test"))
+    with pytest.raises(SpecError, match="expects spec"):
+        first(feedline.Loader(address, spec=env["val"]))
+    val_state = feedline.Loader(env["val"]).state_dict()
+    with pytest.raises(StateError, match="saved under spec"):
+        first(feedline.Loader(address, state=val_state))
+    with pytest.raises(SpecError, match="not a multiple"):
+        first(feedline.Loader(address, 0, 3))
+
+
+def first(loader: Any) -> Any:
+    try:
+        return next(iter(loader))
+    finally:
+        loader.close()
+
+
+def raw_socket(address: str) -> tuple[zmq.Context, zmq.Socket]:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    return ctx, sock
+
+
+def test_protocol_version_mismatch_gets_a_clear_error(server: Any) -> None:
+    _, address = server
+    ctx, sock = raw_socket(address)
+    try:
+        sock.send(pack("hello", v=99, stream="train", rank=0, world_size=1))
+        assert sock.poll(5000)
+        h = unpack_header(sock.recv())
+        assert h["op"] == "error" and h["kind"] == "ProtocolError"
+        assert "protocol version 99" in h["message"] and "speaks 1" in h["message"]
+    finally:
+        sock.close()
+        ctx.term()
+
+
+def test_stats_command_and_prometheus_endpoint(server: Any) -> None:
+    proc, address = server
+    with feedline.Loader(address) as loader:
+        collect(loader, limit=2)
+        out = subprocess.run([sys.executable, "-m", "feedline.cli", "stats", address, "--json"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        stats = json.loads(out.stdout)
+        assert {"train", "validation"} <= set(stats["streams"])
+        train = stats["streams"]["train"]
+        assert train["batches"] >= 2 and train["tokens"] > 0 and 0 < train["efficiency"] <= 1
+        assert any(c["stream"] == "train" for c in stats["clients"])
+        text = subprocess.run([sys.executable, "-m", "feedline.cli", "stats", address],
+                              capture_output=True, text=True, timeout=60).stdout
+        assert "stream train" in text and "tokens/s" in text
+    port = None
+    # the serve command printed the metrics URL on stdout after the ready line
+    assert proc.stdout is not None
+    for _ in range(3):
+        line = proc.stdout.readline()
+        if "metrics on" in line:
+            port = int(line.rsplit(":", 1)[1].split("/")[0])
+            break
+    assert port is not None
+    time.sleep(1.2)  # the endpoint serves the snapshot taken once a second
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert 'feedline_batches{stream="train"}' in body and "feedline_tokens_per_s" in body
+
+
+def test_malformed_frames_leave_the_server_serving_with_flat_memory(env: dict, server: Any) -> None:
+    proc, address = server
+    ctx, sock = raw_socket(address)
+    rng = np.random.default_rng(0)
+    garbage = [
+        b"", b"\xc1", b"\x92\x01", pack("nonsense"), pack("credit", n=5), pack("hello", v="x"),
+        pack("hello", v=1, stream=["x"]), pack("hello", v=1, rank=7, world_size=2),
+        pack("hello", v=1, state="{not json"), pack("hello", v=1, state='{"version": 1}'),
+        pack("batch", fields=[["x", "|O", [1]]]), pack("credit", n=10**9),
+    ]
+
+    def blast(n: int) -> None:
+        for i in range(n):
+            kind = i % 4
+            if kind == 0:
+                sock.send(garbage[i % len(garbage)])
+            elif kind == 1:
+                sock.send(rng.bytes(int(rng.integers(1, 300))))
+            elif kind == 2:
+                sock.send_multipart([pack("ping"), b"extra", b"frames"])
+            else:
+                sock.send(garbage[(i // 4) % len(garbage)][: max(1, i % 7)])  # truncated
+            if i % 500 == 0:  # keep the client's inbound queue short (the server answers errors)
+                while sock.poll(0):
+                    sock.recv_multipart()
+
+    try:
+        blast(2000)
+        time.sleep(0.5)
+        before = rss_kb(proc.pid)
+        blast(10_000)
+        with feedline.Loader(address) as loader:   # everyone else is still served
+            assert len(collect(loader, limit=3)) == 3
+        after = rss_kb(proc.pid)
+        assert after - before < 20_000, f"server memory grew by {after - before} kB over 10k malformed messages"
+        assert proc.poll() is None
+        big = ctx.socket(zmq.DEALER)  # an oversized message only drops that connection
+        big.setsockopt(zmq.LINGER, 0)
+        big.connect(address)
+        big.send(b"\x00" * (17 << 20))
+        big.close()
+        with feedline.Loader(address) as loader:
+            assert len(collect(loader, limit=1)) == 1
+    finally:
+        sock.close()
+        ctx.term()
+
+
+def test_kill_9_then_restart_every_rank_resumes_exactly(env: dict) -> None:
+    port = free_port()
+    bind = f"tcp://127.0.0.1:{port}"
+    proc, address = start_server(env["path"], *FAST, bind=bind)
+    loaders = [feedline.Loader(address, r, 4, prefetch=3, timeout=1.0, reconnect=60) for r in range(4)]
+    try:
+        its = [iter(lo) for lo in loaders]
+        got: list[list] = [[] for _ in range(4)]
+        for _ in range(3):
+            for r, it in enumerate(its):
+                got[r].append({k: np.array(v) for k, v in next(it).items()})
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        stop(proc)
+        proc, _ = start_server(env["path"], *FAST, bind=bind)   # the same address, no memory of the run
+        while True:
+            step = [next(it, None) for it in its]
+            if step[0] is None:
+                assert all(s is None for s in step)
+                break
+            for r, b in enumerate(step):
+                got[r].append({k: np.array(v) for k, v in b.items()})
+        for r in range(4):
+            want, _ = reference(env["spec"], r, 4)
+            assert_batches_equal(want, got[r], f"rank {r} across a kill -9 restart")
+    finally:
+        for lo in loaders:
+            lo.close()
+        stop(proc)
+
+
+_SHARED_CLIENT = textwrap.dedent("""
+    import sys, time, feedline
+    loader = feedline.Loader(sys.argv[1], mode="shared", prefetch=3)
+    for i, batch in enumerate(loader):
+        print(int(batch["input_ids"][0, 0]), loader.state_dict()["step"], flush=True)
+        if i + 1 == int(sys.argv[2]):
+            time.sleep(600)   # hold the last batch (unacked) and two prefetched ones, until killed
+""")
+
+
+def test_shared_mode_redelivers_a_killed_clients_batches(env: dict, tmp_path: Path) -> None:
+    want, _ = reference(env["spec"])
+    n = len(want)
+    with serve_process(env["path"], args=FAST) as address:
+        script = tmp_path / "client.py"
+        script.write_text(_SHARED_CLIENT)
+        victim = subprocess.Popen([sys.executable, str(script), address, "3"], stdout=subprocess.PIPE, text=True)
+        assert victim.stdout is not None
+        seen_by_victim = [victim.stdout.readline() for _ in range(3)]
+        assert all(seen_by_victim)
+        victim.kill()
+        victim.wait()
+        victim.stdout.close()
+        delivered: list[dict[str, np.ndarray]] = []
+
+        def consume() -> None:  # shared consumers are independent: each runs on its own
+            with feedline.Loader(address, mode="shared", prefetch=2) as loader:
+                for b in loader:
+                    delivered.append({k: np.array(v) for k, v in b.items()})
+
+        threads = [threading.Thread(target=consume) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads)
+    # the victim consumed (acked) its first two batches; the third and its prefetched ones came back
+    assert len(delivered) == n - 2
+    key = [rows(b) for b in want]
+    got_keys = [rows(b) for b in delivered]
+    assert sorted(map(str, got_keys)) == sorted(map(str, key[2:])), "each batch exactly once after the first two"
+
+
+def test_unauthenticated_client_gets_nothing(env: dict, tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    out = subprocess.run([sys.executable, "-m", "feedline.cli", "keys", "generate", str(keys)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    other = tmp_path / "other"
+    subprocess.run([sys.executable, "-m", "feedline.cli", "keys", "generate", str(other)], check=True,
+                   capture_output=True, timeout=60)
+    with serve_process(env["path"], args=["--keys", str(keys), *FAST]) as address:
+        with feedline.Loader(address, keys=keys) as loader:
+            assert len(collect(loader, limit=2)) == 2
+        with pytest.raises((AuthError, TransportTimeout)):
+            first(feedline.Loader(address, timeout=1.0, reconnect=3))                 # plaintext
+        with pytest.raises((AuthError, TransportTimeout)):
+            first(feedline.Loader(address, keys=other, timeout=1.0, reconnect=3))    # not authorized
+        ctx, sock = raw_socket(address)
+        try:
+            sock.send(pack("stats"))
+            assert not sock.poll(1500), "an unauthenticated peer received an answer"
+        finally:
+            sock.close()
+            ctx.term()
+
+
+def test_open_bind_without_keys_is_refused(env: dict) -> None:
+    out = subprocess.run([sys.executable, "-m", "feedline.cli", "serve", env["path"], "--bind", "tcp://0.0.0.0:0"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "refusing to bind tcp://0.0.0.0:0 without encryption" in out.stderr and "--insecure" in out.stderr
+
+
+def test_sigterm_drains_and_exits_cleanly(env: dict) -> None:
+    proc, address = start_server(env["path"], *FAST)
+    try:
+        with feedline.Loader(address) as loader:
+            collect(loader, limit=1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert proc.stdout is not None and "stopped" in proc.stdout.read()
+    finally:
+        stop(proc)
+
+
+def test_refused_hello_raises_typed_errors_in_the_client(server: Any) -> None:
+    _, address = server
+    with pytest.raises(ProtocolError):
+        from feedline.service.client import RemoteLoader
+
+        first(RemoteLoader(address, mode="shared", prefetch=5000))
