@@ -1,0 +1,85 @@
+"""Wire-format, bind-policy and stream-loading units of the loader service (no sockets)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from feedline.errors import ProtocolError, SpecError
+from feedline.service.auth import check_bind, is_loopback
+from feedline.service.metrics import render_prometheus
+from feedline.service.protocol import decode_batch, encode_batch, error_from_header, pack, unpack_header
+from feedline.service.streams import load_streams, parse_stream_option
+
+
+def test_batch_round_trip_is_exact_and_zero_copy() -> None:
+    batch = {"input_ids": np.arange(12, dtype=np.int32).reshape(3, 4), "w": np.linspace(0, 1, 3)}
+    header, arrays = encode_batch(batch, step=7, state='{"step": 7}')
+    h = unpack_header(header)
+    assert h["op"] == "batch" and h["step"] == 7 and h["state"] == '{"step": 7}'
+    out = decode_batch(h, [memoryview(a) for a in arrays])
+    for k in batch:
+        assert out[k].dtype == batch[k].dtype and np.array_equal(out[k], batch[k])
+    assert np.shares_memory(out["input_ids"], arrays[0])
+
+
+@pytest.mark.parametrize("fields,buf,match", [
+    ([["x", "|O", [1]]], b"\0" * 8, "not a plain numeric"),
+    ([["x", "<i4", [3]]], b"\0" * 8, "needs 12"),
+    ([["x", "<i4", [-1]]], b"", "malformed field"),
+    ([["x", "nonsense", [1]]], b"\0", "unknown dtype"),
+    ([], b"\0", "lists 0 fields but 1"),
+])
+def test_decode_refuses_what_it_cannot_check(fields: list, buf: bytes, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        decode_batch({"op": "batch", "fields": fields}, [buf])
+
+
+@pytest.mark.parametrize("frame", [b"", b"\xc1", b"\x93\x01\x02\x03", pack("x")[:-1], b"\x81\x01\x02"])
+def test_garbage_headers_raise_protocol_error(frame: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        unpack_header(frame)
+
+
+def test_error_messages_map_to_typed_errors_only_from_a_whitelist() -> None:
+    assert type(error_from_header({"kind": "StateError", "message": "m"})).__name__ == "StateError"
+    assert type(error_from_header({"kind": "os.system", "message": "m"})).__name__ == "TransportError"
+
+
+def test_bind_policy() -> None:
+    assert is_loopback("tcp://127.0.0.1:1") and is_loopback("tcp://[::1]:1") and is_loopback("tcp://localhost:1")
+    assert not is_loopback("tcp://0.0.0.0:1") and not is_loopback("tcp://*:1") and not is_loopback("tcp://10.0.0.1:1")
+    check_bind("tcp://0.0.0.0:1", None, insecure=True)
+    with pytest.raises(SpecError, match="--insecure"):
+        check_bind("tcp://*:5555", None, insecure=False)
+    with pytest.raises(SpecError, match="must start with"):
+        check_bind("udp://127.0.0.1:1", None, insecure=False)
+
+
+def test_named_streams_inherit_and_override(tmp_path) -> None:
+    (tmp_path / "val.yaml").write_text("sources: [v.txt]\nbatching: {batch_size: 2}\n")
+    main = {"sources": ["a.txt"], "batching": {"batch_size": 4}, "task": {"kind": "clm", "max_length": 16},
+            "streams": {"heldout": {"sources": ["h.txt"], "epochs": 2}}}
+    streams = load_streams(main, {"validation": str(tmp_path / "val.yaml")})
+    assert list(streams) == ["train", "heldout", "validation"]
+    held = streams["heldout"].spec
+    assert held.epochs == 2 and held.batching.batch_size == 4 and held.task.options.max_length == 16
+    assert streams["validation"].spec.batching.batch_size == 2
+    assert streams["train"].spec.hash() != held.hash()
+    with pytest.raises(SpecError, match="streams.heldout"):
+        load_streams({**main, "streams": {"heldout": {"epochz": 1}}})
+    with pytest.raises(SpecError, match="main spec is the 'train' stream"):
+        load_streams({**main, "streams": {"train": {}}})
+    assert parse_stream_option("validation=val.yaml") == ("validation", "val.yaml")
+    with pytest.raises(SpecError, match="NAME=SPEC"):
+        parse_stream_option("val.yaml")
+
+
+def test_prometheus_rendering() -> None:
+    text = render_prometheus({"streams": {"train": {"batches": 3, "rejected": {"bad_json": 2}, "mixture": [0.5, 0.5],
+                                                     "spec_hash": "abc"}},
+                              "clients": [{"id": "ab", "stream": "train", "rank": 1, "credit": 2, "lag": 0}]})
+    assert 'feedline_batches{stream="train"} 3' in text
+    assert 'feedline_rejected_records{stream="train",reason="bad_json"} 2' in text
+    assert 'feedline_client_credit{client="ab",stream="train",rank="1"} 2' in text
+    assert "spec_hash" not in text
