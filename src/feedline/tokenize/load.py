@@ -65,7 +65,7 @@ def _from_transformers(name: str) -> Tokenizer:
     except ImportError as e:
         raise TokenizerError(f"{name}: loading by hub name needs transformers: pip install 'feedline[hf]', or pass a tokenizer.json path") from e
     try:
-        hf = AutoTokenizer.from_pretrained(name)
+        hf = AutoTokenizer.from_pretrained(name, local_files_only=_offline())
     except Exception as e:  # transformers raises OSError, ValueError, HTTP errors...
         raise TokenizerError(
             f"{name}: could not load this tokenizer from the Hugging Face hub or cache ({type(e).__name__}); "
@@ -79,6 +79,11 @@ def _from_transformers(name: str) -> Tokenizer:
     if getattr(hf, "chat_template", None):
         cfg["chat_template"] = hf.chat_template
     return Tokenizer(backend, name, cfg)
+
+
+def _offline() -> bool:
+    """True when the Hugging Face hub must not be contacted (``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE``)."""
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
 def _from_sentencepiece(path: str, config: dict[str, Any] | None = None) -> Tokenizer:
