@@ -143,3 +143,15 @@ def test_bucket_pads_less_delivers_each_example_once_and_resumes(corpus: str, sm
 def test_bucket_token_budget_is_checked(corpus: str, small_tokenizer: str) -> None:
     with pytest.raises(SpecError, match="max_tokens"):
         collect(Loader(bucket_spec(corpus, small_tokenizer, max_tokens=20)))
+
+
+def test_pad_to_longest_max_length_and_multiple(corpus: str, small_tokenizer: str) -> None:
+    base = {"sources": [{"path": corpus}], "tokenizer": small_tokenizer, "task": {"kind": "clm", "max_length": 50}}
+    longest = collect(Loader({**base, "batching": {"strategy": "pad", "batch_size": 4}}), limit=3)
+    assert all(b["input_ids"].shape[1] == b["attention_mask"].sum(axis=1).max() for b in longest)
+    fixed = collect(Loader({**base, "batching": {"strategy": "pad", "batch_size": 4, "pad_to": "max_length"}}), limit=3)
+    assert all(b["input_ids"].shape[1] == 50 for b in fixed)
+    multiple = collect(Loader({**base, "batching": {"strategy": "pad", "batch_size": 4, "pad_to_multiple_of": 16}}), limit=3)
+    assert all(b["input_ids"].shape[1] % 16 == 0 for b in multiple)
+    for b in multiple:
+        assert (b["labels"][b["attention_mask"] == 0] == -100).all()

@@ -22,7 +22,7 @@ from typing import Any
 
 from feedline.batching.base import Batch, Batcher, FillStats, collate_padded
 from feedline.core.dataset import DatasetIterator, State
-from feedline.core.record import Example
+from feedline.core.record import Example, ExampleRef
 from feedline.core.rng import permutation
 from feedline.errors import SpecError, StateError
 
@@ -51,6 +51,11 @@ class BucketOptions:
             raise SpecError(f"batching.pad_to_multiple_of: {self.pad_to_multiple_of} must be >= 1")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise SpecError(f"batching.max_tokens: {self.max_tokens} must be >= 1")
+
+
+def _ref(r: Any) -> ExampleRef:
+    s, f, p, e, sub = (int(x) for x in r)
+    return (s, f, p, e, sub)
 
 
 class BucketBatcher(Batcher):
@@ -116,7 +121,7 @@ class BucketIterator(DatasetIterator[Batch]):
     def set_state(self, state: Mapping[str, Any]) -> None:
         try:
             parent, window, pending, stats = state["parent"], int(state["window"]), state["pending"], state["stats"]
-            refs = [[tuple(int(x) for x in r) for r in b] for b in pending]
+            refs: list[list[ExampleRef]] = [[_ref(r) for r in b] for b in pending]
         except (KeyError, TypeError, ValueError) as e:
             raise StateError(f"bucket: malformed state ({e}); expected keys parent, window, pending, stats") from e
         self.parent.set_state(parent)

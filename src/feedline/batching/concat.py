@@ -102,7 +102,7 @@ class ConcatIterator(DatasetIterator[Batch]):
         return row or None
 
     def __next__(self) -> Batch:
-        rows = []
+        rows: list[list[Piece]] = []
         while len(rows) < self.ds.ctx.batch_size:
             row = self._next_row()
             if row is None:
@@ -130,7 +130,8 @@ class ConcatIterator(DatasetIterator[Batch]):
         self.carry = None
         if carry is not None:
             try:
-                ref, start = tuple(int(x) for x in carry[:5]), int(carry[5])
+                src, fi, pos, ep, sub, start = (int(x) for x in carry[:6])
+                ref = (src, fi, pos, ep, sub)
             except (TypeError, ValueError, IndexError) as e:
                 raise StateError(f"concat: malformed carry {carry!r} in state ({e})") from e
             ex = self.ds.ctx.materialize([ref])[0]

@@ -28,6 +28,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from feedline.batching.base import FillStats
 from feedline.errors import SourceError, SpecError
 from feedline.pipeline import GlobalStream, Pipeline
 from feedline.tools.writers import FORMATS, Format, RowWriter
@@ -93,8 +94,8 @@ def pack_file(input_path: str, output_path: str, tokenizer: str, max_length: int
                     if n:
                         writer.write({"input_ids": ids[r, :n], "labels": labels[r, :n], "position_ids": pos[r, :n],
                                       "seq_lens": lens[r][lens[r] > 0]})
-        stats = it.it.stats
-        rejected = dict(getattr(it.it.parent, "rejected", {}) or {})
+        stats: FillStats = getattr(it.it, "stats")  # noqa: B009 - the pack batcher's iterator
+        rejected = dict(getattr(getattr(it.it, "parent", None), "rejected", {}) or {})
     finally:
         it.close()
     return {"input": input_path, "output": output_path, "rows": writer.rows, "conversations": stats.documents,
