@@ -155,3 +155,30 @@ def test_pad_to_longest_max_length_and_multiple(corpus: str, small_tokenizer: st
     assert all(b["input_ids"].shape[1] % 16 == 0 for b in multiple)
     for b in multiple:
         assert (b["labels"][b["attention_mask"] == 0] == -100).all()
+
+
+def test_joining_strategies_refuse_unpackable_tasks(tmp_path, small_tokenizer: str) -> None:
+    """Classification rows carry one label each: packing or concatenating them would corrupt labels."""
+    import feedline
+
+    f = tmp_path / "labelled.jsonl"
+    f.write_text('{"text": "good day", "label": "pos"}\n{"text": "bad day", "label": "neg"}\n')
+    for strategy in ("pack", "concat"):
+        spec = {"sources": [str(f)], "tokenizer": small_tokenizer,
+                "task": {"kind": "classify", "label": "label", "labels": ["neg", "pos"], "max_length": 16},
+                "batching": {"strategy": strategy, "batch_size": 2}}
+        with pytest.raises(feedline.SpecError, match="use strategy 'pad' or 'bucket'"):
+            list(feedline.Loader(spec))
+
+
+def test_bucket_keeps_vector_fields_whole(tmp_path, small_tokenizer: str) -> None:
+    import feedline
+
+    f = tmp_path / "multi.jsonl"
+    f.write_text("".join(f'{{"text": "{"word " * (i + 1)}", "labels": [{i % 3}]}}\n' for i in range(8)))
+    spec = {"sources": [str(f)], "tokenizer": small_tokenizer,
+            "task": {"kind": "classify", "label": "labels", "multi_label": True, "num_labels": 3, "max_length": 32},
+            "batching": {"strategy": "bucket", "batch_size": 4}}
+    for b in feedline.Loader(spec):
+        assert b["labels"].shape == (4, 3) and b["labels"].dtype.kind == "f"
+        assert set(b["labels"].sum(axis=1).tolist()) == {1.0}

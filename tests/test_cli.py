@@ -56,7 +56,7 @@ def test_train_tokenizer_command(tmp_path: Path, corpus: str) -> None:
 
 
 def test_demo_trains_with_falling_loss(tmp_path: Path) -> None:
-    r = run("demo", "--steps", "40", "--seq-len", "64", "--batch-size", "8", "--in-process")
+    r = run("demo", "--steps", "40", "--seq-len", "64", "--batch-size", "8")
     assert r.returncode == 0, r.stderr
     summary = r.stderr.strip().splitlines()[-1]
     first, last = (float(x) for x in summary.split("loss ")[1].split(",")[0].split(" -> "))

@@ -40,8 +40,18 @@ class Batcher(Dataset[Batch]):
 
     strategy: ClassVar[str]
     Options: ClassVar[type]
+    #: True for strategies that put several examples in one row (pack, concat).
+    joins_examples: ClassVar[bool] = False
 
     def __init__(self, parent: Dataset[Example], options: Any, ctx: BatchContext) -> None:
+        task = ctx.task
+        if self.joins_examples and not task.packable:
+            from feedline.errors import SpecError
+
+            raise SpecError(
+                f"batching.strategy: {self.strategy!r} puts several examples in one row, which task {task.kind!r} "
+                "does not allow (its rows carry per-example labels or keys); use strategy 'pad' or 'bucket'"
+            )
         self.parent = parent
         self.options = options
         self.ctx = ctx

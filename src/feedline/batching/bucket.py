@@ -102,7 +102,9 @@ class BucketIterator(DatasetIterator[Batch]):
                 raise StopIteration
         rows = self.pending.pop(0)
         o = self.opts
-        batch = collate_padded(rows, self.ds.ctx.task.pad_values, None, o.pad_to_multiple_of)
+        task = self.ds.ctx.task
+        batch = collate_padded(rows, task.pad_values, None, o.pad_to_multiple_of,
+                               vector_fields=task.vector_fields, target_fields=task.target_fields)
         width = int(batch["input_ids"].shape[1])
         if o.max_tokens is not None and len(rows) * width > o.max_tokens:
             raise SpecError(f"batching.max_tokens: a batch of {len(rows)} rows padded to {width} tokens holds "

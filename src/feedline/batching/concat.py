@@ -61,6 +61,7 @@ class ConcatBatcher(Batcher):
 
     strategy = "concat"
     Options = ConcatOptions
+    joins_examples = True
 
     def __iter__(self) -> ConcatIterator:
         return ConcatIterator(self)

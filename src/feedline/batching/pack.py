@@ -104,6 +104,7 @@ class PackBatcher(Batcher):
 
     strategy = "pack"
     Options = PackOptions
+    joins_examples = True
 
     def __iter__(self) -> PackIterator:
         return PackIterator(self)

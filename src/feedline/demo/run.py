@@ -46,11 +46,24 @@ DEMO_TASKS: dict[str, DemoTask] = {
 
 
 @contextmanager
-def _batches(spec: dict[str, Any], in_process: bool) -> Iterator[Any]:
+def _batches(spec: dict[str, Any], in_process: bool, out: TextIO) -> Iterator[Any]:
+    """The demo's batches: from a ``feedline serve`` child process (default) or in-process."""
     from feedline.loader import Loader
 
-    with Loader(spec) as loader:
-        yield loader
+    if in_process:
+        print("loader: in-process", file=out)
+        with Loader(spec) as loader:
+            yield loader
+        return
+    from feedline.service.launch import serve_process
+
+    with serve_process(spec) as address:
+        print(f"loader: `feedline serve` process on {address}; the trainer connects as rank 0 of 1", file=out)
+        loader = Loader(address, rank=0, world_size=1)
+        try:
+            yield loader
+        finally:
+            loader.close()
 
 
 def run_demo(*, task: str = "clm", steps: int = 300, source: Any = None, tokenizer: str | None = None,
@@ -71,7 +84,7 @@ def run_demo(*, task: str = "clm", steps: int = 300, source: Any = None, tokeniz
     tok = load_tokenizer(tokenizer)
     model = demo.model(tok, seq_len)
     print(f"feedline demo: task {task}, source {source}, tokenizer {tokenizer}", file=out)
-    with _batches(spec, in_process) as batches:
+    with _batches(spec, in_process, out) as batches:
         summary = train(model, batches, steps=steps, lr=demo.lr, out=out)
     print(summary.describe(), file=out)
     return summary
