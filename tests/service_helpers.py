@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -95,6 +94,3 @@ def rows(batch: dict[str, np.ndarray]) -> list[bytes]:
     return sorted(b"".join(np.ascontiguousarray(batch[k][i]).tobytes() for k in sorted(batch)) for i in range(n))
 
 
-def environ_with_src() -> dict[str, str]:
-    src = str(Path(__file__).resolve().parents[1] / "src")
-    return {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}

@@ -19,6 +19,7 @@ import pytest
 import zmq
 
 import feedline
+from feedline.cli.commands.stats import fetch_stats
 from feedline.errors import AuthError, ProtocolError, SpecError, StateError, TransportTimeout
 from feedline.service import serve_process
 from feedline.service.protocol import pack, unpack_header
@@ -294,6 +295,10 @@ def test_shared_mode_redelivers_a_killed_clients_batches(env: dict, tmp_path: Pa
         assert victim.stdout is not None
         seen_by_victim = [victim.stdout.readline() for _ in range(3)]
         assert all(seen_by_victim)
+        deadline = time.monotonic() + 30   # acks travel asynchronously: wait until the server has both
+        while fetch_stats(address)["streams"]["train"]["shared"]["watermark"] < 2:
+            assert time.monotonic() < deadline, "the victim's acks never reached the server"
+            time.sleep(0.05)
         victim.kill()
         victim.wait()
         victim.stdout.close()
