@@ -195,8 +195,9 @@ def test_sop_uses_given_sentences_and_segments_text() -> None:
     assert task.process([Record((0, 0, 1), 0, {"text": "   "})])[0].reason == "no_sentences"
 
 
-def test_sop_segments_real_text_with_pysbd(docs: list[str]) -> None:
-    task = _task(SentenceOrder, max_length=128, mlm_probability=0.0)
-    exs = _run(task, docs[:8])  # C4 documents, segmented by pysbd in the task
+@pytest.mark.parametrize("segmenter", ["blingfire", "pysbd"])
+def test_sop_segments_real_text(docs: list[str], segmenter: str) -> None:
+    task = _task(SentenceOrder, max_length=128, mlm_probability=0.0, segmenter=segmenter)
+    exs = _run(task, docs[:8])  # C4 documents, segmented in the task
     assert len({e.key for e in exs}) == 8
     assert any((e.fields["token_type_ids"] == 1).any() for e in exs)

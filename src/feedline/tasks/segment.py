@@ -1,6 +1,14 @@
 """Sentence segmentation for tasks that need sentences (``sop``) when the source has none.
 
-``pysbd`` (rule-based, maintained, 22 languages) does the work. It is pure Python and slow on
+Three segmenters:
+
+- ``blingfire`` (default): Microsoft's compiled finite-state segmenter; English-oriented, fast
+  (about 0.2 ms per 100 sentences; two orders of magnitude above ``pysbd`` and faster than the
+  tokenizer, so segmentation costs little on top of tokenization).
+- ``pysbd``: rule-based, 22 languages (``language``), much slower (see below).
+- ``lines``: each non-blank line is one sentence.
+
+``pysbd`` (rule-based, maintained, 22 languages) is pure Python and slow on
 long strings (its cost grows faster than linearly with the string), so text is first cut at
 line breaks, and long paragraphs into blocks of about ``_BLOCK`` characters at an obvious
 sentence end (``.``/``!``/``?`` after a word of 4+ letters, then space and a capital), and each
@@ -24,7 +32,7 @@ from feedline.errors import require
 
 __all__ = ["Segmenter", "split_sentences"]
 
-Segmenter = Literal["pysbd", "lines"]
+Segmenter = Literal["blingfire", "pysbd", "lines"]
 
 _local = threading.local()
 _BLOCK = 1000
@@ -55,11 +63,14 @@ def _pysbd(language: str) -> Any:
     return seg
 
 
-def split_sentences(text: str, segmenter: Segmenter = "pysbd", language: str = "en") -> list[str]:
+def split_sentences(text: str, segmenter: Segmenter = "blingfire", language: str = "en") -> list[str]:
     """The non-blank sentences of ``text`` (``lines``: each non-blank line is one sentence)."""
     paragraphs = [p for p in text.splitlines() if p.strip()]
     if segmenter == "lines":
         return paragraphs
+    if segmenter == "blingfire":
+        bf: Any = require("blingfire", "text")
+        return [s for p in paragraphs for s in bf.text_to_sentences(p).split("\n") if s.strip()]
     seg = _pysbd(language)
     out: list[str] = []
     for p in paragraphs:

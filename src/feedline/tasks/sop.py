@@ -57,7 +57,8 @@ class SentenceOrderOptions(MaskingOptions):
         short_seq_prob: probability that a document's chunks target a random shorter length.
         swap_probability: probability that A and B are swapped (label 1).
         sentences: record field holding a list of sentences, used when present.
-        segmenter: how ``text`` is split when there is no sentence list: ``pysbd`` or ``lines``.
+        segmenter: how ``text`` is split when there is no sentence list: ``blingfire`` (fast,
+            default), ``pysbd`` (22 languages, slow) or ``lines``.
         language: the ``pysbd`` language code.
     """
 
@@ -65,7 +66,7 @@ class SentenceOrderOptions(MaskingOptions):
     short_seq_prob: float = 0.1
     swap_probability: float = 0.5
     sentences: str = "sentences"
-    segmenter: Segmenter = "pysbd"
+    segmenter: Segmenter = "blingfire"
     language: str = "en"
 
     def __post_init__(self) -> None:
