@@ -128,3 +128,20 @@ def test_bad_lines_are_skipped_counted_and_good_ones_kept(tmp_path: Path, small_
 def test_missing_source_is_a_clear_error(tmp_path: Path, small_tokenizer: str) -> None:
     with pytest.raises(feedline.SourceError, match="no such file or directory"):
         collect(Loader(spec_for(str(tmp_path / "nope"), small_tokenizer)))
+
+
+def test_stats_report_rejections_and_realised_mixture(tmp_path: Path, small_tokenizer: str) -> None:
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("broken\n" + "".join(f'{{"text": "alpha {i}"}}\n' for i in range(300)))
+    b.write_text("".join(f'{{"text": "beta {i}"}}\n' for i in range(300)))
+    spec = {"sources": [{"path": str(a), "weight": 3}, {"path": str(b), "weight": 1}], "tokenizer": small_tokenizer,
+            "mix": {"stopping": "first_exhausted"}, "task": {"kind": "clm", "max_length": 16},
+            "batching": {"strategy": "pad", "batch_size": 10}}
+    loader = Loader(spec)
+    collect(loader)
+    stats = loader.stats()
+    # Counts are those of the state: reading runs a chunk (256 records) ahead of it.
+    assert stats["rejected"] == {"bad_json": 1}
+    assert abs(stats["mixture"][0] - 0.75) < 0.06
+    resumed = Loader(spec, state=loader.state_dict())
+    assert resumed.stats()["rejected"] == {"bad_json": 1}  # counts live in the state

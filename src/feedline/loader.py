@@ -139,6 +139,18 @@ class Loader:
         self._global = check_state(state, self.spec_hash)
         self._finished = False
 
+    def stats(self) -> dict[str, Any]:
+        """What this loader has read so far: steps, rejected records by reason, realised mixture shares.
+
+        Everything comes from the state, so the figures survive a resume.
+        """
+        from feedline.service.metrics import find_rejected, mixture_shares
+
+        state = self.state_dict()
+        rejected: dict[str, int] = {}
+        find_rejected(state["pipeline"], rejected)
+        return {"step": state["step"], "rejected": rejected, "mixture": mixture_shares(state["pipeline"])}
+
     @property
     def step(self) -> int:
         """Global steps received so far."""

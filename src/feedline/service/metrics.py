@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["MetricsEndpoint", "Rate", "StreamCounters", "find_rejected", "render_prometheus"]
+__all__ = ["MetricsEndpoint", "Rate", "StreamCounters", "find_rejected", "mixture_shares", "render_prometheus"]
 
 
 class Rate:
@@ -69,7 +69,7 @@ class StreamCounters:
         rejected: dict[str, int] = {}
         find_rejected(self.last_state, rejected)
         out["rejected"] = rejected
-        out["mixture"] = _mixture(self.last_state)
+        out["mixture"] = mixture_shares(self.last_state)
         return out
 
 
@@ -88,7 +88,7 @@ def find_rejected(state: Any, into: dict[str, int]) -> None:
             find_rejected(v, into)
 
 
-def _mixture(state: Any) -> list[float] | None:
+def mixture_shares(state: Any) -> list[float] | None:
     """Realised share of records drawn from each source (from the mixture's ``counts``)."""
     if isinstance(state, Mapping):
         counts = state.get("counts")
@@ -96,7 +96,7 @@ def _mixture(state: Any) -> list[float] | None:
             total = sum(counts)
             return [round(c / total, 4) for c in counts] if total else None
         for v in state.values():
-            found = _mixture(v)
+            found = mixture_shares(v)
             if found is not None:
                 return found
     return None
