@@ -26,21 +26,18 @@ State: ``{"parent": ..., "skip": n, "rejected": {reason: n}}``.
 from __future__ import annotations
 
 import collections
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from feedline.core.dataset import Dataset, DatasetIterator, State
-from feedline.core.record import Example, Record, Rejection
-from feedline.errors import FeedlineError, StateError, TaskError
+from feedline.core.dataset import Dataset, State
+from feedline.core.record import Record
+from feedline.errors import FeedlineError, TaskError
 from feedline.ray.runtime import cluster_cpus, connect
-from feedline.sources.report import Rejections
 from feedline.spec import EngineSpec
 from feedline.tasks.base import Task, TaskOutput
+from feedline.tasks.map import DEFAULT_CHUNK, TaskMap
 
-__all__ = ["RayTaskMap", "RayTaskMapIterator"]
-
-#: Records per Ray task; equal to :class:`TaskMap`'s default so states carry across engines.
-DEFAULT_CHUNK = 256
+__all__ = ["RayRunner", "RayTaskMap"]
 #: Ray re-runs a chunk whose worker died this many times before the stream fails.
 DEFAULT_RETRIES = 3
 
@@ -72,7 +69,42 @@ def process_chunk(task_box: list[Any], records: Sequence[Record]) -> list[TaskOu
     return task.process(records)
 
 
-class RayTaskMap(Dataset[Example]):
+class RayRunner:
+    """A :class:`~feedline.tasks.map.ChunkRunner` that runs chunks as Ray tasks; connects on creation."""
+
+    def __init__(self, task: Task, engine: EngineSpec, *, ahead: int | None, retries: int) -> None:
+        self.task = task
+        self.retries = retries
+        self.ray = connect(engine)
+        self.ahead = ahead or 2 * cluster_cpus(engine)
+        self.remote = self.ray.remote(num_cpus=1, max_retries=retries, retry_exceptions=False,
+                                      runtime_env={"env_vars": WORKER_ENV})(process_chunk)
+        self.task_ref: Any = None
+
+    def submit(self, records: Sequence[Record]) -> Any:
+        if self.task_ref is None:
+            self.task_ref = self.ray.put(self.task)
+        return self.remote.remote([self.task_ref], records)
+
+    def result(self, handle: Any, state: State) -> list[TaskOutput]:
+        try:
+            return self.ray.get(handle)  # type: ignore[no-any-return]
+        except self.ray.exceptions.RayTaskError as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, FeedlineError):
+                raise cause from None
+            raise TaskError(f"task {self.task.kind!r} failed on a Ray worker for the chunk read from {state}: {e}") from e
+        except self.ray.exceptions.RayError as e:
+            raise TaskError(
+                f"a Ray worker processing a chunk of {self.task.kind!r} was lost {self.retries + 1} times ({e}); "
+                "check the cluster's health (OOM kills, lost nodes) or raise the retries"
+            ) from e
+
+    def close(self) -> None:
+        """Leaves the Ray session running (it may be the caller's)."""
+
+
+class RayTaskMap(TaskMap):
     """The examples of ``task`` over ``parent``'s records, computed on a Ray cluster.
 
     Args:
@@ -87,131 +119,19 @@ class RayTaskMap(Dataset[Example]):
     Example:
         >>> from feedline.pipeline import Pipeline                       # doctest: +SKIP
         >>> p = Pipeline({**spec, "engine": {"kind": "ray", "address": "local", "num_cpus": 2}})
-        >>> examples = iter(p.examples())                                # a RayTaskMapIterator
+        >>> examples = iter(p.examples())                                # TaskMap's iterator, Ray runner
     """
 
     def __init__(self, parent: Dataset[Record], task: Task, engine: EngineSpec | None = None, *,
                  chunk: int = DEFAULT_CHUNK, ahead: int | None = None, retries: int = DEFAULT_RETRIES,
                  on_error: str = "skip") -> None:
-        if chunk < 1:
-            raise ValueError(f"chunk: {chunk} must be >= 1")
-        self.parent = parent
-        self.task = task
+        super().__init__(parent, task, chunk=chunk, on_error=on_error)
         self.engine = engine or EngineSpec(kind="ray")
-        self.chunk = chunk
         self.ahead = ahead
         self.retries = retries
-        self.on_error = on_error
 
-    def __iter__(self) -> RayTaskMapIterator:
-        return RayTaskMapIterator(self)
+    def runner(self) -> RayRunner:
+        return RayRunner(self.task, self.engine, ahead=self.ahead, retries=self.retries)
 
     def __repr__(self) -> str:
         return f"RayTaskMap({self.task!r}, address={self.engine.address!r}, chunk={self.chunk})"
-
-
-class RayTaskMapIterator(DatasetIterator[Example]):
-    """Cursor over a :class:`RayTaskMap`; connects to Ray on creation."""
-
-    def __init__(self, ds: RayTaskMap) -> None:
-        self.ds = ds
-        self.ray = connect(ds.engine)
-        self.ahead = ds.ahead or 2 * cluster_cpus(ds.engine)
-        self.remote = self.ray.remote(num_cpus=1, max_retries=ds.retries, retry_exceptions=False,
-                                      runtime_env={"env_vars": WORKER_ENV})(process_chunk)
-        self.task_ref: Any = None
-        self.parent = iter(ds.parent)
-        self.rejections = Rejections(ds.on_error)
-        self.inflight: collections.deque[tuple[State, Any]] = collections.deque()
-        self.exhausted = False
-        self.current: list[Example] = []
-        self.current_state: State | None = None
-        self.current_rejected: dict[str, int] = {}
-        self.skip = 0
-
-    # ----------------------------------------------------------------- driver loop
-    def _submit(self) -> None:
-        """Read chunks until ``ahead`` are in flight or the parent is exhausted."""
-        if self.task_ref is None:
-            self.task_ref = self.ray.put(self.ds.task)
-        while not self.exhausted and len(self.inflight) < self.ahead:
-            state = self.parent.get_state()
-            recs: list[Record] = []
-            for rec in self.parent:
-                recs.append(rec)
-                if len(recs) == self.ds.chunk:
-                    break
-            if len(recs) < self.ds.chunk:
-                self.exhausted = True
-            if not recs:
-                break
-            self.inflight.append((state, self.remote.remote([self.task_ref], recs)))
-
-    def _result(self, ref: Any, state: State) -> list[TaskOutput]:
-        try:
-            return self.ray.get(ref)  # type: ignore[no-any-return]
-        except self.ray.exceptions.RayTaskError as e:
-            cause = getattr(e, "cause", None)
-            if isinstance(cause, FeedlineError):
-                raise cause from None
-            raise TaskError(f"task {self.ds.task.kind!r} failed on a Ray worker for the chunk read from {state}: {e}") from e
-        except self.ray.exceptions.RayError as e:
-            raise TaskError(
-                f"a Ray worker processing a chunk of {self.ds.task.kind!r} was lost {self.ds.retries + 1} times ({e}); "
-                "check the cluster's health (OOM kills, lost nodes) or raise the retries"
-            ) from e
-
-    def _advance(self) -> bool:
-        self._submit()
-        if not self.inflight:
-            return False
-        state, ref = self.inflight.popleft()
-        outputs = self._result(ref, state)
-        self.current_state = state
-        self.current_rejected = self.rejections.get_state()
-        examples: list[Example] = []
-        for out in outputs:
-            if isinstance(out, Rejection):
-                self.rejections.add(out)
-            else:
-                examples.extend(out)
-        self.current, self.skip = examples, 0
-        return True
-
-    def __next__(self) -> Example:
-        while self.skip >= len(self.current):
-            if not self._advance():
-                raise StopIteration
-        ex = self.current[self.skip]
-        self.skip += 1
-        return ex
-
-    # ----------------------------------------------------------------- state
-    def get_state(self) -> State:
-        if self.current_state is None:
-            return {"parent": self.parent.get_state(), "skip": 0, "rejected": self.rejections.get_state()}
-        return {"parent": self.current_state, "skip": self.skip, "rejected": self.current_rejected}
-
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        try:
-            parent, skip, rejected = state["parent"], int(state["skip"]), state["rejected"]
-        except (KeyError, TypeError, ValueError) as e:
-            raise StateError(f"ray task map: malformed state ({e})") from e
-        self.inflight.clear()  # dropped refs: Ray frees their results; at most `ahead` chunks are wasted
-        self.parent.set_state(parent)
-        self.rejections.set_state(rejected)
-        self.exhausted, self.current, self.current_state, self.skip = False, [], None, 0
-        if skip:
-            if not self._advance():
-                raise StateError("ray task map: the state points past the end of the stream")
-            self.skip = skip
-
-    @property
-    def rejected(self) -> dict[str, int]:
-        return dict(self.rejections.counts)
-
-    def close(self) -> None:
-        """Drop in-flight chunks and close the parent. Idempotent; leaves the Ray session running."""
-        self.inflight.clear()
-        self.current = []
-        self.parent.close()

@@ -1,11 +1,12 @@
-"""Apply a task to a record stream in chunks, on worker threads, in order, with exact state.
+"""Apply a task to a record stream in chunks, in order, with exact state.
 
-Records are read in the caller's thread in chunks of ``chunk`` records; each chunk's
-:meth:`Task.process` runs on a thread pool (tokenizers release the GIL), up to ``ahead`` chunks
-in flight; examples come out in record order. The state is the parent's state *at the start of
-the current chunk* plus how many of its examples were already yielded; a restore re-reads and
-re-processes that one chunk and skips, which gives the same examples because tasks are pure
-functions of (record, seed, epoch, key).
+Records are read in the caller's thread in chunks of ``chunk`` records; a :class:`ChunkRunner`
+runs each chunk's :meth:`Task.process` somewhere (a thread pool here; Ray workers in
+:mod:`feedline.ray.map`), up to ``runner.ahead`` chunks in flight; examples come out in record
+order. The state is the parent's state *at the start of the current chunk* plus how many of its
+examples were already yielded; a restore re-reads and re-processes that one chunk and skips,
+which gives the same examples because tasks are pure functions of (record, seed, epoch, key).
+The runner never appears in the state, so a state resumes under any runner.
 
 State: ``{"parent": ..., "skip": n, "rejected": {reason: n}}``.
 """
@@ -14,8 +15,8 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from feedline.core.dataset import Dataset, DatasetIterator, State
 from feedline.core.record import Example, Record, Rejection
@@ -23,33 +24,78 @@ from feedline.errors import StateError
 from feedline.sources.report import Rejections
 from feedline.tasks.base import Task, TaskOutput
 
-__all__ = ["TaskMap"]
+__all__ = ["ChunkRunner", "TaskMap", "ThreadRunner"]
+
+DEFAULT_CHUNK = 256
+
+
+class ChunkRunner(Protocol):
+    """Where chunks are processed: ``submit`` returns a handle, ``result`` waits for it."""
+
+    ahead: int
+
+    def submit(self, records: Sequence[Record]) -> Any: ...
+
+    def result(self, handle: Any, state: State) -> list[TaskOutput]: ...
+
+    def close(self) -> None: ...
+
+
+class ThreadRunner:
+    """Process chunks on ``workers`` threads (inline when 1); tokenizers release the GIL."""
+
+    def __init__(self, task: Task, workers: int) -> None:
+        self.task = task
+        self.workers = max(1, workers)
+        self.ahead = self.workers + 1
+        self.pool: cf.ThreadPoolExecutor | None = None
+
+    def submit(self, records: Sequence[Record]) -> Any:
+        if self.workers == 1:
+            return self.task.process(records)
+        if self.pool is None:
+            self.pool = cf.ThreadPoolExecutor(self.workers, thread_name_prefix="feedline-task")
+        return self.pool.submit(self.task.process, records)
+
+    def result(self, handle: Any, state: State) -> list[TaskOutput]:
+        return handle.result() if isinstance(handle, cf.Future) else handle  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = None
 
 
 class TaskMap(Dataset[Example]):
     """The examples of ``task`` over ``parent``'s records."""
 
-    def __init__(self, parent: Dataset[Record], task: Task, *, chunk: int = 256, workers: int = 1,
+    def __init__(self, parent: Dataset[Record], task: Task, *, chunk: int = DEFAULT_CHUNK, workers: int = 1,
                  on_error: str = "skip") -> None:
+        if chunk < 1:
+            raise ValueError(f"chunk: {chunk} must be >= 1")
         self.parent = parent
         self.task = task
         self.chunk = chunk
         self.workers = max(1, workers)
         self.on_error = on_error
 
+    def runner(self) -> ChunkRunner:
+        """A fresh runner for one iterator (override to run chunks elsewhere)."""
+        return ThreadRunner(self.task, self.workers)
+
     def __iter__(self) -> TaskMapIterator:
         return TaskMapIterator(self)
 
 
 class TaskMapIterator(DatasetIterator[Example]):
-    """Cursor over a :class:`TaskMap`."""
+    """Cursor over a :class:`TaskMap` (or any subclass with its own runner)."""
 
     def __init__(self, ds: TaskMap) -> None:
         self.ds = ds
+        self.runner = ds.runner()
         self.parent = iter(ds.parent)
         self.rejections = Rejections(ds.on_error)
-        self.pool: cf.ThreadPoolExecutor | None = None
-        self.inflight: collections.deque[tuple[State, cf.Future[list[TaskOutput]] | list[TaskOutput], list[Record]]] = collections.deque()
+        self.inflight: collections.deque[tuple[State, Any]] = collections.deque()
         self.exhausted = False
         self.current: list[Example] = []
         self.current_state: State | None = None
@@ -57,9 +103,8 @@ class TaskMapIterator(DatasetIterator[Example]):
         self.skip = 0
 
     def _submit(self) -> None:
-        """Read chunks until ``ahead`` are in flight or the parent is exhausted."""
-        ahead = self.ds.workers + 1
-        while not self.exhausted and len(self.inflight) < ahead:
+        """Read chunks until ``runner.ahead`` are in flight or the parent is exhausted."""
+        while not self.exhausted and len(self.inflight) < self.runner.ahead:
             state = self.parent.get_state()
             recs: list[Record] = []
             for rec in self.parent:
@@ -70,19 +115,14 @@ class TaskMapIterator(DatasetIterator[Example]):
                 self.exhausted = True
             if not recs:
                 break
-            if self.ds.workers > 1:
-                if self.pool is None:
-                    self.pool = cf.ThreadPoolExecutor(self.ds.workers, thread_name_prefix="feedline-task")
-                self.inflight.append((state, self.pool.submit(self.ds.task.process, recs), recs))
-            else:
-                self.inflight.append((state, self.ds.task.process(recs), recs))
+            self.inflight.append((state, self.runner.submit(recs)))
 
     def _advance(self) -> bool:
         self._submit()
         if not self.inflight:
             return False
-        state, fut, _recs = self.inflight.popleft()
-        outputs = fut.result() if isinstance(fut, cf.Future) else fut
+        state, handle = self.inflight.popleft()
+        outputs = self.runner.result(handle, state)
         self.current_state = state
         self.current_rejected = self.rejections.get_state()
         examples: list[Example] = []
@@ -112,7 +152,7 @@ class TaskMapIterator(DatasetIterator[Example]):
             parent, skip, rejected = state["parent"], int(state["skip"]), state["rejected"]
         except (KeyError, TypeError, ValueError) as e:
             raise StateError(f"task map: malformed state ({e})") from e
-        self._drain()
+        self._drop_inflight()
         self.parent.set_state(parent)
         self.rejections.set_state(rejected)
         self.exhausted, self.current, self.current_state, self.skip = False, [], None, 0
@@ -121,19 +161,18 @@ class TaskMapIterator(DatasetIterator[Example]):
                 raise StateError("task map: the state points past the end of the stream")
             self.skip = skip
 
-    def _drain(self) -> None:
-        for _state, fut, _recs in self.inflight:
-            if isinstance(fut, cf.Future):
-                fut.cancel()
-        self.inflight.clear()
+    def _drop_inflight(self) -> None:
+        for _state, handle in self.inflight:
+            if isinstance(handle, cf.Future):
+                handle.cancel()
+        self.inflight.clear()  # other handles (Ray refs) are freed when dropped
 
     @property
     def rejected(self) -> dict[str, int]:
         return dict(self.rejections.counts)
 
     def close(self) -> None:
-        self._drain()
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
-            self.pool = None
+        self._drop_inflight()
+        self.current = []
+        self.runner.close()
         self.parent.close()
