@@ -53,3 +53,32 @@ def tokenizer(name: str, fallback_kind: str) -> str:
 def write_json(path: str | os.PathLike[str], data: object) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+KEYWORDS = ("class", "function", "string", "list", "exception", "module", "object", "value")
+
+
+def keyword_label_tsv(out: str | os.PathLike[str], rows: int = 4000) -> tuple[str, list[str]]:
+    """A GoEmotions-layout TSV (``text \\t ids \\t id``, no header) labelled by keywords present.
+
+    The stand-in multi-label dataset when the real GoEmotions files are absent: each demo
+    paragraph is labelled with every keyword of :data:`KEYWORDS` it contains (``27`` style ids,
+    comma-separated), so a classifier has something learnable. Returns the path and label names.
+    """
+    import csv
+
+    path = Path(out)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        n = 0
+        with open(demo_corpus(), encoding="utf-8") as src, open(path, "w", encoding="utf-8", newline="") as f:
+            w = csv.writer(f, delimiter="\t")
+            for line in src:
+                text = json.loads(line)["text"][:400]
+                ids = [str(i) for i, k in enumerate(KEYWORDS) if k in text.lower()]
+                if ids:
+                    w.writerow([text, ",".join(ids), f"demo{n}"])
+                    n += 1
+                    if n >= rows:
+                        break
+    return str(path), list(KEYWORDS)
