@@ -49,6 +49,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=16, help="global rows per step (all ranks together)")
+    p.add_argument("--pack-window", type=int, default=1000, help="documents packed together (best fit decreasing)")
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -62,7 +63,8 @@ def main() -> None:
     tok_path = args.tokenizer or tokenizer("gpt2", "bpe")
     spec = {"sources": [{"path": data, "format": "jsonl"}], "tokenizer": tok_path, "seed": 1234, "epochs": None,
             "shuffle": {"buffer": 2000}, "task": {"kind": "clm", "max_length": args.seq_len},
-            "batching": {"strategy": "pack", "batch_size": args.batch_size, "max_length": args.seq_len}}
+            "batching": {"strategy": "pack", "batch_size": args.batch_size, "max_length": args.seq_len,
+                         "window": args.pack_window}}
 
     torch.manual_seed(0)
     device = torch.device(args.device)

@@ -45,8 +45,6 @@ def main() -> None:
     args = p.parse_args()
     from transformers import BertConfig, BertForMaskedLM
 
-    from feedline.service import serve_process
-
     device = torch.device(args.device)
     data = args.data or str(shared("prose", "wiki_demo.txt") or demo_corpus())
     tok_path = args.tokenizer or tokenizer("bert-base-uncased", "wordpiece")
@@ -93,6 +91,8 @@ def main() -> None:
     if args.in_process:
         report = run(spec)
     else:
+        from feedline.service import serve_process
+
         with serve_process(spec) as address:
             report = run(address)
     print(json.dumps(report), flush=True)

@@ -1,0 +1,121 @@
+"""Every example in examples/ runs in CI-sized form (tiny models, a few steps).
+
+Examples run in this process through ``runpy`` (saving an interpreter and a torch import each)
+unless they start processes themselves (the service, torchrun). An example whose optional
+dependency is missing is skipped with the reason; nothing else is.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+pytest.importorskip("torch")
+
+
+def needs(*modules: str) -> None:
+    for m in modules:
+        if importlib.util.find_spec(m) is None:
+            pytest.skip(f"example needs {m}, which is not installed")
+
+
+@pytest.fixture
+def run_example(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):  # type: ignore[no-untyped-def]
+    import torch
+
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+
+    def run(name: str, *args: str) -> list[dict[str, object]]:
+        monkeypatch.setattr(sys, "argv", [name, *args])
+        runpy.run_path(str(EXAMPLES / name), run_name="__main__")
+        out = capsys.readouterr().out
+        return [json.loads(line) for line in out.splitlines() if line.startswith('{"')]
+
+    yield run
+    torch.set_num_threads(threads)
+
+
+def test_gpt_pretrain_packs_shards_and_resumes(run_example, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    needs("zstandard")
+    small = ["--work", str(tmp_path), "--seq-len", "64", "--batch-size", "4", "--d-model", "32", "--layers", "1",
+             "--checkpoint", str(tmp_path / "ckpt.pt"), "--save-every", "2", "--pack-window", "16"]
+    first = run_example("gpt_pretrain.py", *small, "--steps", "4")
+    assert first[-1]["step"] == 4 and list(tmp_path.glob("shards/*.jsonl.zst"))
+    resumed = run_example("gpt_pretrain.py", *small, "--steps", "6")
+    assert resumed[-1]["step"] == 6  # continued from the checkpoint's loader state at step 4
+
+
+def test_t5_span(run_example) -> None:  # type: ignore[no-untyped-def]
+    needs("transformers")
+    out = run_example("t5_span.py", "--steps", "2", "--seq-len", "32", "--batch-size", "4", "--d-model", "32", "--layers", "1")
+    assert out[-1]["step"] == 2 and out[-1]["inputs"] == [4, 32]
+
+
+def test_goemotions_trainer_then_batch_inference(run_example, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    needs("transformers", "accelerate")
+    out = run_example("goemotions_trainer.py", "--work", str(tmp_path / "goe"), "--steps", "3", "--seq-len", "32",
+                      "--batch-size", "4", "--hidden", "32", "--layers", "1", "--eval-batches", "2")
+    assert out[-1]["steps"] == 3 and 0.0 <= out[-1]["dev_micro_f1"] <= 1.0
+    state = json.loads((tmp_path / "goe" / "model" / "loader_state.json").read_text())
+    assert state["step"] == 3  # exact: the pass-through DataLoader does not read ahead
+    preds = tmp_path / "preds.jsonl"
+    res = run_example("batch_infer.py", "--model", str(tmp_path / "goe" / "model"), "--work", str(tmp_path / "inf"),
+                      "--out", str(preds), "--limit", "2", "--batch-size", "4")
+    rows = [json.loads(x) for x in preds.read_text().splitlines()]
+    assert res[-1]["records"] == len(rows) == 8
+    assert [r["key"] for r in rows] == sorted(r["key"] for r in rows)  # source order, joined by key
+    assert all(r["text"] and isinstance(r["labels"], list) for r in rows)
+
+
+def test_chat_sft(run_example, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    needs("jinja2")
+    out = run_example("chat_sft.py", "--work", str(tmp_path), "--steps", "2", "--seq-len", "256", "--batch-size", "2",
+                      "--d-model", "32", "--layers", "1")
+    assert out[-1]["step"] == 2 and 0 < out[-1]["assistant_share"] < 1
+
+
+def test_jax_flax(run_example, corpus: str) -> None:  # type: ignore[no-untyped-def]
+    needs("jax", "flax", "optax")
+    out = run_example("jax_flax.py", "--data", corpus, "--steps", "2", "--seq-len", "32", "--batch-size", "4", "--d-model", "32", "--layers", "1")
+    assert out[-1]["step"] == 2
+
+
+def service_available() -> None:
+    needs("zmq", "transformers")
+    if importlib.util.find_spec("feedline.service.launch") is None:
+        pytest.skip("the loader service (feedline.service) is not available yet")
+
+
+def test_gpu_check_smoke_on_cpu(run_example, corpus: str) -> None:  # type: ignore[no-untyped-def]
+    """The GPU check's measuring loop on the CPU, loader in-process (the BERT example covers the service)."""
+    needs("transformers")
+    out = run_example("gpu_check.py", "--data", corpus, "--device", "cpu", "--in-process", "--hidden", "32", "--layers", "1",
+                      "--steps", "3", "--warmup", "1", "--batch-size", "4", "--seq-len", "32")
+    report = out[-1]
+    assert report["placement"] == "in-process" and report["steps"] == 2 and 0 <= report["data_wait_share"] <= 1
+    assert report["tokens_per_s"] > 0
+
+
+def test_bert_mlm_sop_through_the_service_on_two_torchrun_ranks(tmp_path: Path) -> None:
+    service_available()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "bert_mlm_sop_service.py"), "--steps", "3", "--seq-len", "64",
+                           "--batch-size", "4", "--hidden", "32", "--layers", "1"],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "done: 3 steps on 2 ranks; loader state at step 3" in proc.stdout
+    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith('{"')]
+    assert lines[-1]["rows_per_rank"] == 2
