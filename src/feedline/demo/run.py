@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from feedline.demo import tasks as _tasks
 from feedline.demo.corpus import ensure_demo_assets
 from feedline.demo.train import TrainSummary, train
 from feedline.tokenize.tokenizer import Tokenizer
@@ -27,6 +28,7 @@ class DemoTask:
     spec: Callable[[Any, str, int, int], dict[str, Any]]
     model: Callable[[Tokenizer, int], Any]
     lr: float = 3e-3
+    tokenizer_kind: str = "bpe"  # family of the embedded tokenizer: bpe, wordpiece or unigram
 
 
 def _clm_spec(source: Any, tokenizer: str, seq_len: int, batch_size: int) -> dict[str, Any]:
@@ -42,6 +44,12 @@ def _gpt(tok: Tokenizer, seq_len: int) -> Any:
 
 DEMO_TASKS: dict[str, DemoTask] = {
     "clm": DemoTask(spec=_clm_spec, model=_gpt),
+    "mlm": DemoTask(spec=_tasks.mlm_spec, model=_tasks.bert, lr=1e-3, tokenizer_kind="wordpiece"),
+    "sop": DemoTask(spec=_tasks.sop_spec, model=_tasks.bert_sop, lr=1e-3, tokenizer_kind="wordpiece"),
+    "span": DemoTask(spec=_tasks.span_spec, model=_tasks.t5, lr=1e-3, tokenizer_kind="unigram"),
+    "classify": DemoTask(spec=_tasks.classify_spec, model=_tasks.classifier, lr=1e-3, tokenizer_kind="wordpiece"),
+    "multilabel": DemoTask(spec=_tasks.multilabel_spec, model=_tasks.multilabel_classifier, lr=1e-3, tokenizer_kind="wordpiece"),
+    "chat": DemoTask(spec=_tasks.chat_spec, model=_tasks.chat_gpt),
 }
 
 
@@ -79,7 +87,7 @@ def run_demo(*, task: str = "clm", steps: int = 300, source: Any = None, tokeniz
     if source is None or tokenizer is None:
         corpus, tok_dir = ensure_demo_assets()
         source = source or str(corpus)
-        tokenizer = tokenizer or str(tok_dir)
+        tokenizer = tokenizer or (str(tok_dir) if demo.tokenizer_kind == "bpe" else _tasks.demo_tokenizer(demo.tokenizer_kind))
     spec = demo.spec(source, tokenizer, seq_len, batch_size)
     tok = load_tokenizer(tokenizer)
     model = demo.model(tok, seq_len)

@@ -74,7 +74,7 @@ def train(model: Any, batches: Iterable[Mapping[str, np.ndarray]], *, steps: int
         opt.step()
         sched.step()
         step += 1
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         tokens += int(batch["attention_mask"].sum()) if "attention_mask" in batch else int(batch["input_ids"].size)
         if on_step:
             on_step(step, losses[-1])
