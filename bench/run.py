@@ -1,0 +1,154 @@
+"""``make bench``: every benchmark in one run, the targets checked, plots drawn for docs/benchmarks.md.
+
+    .venv/bin/python bench/run.py                  # full run (~10 minutes on 2 cores)
+    .venv/bin/python bench/run.py --quick          # small corpora, short runs (checks the scripts)
+    .venv/bin/python bench/run.py --report         # re-print and re-plot from bench/results/*.json
+    make bench ARGS="--only throughput"
+
+Parts: ``throughput`` (tokens/s and CPU s per M tokens, CLM packed at 1024 and MLM at 128, every
+contender), ``startup`` (time to first batch, 1 GB), ``memory`` (peak RSS, 100 MB vs 1 GB) and
+``service`` (``bench/service.py``: one vs eight clients of one server). Each part writes its own
+JSON under ``bench/results/``; this script then prints the targets of issue 8 as ratios from the
+same run and draws ``docs/img/bench_*.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import throughput
+from common import IMG, ROOT, bar_plot, load_json, machine, save_json, table
+
+PARTS = ("throughput", "startup", "memory", "service")
+FULL = {"throughput": ["--mb", "128", "--seconds", "15"], "startup": ["--offline-mb", "48"], "memory": ["--seconds", "8"]}
+QUICK = {"throughput": ["--mb", "32", "--seconds", "4"], "startup": ["--mb", "32", "--offline-mb", "8"],
+         "memory": ["--small-mb", "8", "--large-mb", "32", "--seconds", "3"]}
+
+
+def run_service(quick: bool) -> None:
+    """Run bench/service.py (owned by the service work) and keep its printed table."""
+    script = ROOT / "bench" / "service.py"
+    if not script.exists():
+        return
+    cmd = [sys.executable, str(script)] + (["--epochs", "1"] if quick else [])
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=throughput.child_env())
+    print(proc.stdout)
+    save_json("service", {"machine": machine(), "command": "python bench/service.py" + (" --epochs 1" if quick else ""),
+                          "returncode": proc.returncode, "stdout": proc.stdout, "stderr_tail": proc.stderr[-2000:],
+                          "wall_s": time.perf_counter() - t0})
+
+
+def rate(rows: list[dict[str, Any]], name: str) -> float | None:
+    return next((r.get("tokens_per_s") for r in rows if r.get("contender") == name), None)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def targets() -> list[dict[str, Any]]:
+    """Issue 8's targets against the saved results."""
+    out: list[dict[str, Any]] = []
+    tp = (load_json("throughput") or {}).get("workloads", {}).get("clm-1024", [])
+
+    def check(name: str, value: float | None, goal: str, ok: bool | None) -> None:
+        out.append({"target": name, "value": value, "goal": goal,
+                    "met": "n/a" if value is None or ok is None else ("yes" if ok else "NO")})
+
+    v = ratio(rate(tp, "feedline-service"), rate(tp, "raw"))
+    check("service / raw tokenizer (clm 1024)", v, ">= 0.90", v is not None and v >= 0.90)
+    v = ratio(rate(tp, "feedline"), rate(tp, "raw"))
+    check("in-process / raw tokenizer (clm 1024)", v, ">= 0.95", v is not None and v >= 0.95)
+    v = ratio(rate(tp, "feedline"), rate(tp, "hf-stream"))
+    check("feedline / HF streaming + DataLoader", v, ">= 2", v is not None and v >= 2)
+    v = ratio(rate(tp, "feedline"), rate(tp, "ray-data"))
+    check("feedline / Ray Data", v, ">= 2", v is not None and v >= 2)
+    st = load_json("startup") or {}
+    fb = next((r.get("first_batch_s") for r in st.get("rows", []) if r.get("contender") == "feedline"), None)
+    check(f"first batch, {st.get('corpus_mb', 0):.0f} MB corpus (s)", fb, "< 1", fb is not None and fb < 1)
+    mem = load_json("memory") or {}
+    d = next((r.get("delta_mb") for r in mem.get("rows", []) if r.get("contender") == "feedline"), None)
+    check("loader RSS, large minus small corpus (MB)", d, "<= 50", d is not None and d <= 50)
+    return out
+
+
+def plots() -> list[Path]:
+    paths = []
+    tp = load_json("throughput") or {}
+    for wl, rows in tp.get("workloads", {}).items():
+        ok = [r for r in rows if "error" not in r]
+        paths.append(bar_plot(f"bench_throughput_{wl.replace('-', '')}", [r["label"] for r in ok],
+                              [r.get("tokens_per_s") for r in ok], title=f"tokens/s delivered to the consumer, {wl}",
+                              xlabel="tokens/s (higher is better)", highlight=[r["label"] for r in ok if r["contender"].startswith("feedline")],
+                              note=f"{tp['machine']['cores']} cores, load {tp['machine']['load_avg_1m']:.2f}; {tp['corpus']['mb']:g} MB real text, repeated"))
+        paths.append(bar_plot(f"bench_cpu_{wl.replace('-', '')}", [r["label"] for r in ok],
+                              [r.get("cpu_s_per_mtok") for r in ok], title=f"CPU seconds per million tokens, {wl}",
+                              xlabel="CPU s / M tokens, whole process tree (lower is better)",
+                              highlight=[r["label"] for r in ok if r["contender"].startswith("feedline")]))
+    st = load_json("startup") or {}
+    ok = [r for r in st.get("rows", []) if r.get("at_1gb_s") is not None]
+    if ok:
+        paths.append(bar_plot("bench_first_batch", [r["label"] for r in ok], [r["at_1gb_s"] for r in ok],
+                              title=f"time to first batch, {st['corpus_mb']:.0f} MB corpus (offline ones scaled from "
+                                    f"{st['offline_corpus_mb']:.0f} MB)", xlabel="seconds (lower is better, log scale)",
+                              highlight=[r["label"] for r in ok if r["contender"].startswith("feedline")], log=True))
+    mem = load_json("memory") or {}
+    ok = [r for r in mem.get("rows", []) if r.get("small_mb") and r.get("large_mb")]
+    if ok:
+        sizes = mem["corpus_mb"]
+        labels, values = [], []
+        for r in ok:
+            labels += [f"{r['label']} @ {sizes['small']:.0f} MB", f"{r['label']} @ {sizes['large']:.0f} MB"]
+            values += [r["small_mb"], r["large_mb"]]
+        paths.append(bar_plot("bench_memory", labels, values, title="peak RSS of the loader's process tree",
+                              xlabel="MB (lower is better)", highlight=[x for x in labels if x.startswith("feedline")]))
+    return paths
+
+
+def report() -> None:
+    for part in ("throughput", "startup", "memory"):
+        data = load_json(part)
+        if not data:
+            continue
+        if part == "throughput":
+            for wl, rows in data["workloads"].items():
+                print(f"\nthroughput {wl}\n" + table(rows, throughput.COLUMNS))
+        else:
+            print(f"\n{part}\n" + table(data["rows"], sys.modules[part].COLUMNS))
+    print("\ntargets (ratios from the same run)\n" + table(targets(), [("target", "target", ""), ("value", "value", ".3g"),
+                                                                      ("goal", "goal", ""), ("met", "met", "")]))
+    print("\nplots: " + ", ".join(str(p.relative_to(ROOT)) for p in plots()) + f" (in {IMG})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small corpora and short runs, to check the scripts")
+    ap.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {PARTS}")
+    ap.add_argument("--report", action="store_true", help="only print the saved results and redraw the plots")
+    args = ap.parse_args(argv)
+    if not args.report:
+        load = os.getloadavg()[0]
+        print(f"load average {load:.2f} on {os.cpu_count()} cores" + ("  (busy machine: figures will be noisy)" if load > 1 else ""))
+        sizes = QUICK if args.quick else FULL
+        for part in args.only.split(","):
+            print(f"\n=== {part}", flush=True)
+            if part == "service":
+                run_service(args.quick)
+            else:
+                sys.modules[part].main(sizes[part])
+        save_json("summary", {"machine": machine(), "targets": targets(), "quick": args.quick})
+    report()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
