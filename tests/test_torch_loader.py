@@ -185,3 +185,35 @@ def test_feedline_torch_does_not_shadow_torch_inside_the_package() -> None:
 
     assert adapter.torch is torch
     assert feedline.torch.TorchLoader is adapter.TorchLoader  # the public shim
+
+
+def test_remote_ranks_from_the_environment_equal_in_process(spec: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two torchrun-style ranks reading one ``feedline serve``: same slices as in-process, exact state."""
+    import importlib.util
+
+    if importlib.util.find_spec("feedline.service.launch") is None:
+        pytest.skip("the loader service is not available")
+    from feedline.service import serve_process
+
+    with serve_process(spec) as address:
+        loaders = []
+        for rank in range(2):
+            monkeypatch.setenv("RANK", str(rank))
+            monkeypatch.setenv("WORLD_SIZE", "2")
+            loaders.append(TorchLoader(address, int64=False))
+        assert [(x.rank, x.world_size) for x in loaders] == [(0, 2), (1, 2)]
+        its = [iter(x) for x in loaders]
+        got: list[list[dict[str, Any]]] = [[], []]
+        for _ in range(4):  # ranked mode is lockstep: take a step on each rank in turn
+            for rank in range(2):
+                got[rank].append(next(its[rank]))
+        states = [x.state_dict() for x in loaders]
+        for x in loaders:
+            x.close()
+    for rank in range(2):
+        ref = collect(feedline.Loader(spec, rank=rank, world_size=2), limit=4)
+        assert_batches_equal(ref, as_numpy(got[rank]), where=f"remote rank {rank}")
+    assert states[0]["step"] == states[1]["step"] == 4
+    assert states[0]["pipeline"] == states[1]["pipeline"]
+    rest = as_numpy(list(TorchLoader(spec, rank=1, world_size=2, state=states[0], int64=False)))
+    assert_batches_equal(collect(feedline.Loader(spec, rank=1, world_size=2))[4:], rest, where="resume from remote state")
