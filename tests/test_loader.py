@@ -145,3 +145,11 @@ def test_stats_report_rejections_and_realised_mixture(tmp_path: Path, small_toke
     assert abs(stats["mixture"][0] - 0.75) < 0.06
     resumed = Loader(spec, state=loader.state_dict())
     assert resumed.stats()["rejected"] == {"bad_json": 1}  # counts live in the state
+
+
+def test_endless_reading_of_a_source_with_no_good_record_fails_clearly(tmp_path: Path, small_tokenizer: str) -> None:
+    f = tmp_path / "chat.jsonl"
+    f.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n' * 3)  # no "text" field
+    spec = spec_for(str(f), small_tokenizer, epochs=None, shuffle=None)
+    with pytest.raises(feedline.SourceError, match=r"delivered no record in a whole epoch \(rejected so far: missing_field: 3\)"):
+        collect(Loader(spec), limit=1)

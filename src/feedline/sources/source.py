@@ -134,6 +134,8 @@ class FileSourceIterator(DatasetIterator[Record]):
         self.line = 0
         self._order: list[int] | None = None
         self._items: Any = None
+        # Records delivered in the current epoch (1 after a restore: unknown, assume some).
+        self._delivered = 0
 
     def _start_split(self) -> bool:
         """Open the current split; False when the epochs are exhausted."""
@@ -148,7 +150,15 @@ class FileSourceIterator(DatasetIterator[Record]):
                     self.pos, self.line = sp.start, 0
                 self._items = self.src.reader.read(sp, self.pos, self.line)
                 return True
+            if self.src.epochs is None and self._delivered == 0:
+                # Endless reading of a source that yields nothing would spin forever.
+                rejected = ", ".join(f"{k}: {v}" for k, v in sorted(self.rejections.counts.items())) or "none"
+                raise SourceError(
+                    f"source {self.src.spec.label!r} delivered no record in a whole epoch (rejected so far: {rejected}); "
+                    "check its path, format and text: field (chat data needs text: null)"
+                )
             self.epoch, self.split, self.pos, self._order = self.epoch + 1, 0, None, None
+            self._delivered = 0
             if not self.src.splits:
                 return False
 
@@ -176,6 +186,7 @@ class FileSourceIterator(DatasetIterator[Record]):
                 self.rejections.add(rec)
                 continue
             sp = self.src.splits[self._order[self.split]]  # type: ignore[index]
+            self._delivered += 1
             return Record((self.src.index, sp.file, pos), self.epoch, rec)
 
     def get_state(self) -> State:
@@ -191,6 +202,7 @@ class FileSourceIterator(DatasetIterator[Record]):
         except (KeyError, TypeError, ValueError) as e:
             raise StateError(f"source {self.src.spec.label!r}: malformed state {dict(state)!r} ({e})") from e
         self._order, self._items = None, None
+        self._delivered = 1 if (self.split or self.pos) else 0
 
     def close(self) -> None:
         if self._items is not None and hasattr(self._items, "close"):
