@@ -46,8 +46,12 @@ class TrainSummary:
 def train(model: Any, batches: Iterable[Mapping[str, np.ndarray]], *, steps: int, lr: float = 3e-3,
           out: TextIO | None = None, on_step: Callable[[int, float], None] | None = None) -> TrainSummary:
     """Train ``model`` (returns a loss from a batch dict) for up to ``steps`` steps."""
+    import os
+
     import torch
 
+    # The loader (a service process, or the in-process thread) tokenizes on the other cores.
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     out = out or sys.stderr
     tty = out.isatty()
     torch.manual_seed(0)
