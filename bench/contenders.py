@@ -4,9 +4,12 @@ Every contender runs in its own fresh process (see ``throughput.measure``), read
 corpus with the same tokenizer, and is configured the way its own documentation recommends:
 
 - ``raw``: ``tokenizers.Tokenizer.encode_batch_fast`` on texts already in memory, 1,000 texts a
-  call, one calling thread per core (each call also fans out on Rayon), ids never converted to
-  Python: the CPU's limit for tokenization alone (no reading, no batching).
+  call, issued from one thread ahead of the consumer (each call fans out over every core on
+  Rayon; one calling thread measured faster than two or four), ids never converted to Python:
+  the CPU's limit for tokenization alone (no reading, no batching).
 - ``feedline``: ``feedline.Loader(spec)`` in the consumer's process.
+- ``feedline-window100``: the same with ``batching.window: 100`` (the packer's first window is what
+  the first batch waits for; 1,000 is the default).
 - ``feedline-service``: ``feedline serve`` in a child process and ``feedline.Loader("tcp://...")``
   in the consumer's process (time to first batch includes starting the server).
 - ``hf-stream``: ``datasets`` streaming ``load_dataset("json")`` + batched ``map`` tokenization
@@ -38,6 +41,7 @@ import numpy as np
 from common import BERT, GPT2, Meter, StopRun, corpus_files
 
 CORES = os.cpu_count() or 1
+RAW_THREADS = 1  # one calling thread beat two and four in bench/tuning.py (each call already uses every core)
 
 
 @dataclass(frozen=True)
@@ -64,11 +68,13 @@ WORKLOADS = {
 }
 
 
-def feedline_spec(corpus: Path, w: Workload) -> dict[str, Any]:
-    """The feedline spec of a workload: packed CLM rows, or padded MLM rows."""
+def feedline_spec(corpus: Path, w: Workload, window: int | None = None) -> dict[str, Any]:
+    """The feedline spec of a workload: packed CLM rows (default window, or ``window``), or padded MLM rows."""
     task: dict[str, Any] = ({"kind": "clm", "max_length": w.length} if w.task == "clm"
                             else {"kind": "mlm", "max_length": w.length, "mlm_probability": 0.15})
-    batching = {"strategy": "pack" if w.task == "clm" else "pad", "batch_size": w.batch_size}
+    batching: dict[str, Any] = {"strategy": "pack" if w.task == "clm" else "pad", "batch_size": w.batch_size}
+    if window and w.task == "clm":
+        batching["window"] = window
     return {"sources": [{"path": str(corpus), "format": "jsonl"}], "tokenizer": str(w.tokenizer_dir / "tokenizer.json"),
             "task": task, "batching": batching, "seed": 0}
 
@@ -96,24 +102,24 @@ def raw(corpus: Path, w: Workload, meter: Meter) -> None:
     def count(chunk: list[str]) -> int:  # len() is native: the ids never become Python objects
         return sum(len(e) for e in tok.encode_batch_fast(chunk, add_special_tokens=False))
 
-    meter.extra["note"] = f"texts preloaded; {CORES} threads of encode_batch_fast(1,000 texts), ids kept in Rust"
+    meter.extra["note"] = f"texts in memory; encode_batch_fast(1,000 texts) from {RAW_THREADS} thread, Rayon on {CORES} cores"
     meter.start()
-    with cf.ThreadPoolExecutor(CORES) as pool:  # overlapping calls keep every core busy between batches
+    with cf.ThreadPoolExecutor(RAW_THREADS) as pool:  # the consumer never waits for a call to be issued
         inflight: list[cf.Future[int]] = []
-        for chunk in chunks:  # at most 2 calls per core ahead of the consumer, like a bounded prefetch
+        for chunk in chunks:  # a bounded number of calls ahead of the consumer, like a prefetch
             inflight.append(pool.submit(count, chunk))
-            if len(inflight) > 2 * CORES:
+            if len(inflight) > 4:
                 meter.batch(inflight.pop(0).result())
         for fut in inflight:
             meter.batch(fut.result())
 
 
 # ------------------------------------------------------------------------------- feedline
-def feedline_inprocess(corpus: Path, w: Workload, meter: Meter) -> None:
+def feedline_inprocess(corpus: Path, w: Workload, meter: Meter, window: int | None = None) -> None:
     import feedline  # its own lazy imports (tokenizers, the task) count as startup
 
     meter.start()
-    with feedline.Loader(feedline_spec(corpus, w)) as loader:
+    with feedline.Loader(feedline_spec(corpus, w, window)) as loader:
         for batch in loader:
             meter.batch(real_tokens(batch["attention_mask"]))
 
@@ -290,6 +296,7 @@ def litdata(corpus: Path, w: Workload, meter: Meter) -> None:
 CONTENDERS: dict[str, Callable[[Path, Workload, Meter], None]] = {
     "raw": raw,
     "feedline": feedline_inprocess,
+    "feedline-window100": functools.partial(feedline_inprocess, window=100),
     "feedline-service": feedline_service,
     "hf-stream": hf_stream,
     "hf-offline": hf_offline,
@@ -300,6 +307,7 @@ CONTENDERS: dict[str, Callable[[Path, Workload, Meter], None]] = {
 LABELS = {
     "raw": "raw tokenizers encode_batch_fast (limit)",
     "feedline": "feedline in-process",
+    "feedline-window100": "feedline in-process, pack window 100",
     "feedline-service": "feedline serve -> client process",
     "hf-stream": "HF datasets streaming + DataLoader",
     "hf-offline": "HF datasets map (offline) + DataLoader",

@@ -24,8 +24,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import memory
+import startup
 import throughput
 from common import IMG, ROOT, bar_plot, load_json, machine, save_json, table
+
+MODULES = {"throughput": throughput, "startup": startup, "memory": memory}
 
 PARTS = ("throughput", "startup", "memory", "service")
 FULL = {"throughput": ["--mb", "128", "--seconds", "15"], "startup": ["--offline-mb", "48"], "memory": ["--seconds", "8"]}
@@ -114,19 +118,31 @@ def plots() -> list[Path]:
     return paths
 
 
-def report() -> None:
+def report() -> str:
+    """Print every saved table and the targets; also written to ``bench/results/report.md``."""
+    parts: list[str] = []
     for part in ("throughput", "startup", "memory"):
         data = load_json(part)
         if not data:
             continue
+        m = data["machine"]
+        head = f"{m['cores']} cores ({m['cpu']}), load average {m['load_avg_1m']:.2f} at start, {m['date']}"
         if part == "throughput":
             for wl, rows in data["workloads"].items():
-                print(f"\nthroughput {wl}\n" + table(rows, throughput.COLUMNS))
+                parts.append(f"### throughput {wl}\n\n{head}; {data['corpus']['mb']:g} MB corpus\n\n"
+                             + table(rows, throughput.COLUMNS))
         else:
-            print(f"\n{part}\n" + table(data["rows"], sys.modules[part].COLUMNS))
-    print("\ntargets (ratios from the same run)\n" + table(targets(), [("target", "target", ""), ("value", "value", ".3g"),
-                                                                      ("goal", "goal", ""), ("met", "met", "")]))
-    print("\nplots: " + ", ".join(str(p.relative_to(ROOT)) for p in plots()) + f" (in {IMG})")
+            parts.append(f"### {part}\n\n{head}\n\n" + table(data["rows"], MODULES[part].COLUMNS))
+    service = load_json("service")
+    if service and service.get("stdout"):
+        parts.append("### service (bench/service.py)\n\n```\n" + service["stdout"].strip() + "\n```")
+    parts.append("### targets (ratios from the same run)\n\n" + table(targets(), [
+        ("target", "target", ""), ("value", "value", ".3g"), ("goal", "goal", ""), ("met", "met", "")]))
+    text = "\n\n".join(parts) + "\n"
+    (ROOT / "bench" / "results" / "report.md").write_text(text)
+    print("\n" + text)
+    print("plots: " + ", ".join(str(p.relative_to(ROOT)) for p in plots()) + f" (in {IMG})")
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             if part == "service":
                 run_service(args.quick)
             else:
-                sys.modules[part].main(sizes[part])
+                MODULES[part].main(sizes[part])
         save_json("summary", {"machine": machine(), "targets": targets(), "quick": args.quick})
     report()
     return 0

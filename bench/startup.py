@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import CORPUS_NOTE, corpus_bytes, machine, prose_corpus, save_json, table
 from throughput import measure
 
-STREAMING = ["feedline", "feedline-service", "hf-stream", "ray-data"]
+STREAMING = ["feedline", "feedline-window100", "feedline-service", "hf-stream", "ray-data"]
 OFFLINE = ["hf-offline", "litdata"]
 COLUMNS = [("label", "contender", ""), ("corpus_mb", "corpus MB", ",.0f"), ("first_batch_s", "first batch s", ".2f"),
            ("at_1gb_s", "at the large corpus s", ",.1f"), ("note", "note", "")]

@@ -14,7 +14,6 @@ is derived from the global batch, which is what makes elastic resume possible.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
 from typing import Any
@@ -84,7 +83,8 @@ class Pipeline:
 
     @property
     def workers(self) -> int:
-        return self.spec.workers or min(4, os.cpu_count() or 1)
+        """Threads calling the task (``spec.workers``; 0 = automatic: one, see ThreadRunner)."""
+        return self.spec.workers or 1
 
     def examples(self) -> Dataset[Example]:
         """Task examples, in order."""

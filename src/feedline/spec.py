@@ -279,7 +279,7 @@ class _Scalars:
         if self.epochs is not None and self.epochs < 1:
             raise SpecError(f"epochs: {self.epochs} must be >= 1, or null for endless")
         if self.workers < 0 or self.prefetch < 1:
-            raise SpecError("workers must be >= 0 (0 = one per core) and prefetch >= 1")
+            raise SpecError("workers must be >= 0 (0 = automatic) and prefetch >= 1")
 
 
 def read_spec_file(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -42,17 +42,21 @@ class ChunkRunner(Protocol):
 
 
 class ThreadRunner:
-    """Process chunks on ``workers`` threads (inline when 1); tokenizers release the GIL."""
+    """Process chunks on ``workers`` threads, ``workers + 2`` chunks in flight.
+
+    Even one thread runs apart from the caller, so reading, batching and the consumer overlap the
+    tokenizer; the tokenizer's Rust batch call already spreads each chunk over every core. One
+    calling thread was measured fastest (``bench/tuning.py``: more threads contend for the GIL
+    in the tasks' Python and for the tokenizer's thread pool).
+    """
 
     def __init__(self, task: Task, workers: int) -> None:
         self.task = task
         self.workers = max(1, workers)
-        self.ahead = self.workers + 1
+        self.ahead = self.workers + 2
         self.pool: cf.ThreadPoolExecutor | None = None
 
     def submit(self, records: Sequence[Record]) -> Any:
-        if self.workers == 1:
-            return self.task.process(records)
         if self.pool is None:
             self.pool = cf.ThreadPoolExecutor(self.workers, thread_name_prefix="feedline-task")
         return self.pool.submit(self.task.process, records)
