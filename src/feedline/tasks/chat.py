@@ -188,10 +188,11 @@ class Chat(Task):
     def _render(self, msgs: list[dict[str, Any]], tools: Any, *, gen_prompt: bool = False, spans: bool = False) -> tuple[str, list[tuple[int, int]]]:
         from transformers.utils.chat_template_utils import render_jinja_template
 
-        rendered, indices = render_jinja_template(
+        out: Any = render_jinja_template(
             conversations=[msgs], tools=tools, chat_template=self.template,
             return_assistant_tokens_mask=spans, add_generation_prompt=gen_prompt, **self._template_kwargs)
-        return rendered[0], [tuple(x) for x in indices[0]] if spans else []
+        rendered, indices = out
+        return rendered[0], [(int(a), int(b)) for a, b in indices[0]] if spans else []
 
     def _prepare(self, rec: Record) -> tuple[str, list[tuple[int, int]], list[int] | None, list[dict[str, Any]], Any] | str:
         """Rendered text, assistant char spans, assistant-turn end chars (prefix mode), or a rejection."""

@@ -138,7 +138,7 @@ class SentenceOrder(Task):
         word_base = 0
         chunk: list[tuple[np.ndarray, np.ndarray]] = []
         length = 0
-        examples = []
+        examples: list[Example] = []
         for k, (ids, words) in enumerate(sents):
             chunk.append((ids, words + word_base))
             word_base += int(words.max(initial=0)) + 1
