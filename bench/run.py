@@ -7,7 +7,8 @@
 
 Parts: ``throughput`` (tokens/s and CPU s per M tokens, CLM packed at 1024 and MLM at 128, every
 contender), ``startup`` (time to first batch, 1 GB), ``memory`` (peak RSS, 100 MB vs 1 GB) and
-``service`` (``bench/service.py``: one vs eight clients of one server). Each part writes its own
+``service`` (``bench/service.py``: one vs eight clients of one server) and ``profile`` (CPU by thread,
+``bench/cpu_profile.py``). Each part writes its own
 JSON under ``bench/results/``; this script then prints the targets of issue 8 as ratios from the
 same run and draws ``docs/img/bench_*.png``.
 """
@@ -30,8 +31,10 @@ import throughput
 from common import IMG, ROOT, bar_plot, load_json, machine, save_json, table
 
 MODULES = {"throughput": throughput, "startup": startup, "memory": memory}
+PROFILE_COLUMNS = [("thread", "thread", ""), ("cpu_s", "CPU s", ".2f"), ("s_per_mtok", "CPU s / M tok", ".3f"),
+                   ("share", "share", ".1%")]
 
-PARTS = ("throughput", "startup", "memory", "service")
+PARTS = ("throughput", "startup", "memory", "service", "profile")
 FULL = {"throughput": ["--mb", "128", "--seconds", "15"], "startup": ["--offline-mb", "48"], "memory": ["--seconds", "8"]}
 QUICK = {"throughput": ["--mb", "32", "--seconds", "4"], "startup": ["--mb", "32", "--offline-mb", "8"],
          "memory": ["--small-mb", "8", "--large-mb", "32", "--seconds", "3"]}
@@ -133,6 +136,11 @@ def report() -> str:
                              + table(rows, throughput.COLUMNS))
         else:
             parts.append(f"### {part}\n\n{head}\n\n" + table(data["rows"], MODULES[part].COLUMNS))
+    for wl in ("clm-1024", "mlm-128"):
+        prof = load_json(f"profile-{wl}")
+        if prof:
+            parts.append(f"### CPU by thread, feedline in-process, {wl}\n\n{prof['tokens']:,} tokens in {prof['wall_s']:.1f} s, "
+                         f"load average {prof['machine']['load_avg_1m']:.2f} at the end\n\n" + table(prof["rows"], PROFILE_COLUMNS))
     service = load_json("service")
     if service and service.get("stdout"):
         parts.append("### service (bench/service.py)\n\n```\n" + service["stdout"].strip() + "\n```")
@@ -159,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n=== {part}", flush=True)
             if part == "service":
                 run_service(args.quick)
+            elif part == "profile":
+                for wl in ("clm-1024", "mlm-128"):  # a fresh process each: thread CPU times are cumulative
+                    subprocess.run([sys.executable, str(ROOT / "bench" / "cpu_profile.py"), "--workload", wl,
+                                    "--seconds", "4" if args.quick else "10"], check=False, env=throughput.child_env())
             else:
                 MODULES[part].main(sizes[part])
         save_json("summary", {"machine": machine(), "targets": targets(), "quick": args.quick})
