@@ -225,6 +225,17 @@ def fmt(v: Any, spec: str = ",.0f") -> str:
     return str(v)
 
 
+def short(v: float | None) -> str:
+    """``1.12M``, ``581k``, ``0.83``: a bar label."""
+    if v is None:
+        return "n/a"
+    if abs(v) >= 1e6:
+        return f"{v / 1e6:.2f}M"
+    if abs(v) >= 1e4:
+        return f"{v / 1e3:.0f}k"
+    return f"{v:.3g}"
+
+
 def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str, str]]) -> str:
     """A Markdown table of ``rows``; ``columns`` are ``(key, header, format spec)``."""
     head = "| " + " | ".join(h for _k, h, _f in columns) + " |"
@@ -246,8 +257,13 @@ def load_json(name: str) -> dict[str, Any] | None:
 
 
 def bar_plot(name: str, labels: Sequence[str], values: Sequence[float | None], *, title: str, xlabel: str,
-             highlight: Iterable[str] = (), note: str = "", log: bool = False) -> Path:
-    """A horizontal bar chart saved as ``docs/img/<name>.png``."""
+             highlight: Iterable[str] = (), note: str = "", log: bool = False,
+             second: tuple[str, str, Sequence[float | None]] | None = None) -> Path:
+    """A horizontal bar chart saved as ``docs/img/<name>.png``.
+
+    ``second`` is ``(legend of values, legend of second, second values)``: a thinner, lighter
+    bar under each main one (e.g. end-to-end beside steady rates).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -255,13 +271,24 @@ def bar_plot(name: str, labels: Sequence[str], values: Sequence[float | None], *
 
     IMG.mkdir(parents=True, exist_ok=True)
     hl = set(highlight)
-    vals = [v or 0.0 for v in values]
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(labels) + 1.4))
-    bars = ax.barh(list(labels)[::-1], vals[::-1],
-                   color=["#d62728" if lbl in hl else "#1f77b4" for lbl in list(labels)[::-1]])
+    rev = list(labels)[::-1]
+    ys = list(range(len(rev)))
+    colors = ["#d62728" if lbl in hl else "#1f77b4" for lbl in rev]
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(labels) + 1.6))
+    height = 0.4 if second else 0.8
+    main_y = [y + (0.2 if second else 0) for y in ys]
+    bars = ax.barh(main_y, [v or 0.0 for v in values[::-1]], height=height, color=colors,
+                   label=second[0] if second else None)
     for b, v in zip(bars, values[::-1], strict=True):
-        ax.text(b.get_width(), b.get_y() + b.get_height() / 2, " " + (fmt(v, ",.3g") if v is not None else "n/a"),
-                va="center", fontsize=8)
+        ax.text(b.get_width(), b.get_y() + b.get_height() / 2, " " + short(v), va="center", fontsize=8)
+    if second:
+        vals2 = list(second[2])[::-1]
+        bars2 = ax.barh([y - 0.2 for y in ys], [v or 0.0 for v in vals2], height=height, color=colors, alpha=0.4,
+                        label=second[1])
+        for b, v in zip(bars2, vals2, strict=True):
+            ax.text(b.get_width(), b.get_y() + b.get_height() / 2, " " + short(v), va="center", fontsize=7, color="#444")
+        ax.legend(fontsize=8, loc="upper right")
+    ax.set_yticks(ys, rev)
     ax.set_title(title, fontsize=10)
     ax.set_xlabel(xlabel)
     ax.margins(x=0.18)

@@ -95,7 +95,10 @@ def plots() -> list[Path]:
         ok = [r for r in rows if "error" not in r]
         paths.append(bar_plot(f"bench_throughput_{wl.replace('-', '')}", [r["label"] for r in ok],
                               [r.get("tokens_per_s") for r in ok], title=f"tokens/s delivered to the consumer, {wl}",
-                              xlabel="tokens/s (higher is better)", highlight=[r["label"] for r in ok if r["contender"].startswith("feedline")],
+                              xlabel="tokens/s (higher is better, log scale)", log=True,
+                              highlight=[r["label"] for r in ok if r["contender"].startswith("feedline")],
+                              second=("steady (after the first batch)", "end to end (start-up and conversion included)",
+                                      [r.get("e2e_tokens_per_s") for r in ok]),
                               note=f"{tp['machine']['cores']} cores, load {tp['machine']['load_avg_1m']:.2f}; {tp['corpus']['mb']:g} MB real text, repeated"))
         paths.append(bar_plot(f"bench_cpu_{wl.replace('-', '')}", [r["label"] for r in ok],
                               [r.get("cpu_s_per_mtok") for r in ok], title=f"CPU seconds per million tokens, {wl}",

@@ -7,7 +7,7 @@ Runs the task stage alone (records -> tokenized clm examples, ``feedline.tasks.m
 ``--seconds`` per setting, in a fresh process each, interleaving settings over ``--rounds`` so that
 load from other work hits every setting alike, and reports the median tokens/s and the cores the
 process kept busy. ``raw`` is the same text through ``encode_batch_fast`` from as many threads,
-already in memory. Results go to ``bench/results/tuning.json``.
+already in memory. Results go to ``bench/results/tuning-<workload>.json``.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                      "runs": [round(r["tokens_per_s"]) for r in rs]})
     print(table(rows, [("setting", "setting", ""), ("tokens_per_s", "median tokens/s", ",.0f"),
                        ("cores_busy", "cores busy", ".2f"), ("runs", "each run", "")]))
-    print(f"saved {save_json('tuning', {'machine': machine(), 'workload': args.workload, 'rows': rows, 'load_avg_after': os.getloadavg()[0]})}")
+    print(f"saved {save_json(f'tuning-{args.workload}', {'machine': machine(), 'workload': args.workload, 'rows': rows, 'load_avg_after': os.getloadavg()[0]})}")
     return 0
 
 
