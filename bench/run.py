@@ -35,7 +35,7 @@ PROFILE_COLUMNS = [("thread", "thread", ""), ("cpu_s", "CPU s", ".2f"), ("s_per_
                    ("share", "share", ".1%")]
 
 PARTS = ("throughput", "startup", "memory", "service", "profile")
-FULL = {"throughput": ["--mb", "128", "--seconds", "15"], "startup": ["--offline-mb", "48"], "memory": ["--seconds", "8"]}
+FULL = {"throughput": ["--mb", "128", "--seconds", "8", "--rounds", "3"], "startup": ["--offline-mb", "48"], "memory": ["--seconds", "8"]}
 QUICK = {"throughput": ["--mb", "32", "--seconds", "4"], "startup": ["--mb", "32", "--offline-mb", "8"],
          "memory": ["--small-mb", "8", "--large-mb", "32", "--seconds", "3"]}
 
