@@ -214,3 +214,19 @@ def test_pack_needs_a_row_length(texts: dict[str, str]) -> None:
         collect(Loader(spec(texts["c4"], task_len=None, max_length=None)))
     with pytest.raises(SpecError, match="window"):
         Loader(spec(texts["c4"], window=0))
+
+
+def test_window_ramp_gives_an_early_first_batch_and_the_same_tokens(texts: dict[str, str]) -> None:
+    """The first window holds ``first_window`` pieces, the next ones grow to ``window``."""
+    ramp = iter(Pipeline(spec(texts["c4"], window=400, first_window=16)).batches())
+    flat = iter(Pipeline(spec(texts["c4"], window=400, first_window=None)).batches())
+    try:
+        next(ramp), next(flat)
+        assert ramp.stats.documents < 64 <= flat.stats.documents  # type: ignore[attr-defined]
+        rest_ramp, rest_flat = list(ramp), list(flat)
+    finally:
+        ramp.close(), flat.close()
+    tokens = [sorted(np.concatenate([b["input_ids"][b["attention_mask"].astype(bool)] for b in bs]).tolist())
+              for bs in (rest_ramp, rest_flat)]
+    assert len(tokens[0]) > 0
+    assert abs(len(tokens[0]) - len(tokens[1])) < 8 * 128  # the same documents, up to one batch of rows

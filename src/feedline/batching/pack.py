@@ -42,6 +42,9 @@ class PackOptions:
         max_length: tokens per row (default: the task's ``max_length``).
         window: pieces sorted and placed together; larger packs tighter and buffers more
             (1000 reaches 99.88 % on the Wikipedia-512 histogram; see ``docs/benchmarks.md``).
+        first_window: the first window's size; each next window holds as many pieces as were
+            read so far, up to ``window`` (a geometric ramp, so the first batch comes after
+            ``first_window`` documents are tokenized, not ``window``). ``null`` starts at ``window``.
         open_bins: partly filled rows carried across windows (a bound on buffered rows).
         max_docs_per_row: at most this many documents per row (the width of ``seq_lens``).
         overflow: documents longer than a row are ``split`` into several pieces or ``truncate``d.
@@ -52,6 +55,7 @@ class PackOptions:
 
     max_length: int | None = None
     window: int = 1000
+    first_window: int | None = 128
     open_bins: int = 64
     max_docs_per_row: int = 64
     overflow: Literal["split", "truncate"] = "split"
@@ -59,8 +63,8 @@ class PackOptions:
     mask_first_token: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("window", "max_docs_per_row"):
-            if getattr(self, name) < 1:
+        for name in ("window", "max_docs_per_row", "first_window"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise SpecError(f"batching.{name}: {getattr(self, name)} must be >= 1")
         if self.open_bins < 0:
             raise SpecError(f"batching.open_bins: {self.open_bins} must be >= 0")
@@ -129,8 +133,16 @@ class PackIterator(DatasetIterator[Batch]):
     def _stop(self, ex: Example, start: int) -> int:
         return min(start + self.max_length, ex.length)
 
+    def _window_size(self) -> int:
+        """This window's size: a ramp from ``first_window`` to ``window`` (a function of the state)."""
+        o = self.opts
+        if o.first_window is None:
+            return o.window
+        return min(o.window, max(o.first_window, self.stats.documents))
+
     def _read_window(self) -> None:
-        while self.packer.pending < self.opts.window:
+        size = self._window_size()
+        while self.packer.pending < size:
             ex = next(self.parent, None)
             if ex is None:
                 self.exhausted = True
