@@ -97,15 +97,19 @@ class RemoteLoader:
             self._last_step = None
         return self._conn
 
-    def _get(self) -> tuple[Any, ...]:
+    def _next_item(self) -> tuple[Any, ...]:
+        """The connection thread's next item, failing if the thread died with nothing queued."""
         conn = self._connect()
         while True:
             try:
-                item = conn.items.get(timeout=1.0)
+                return conn.items.get(timeout=1.0)  # type: ignore[no-any-return]
             except queue.Empty:
                 if not conn._thread.is_alive() and conn.items.empty():
                     raise TransportError("the client connection thread stopped unexpectedly") from None
-                continue
+
+    def _get(self) -> tuple[Any, ...]:
+        while True:
+            item = self._next_item()
             if item[0] == "welcome":
                 if self._state_json is None:
                     self._set_state(item[1])
@@ -150,14 +154,8 @@ class RemoteLoader:
         return json.loads(json.dumps(self._state))  # type: ignore[no-any-return]
 
     def _get_welcome(self) -> None:
-        conn = self._connect()
         while self._state_json is None:
-            try:
-                item = conn.items.get(timeout=1.0)
-            except queue.Empty:
-                if not conn._thread.is_alive() and conn.items.empty():
-                    raise TransportError("the client connection thread stopped unexpectedly") from None
-                continue
+            item = self._next_item()
             if item[0] == "welcome":
                 self._set_state(item[1])
             elif item[0] == "error":
