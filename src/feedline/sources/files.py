@@ -127,42 +127,25 @@ def open_binary(path: str) -> IO[bytes]:
     return io.BufferedReader(ZstdStream(raw), buffer_size=1 << 20)
 
 
-class ZstdStream(io.RawIOBase):
-    """Decompress concatenated zstd frames; a stream that ends inside a frame raises ``EOFError``.
-
-    (``zstandard``'s own ``stream_reader`` ends quietly on a truncated frame, which would lose
-    the tail of a file without a word.)
-    """
+class DecodingStream(io.RawIOBase):
+    """A forward-only raw stream whose bytes come from :meth:`_fill` (decompressed, transcoded...)."""
 
     def __init__(self, raw: IO[bytes]) -> None:
         super().__init__()
-        import zstandard
-
         self.raw = raw
-        self.dctx = zstandard.ZstdDecompressor()
-        self.dobj = self.dctx.decompressobj()
-        self.started = False  # the current frame has received input
         self.pending = b""
+
+    def _fill(self) -> bytes:
+        """The next decoded bytes; ``b""`` at the end of the stream."""
+        raise NotImplementedError
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
-        while not self.pending:
-            chunk = self.raw.read(1 << 17)
-            if not chunk:
-                if self.started and not self.dobj.eof:
-                    raise EOFError("zstd stream ended inside a frame (truncated file?)")
-                return 0
-            while chunk:
-                self.started = True
-                self.pending += self.dobj.decompress(chunk)
-                chunk = b""
-                if self.dobj.eof:  # next frame: feed it what the last one left over
-                    chunk = self.dobj.unused_data
-                    self.dobj = self.dctx.decompressobj()
-                    self.started = False
+        if not self.pending:
+            self.pending = self._fill()
         n = min(len(view), len(self.pending))
         view[:n] = self.pending[:n]
         self.pending = self.pending[n:]
@@ -171,3 +154,37 @@ class ZstdStream(io.RawIOBase):
     def close(self) -> None:
         self.raw.close()
         super().close()
+
+
+class ZstdStream(DecodingStream):
+    """Decompress concatenated zstd frames; a stream that ends inside a frame raises ``EOFError``.
+
+    (``zstandard``'s own ``stream_reader`` ends quietly on a truncated frame, which would lose
+    the tail of a file without a word.)
+    """
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        super().__init__(raw)
+        import zstandard
+
+        self.dctx = zstandard.ZstdDecompressor()
+        self.dobj = self.dctx.decompressobj()
+        self.started = False  # the current frame has received input
+
+    def _fill(self) -> bytes:
+        out = b""
+        while not out:
+            chunk = self.raw.read(1 << 17)
+            if not chunk:
+                if self.started and not self.dobj.eof:
+                    raise EOFError("zstd stream ended inside a frame (truncated file?)")
+                return b""
+            while chunk:
+                self.started = True
+                out += self.dobj.decompress(chunk)
+                chunk = b""
+                if self.dobj.eof:  # next frame: feed it what the last one left over
+                    chunk = self.dobj.unused_data
+                    self.dobj = self.dctx.decompressobj()
+                    self.started = False
+        return out

@@ -21,7 +21,7 @@ from typing import IO, Any
 
 from feedline.core.record import Rejection
 from feedline.errors import SourceError
-from feedline.sources.files import codec_of, is_url, open_binary, size_of
+from feedline.sources.files import DecodingStream, codec_of, is_url, open_binary, size_of
 from feedline.sources.reader import Item, Reader, Split
 
 __all__ = ["BOM", "LineReader", "iter_lines", "open_decoded"]
@@ -38,33 +38,19 @@ def _is_broken(e: BaseException) -> bool:
     return isinstance(e, _BROKEN) or type(e).__name__ == "ZstdError"
 
 
-class _Transcoder(io.RawIOBase):
+class _Transcoder(DecodingStream):
     """UTF-16 bytes in, UTF-8 bytes out (forward only)."""
 
     def __init__(self, raw: IO[bytes], encoding: str) -> None:
-        super().__init__()
-        self.raw = raw
+        super().__init__(raw)
         self.decoder = codecs.getincrementaldecoder(encoding)(errors="replace")
-        self.pending = b""
 
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        while not self.pending:
+    def _fill(self) -> bytes:
+        while True:
             chunk = self.raw.read(1 << 16)
-            self.pending = self.decoder.decode(chunk, final=not chunk).encode("utf-8")
-            if not chunk:
-                break
-        n = min(len(view), len(self.pending))
-        view[:n] = self.pending[:n]
-        self.pending = self.pending[n:]
-        return n
-
-    def close(self) -> None:
-        self.raw.close()
-        super().close()
+            out = self.decoder.decode(chunk, final=not chunk).encode("utf-8")
+            if out or not chunk:
+                return out
 
 
 def open_decoded(path: str) -> tuple[IO[bytes], bool]:
