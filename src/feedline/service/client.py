@@ -23,12 +23,12 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
 from feedline.batching.base import Batch
-from feedline.errors import SpecError, TransportError
+from feedline.errors import SpecError, StateError, TransportError
 from feedline.service.auth import ClientKeys
 from feedline.service.connection import Connection
 from feedline.service.protocol import PROTOCOL_VERSION
 from feedline.spec import Spec
-from feedline.state import check_state, make_state
+from feedline.state import check_state, make_state, parse_state_json
 
 __all__ = ["RemoteLoader"]
 
@@ -74,8 +74,9 @@ class RemoteLoader:
         self._state: dict[str, Any] | None = None
         if state is not None:
             if isinstance(state, (str, bytes)):
-                state = json.loads(state)
-            assert isinstance(state, Mapping)
+                state = parse_state_json(state)
+            if not isinstance(state, Mapping):
+                raise StateError(f"resume state must be a mapping from Loader.state_dict(), got {type(state).__name__}")
             g = check_state(state, str(state.get("spec_hash")))
             if self.spec_hash is not None:
                 check_state(state, self.spec_hash)
@@ -193,7 +194,9 @@ class RemoteLoader:
         self.close()
 
     def __del__(self) -> None:
-        try:
-            self._close_connection()
-        except Exception:
-            pass
+        conn, self._conn = getattr(self, "_conn", None), None
+        if conn is not None:
+            try:
+                conn.close(ack=self._last_step, wait=1.0)
+            except Exception:
+                pass

@@ -15,26 +15,49 @@ caller sees an unbroken stream. It gives up after ``reconnect`` seconds without 
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from feedline.errors import AuthError, FeedlineError, ProtocolError, TransportError, TransportTimeout
 from feedline.service.auth import ClientKeys
-from feedline.service.protocol import decode_batch, error_from_header, pack, unpack_header
+from feedline.service.protocol import BYE_REPLACED, decode_batch, error_from_header, pack, unpack_header
 
 __all__ = ["Connection"]
 
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                      | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+# handshake failures that mean wrong or missing credentials; any other one (a peer closing during
+# the handshake, e.g. a server shutting down while a successor starts) is retried like a lost server
+_KEY_ERRORS: dict[int, str] = {zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH: "one side uses CurveZMQ keys and the other does not",
+               zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC: "the CurveZMQ handshake failed (wrong server.key?)",
+               zmq.PROTOCOL_ERROR_ZMTP_KEY_EXCHANGE: "the CurveZMQ key exchange failed (wrong server.key?)"}
+
+
+_LIVE: weakref.WeakSet[Connection] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """Close connections a script never closed while their threads can still run (before finalization)."""
+    for conn in list(_LIVE):
+        conn.close(wait=1.0)
 
 
 class Connection:
-    """A reconnecting connection run by a daemon thread; see the module docstring."""
+    """A reconnecting connection run by a daemon thread; see the module docstring.
+
+    A connection left open when the interpreter exits is closed by an ``atexit`` hook (it says bye,
+    so shared-mode batches are re-delivered at once); :meth:`close` never blocks for more than its
+    ``wait``, even when the thread cannot stop.
+    """
 
     def __init__(self, address: str, *, hello: Mapping[str, Any], resume: str | None, prefetch: int,
                  keys: ClientKeys | None, timeout: float, reconnect: float, max_message: int) -> None:
@@ -59,23 +82,36 @@ class Connection:
         self._queued = 0
         self._heartbeat = 1.0
         self._welcomed_once = False
+        self._last_failure = ""
 
     def start(self) -> None:
         self._thread.start()
+        _LIVE.add(self)
 
     # ------------------------------------------------------- caller's thread
     def consumed(self, step: int | None) -> None:
         """Report that the caller finished the batch of ``step``; grants one credit."""
         self._pipe_out.send(pack("credit", n=1, step=step))
 
-    def close(self, ack: int | None = None) -> None:
-        """Ack ``ack`` (if given), say bye, stop the thread and free the sockets. Idempotent."""
-        if self._ctx.closed:
+    def close(self, ack: int | None = None, wait: float = 5.0) -> None:
+        """Ack ``ack`` (if given), say bye, stop the thread and free the sockets. Idempotent.
+
+        Waits at most ``wait`` seconds for the thread; one that does not stop (it cannot run during
+        interpreter shutdown) keeps its socket, and the context is left to the process's exit
+        instead of blocking in ``zmq_ctx_term``.
+        """
+        if self._ctx.closed or self._pipe_out.closed:
             return
+        _LIVE.discard(self)
         if self._thread.is_alive():
-            self._pipe_out.send(pack("bye", step=ack))
-            self._thread.join(timeout=5)
+            try:
+                self._pipe_out.send(pack("bye", step=ack), zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+            self._thread.join(timeout=wait)
         self._pipe_out.close(linger=0)
+        if self._thread.is_alive():
+            return
         self._pipe_in.close(linger=0)
         self._ctx.term()
 
@@ -126,10 +162,7 @@ class Connection:
             events = dict(poller.poll(int(min(self._heartbeat, backoff if not welcomed else 1.0) * 1000)))
             now = time.monotonic()
             if self._monitor in events:
-                self._monitor.recv_multipart()
-                raise AuthError(f"{self.address} refused the connection handshake: "
-                                + ("check the keys (server.key and client.key_secret) and that the server authorizes "
-                                   "this client" if self.keys else "the server requires CurveZMQ keys; pass keys=DIR"))
+                self._handshake_failed(recv_monitor_message(self._monitor))
             if self._pipe_in in events:
                 h = unpack_header(self._pipe_in.recv())
                 if h["op"] == "bye":
@@ -163,14 +196,26 @@ class Connection:
                 if now - lost_at > self.reconnect:
                     raise TransportTimeout(
                         f"no answer from the loader service at {self.address} for {self.reconnect:.0f}s; "
-                        "is 'feedline serve' running there?" + ("" if self.keys else
-                                                                " If it uses keys, pass keys=DIR."))
+                        "is 'feedline serve' running there?" + ("" if self.keys else " If it uses keys, pass keys=DIR.")
+                        + (f" Last handshake failure: {self._last_failure}." if self._last_failure else ""))
                 poller.unregister(self._sock)
                 poller.unregister(self._monitor)
                 self._disconnect()
                 backoff = min(backoff * 2, 5.0)
                 self._connect()
                 last_heard = last_sent = time.monotonic()
+
+    def _handshake_failed(self, event: Mapping[str, Any]) -> None:
+        """Raise ``AuthError`` for a credentials failure; note any other one and let reconnection retry."""
+        kind, value = event.get("event"), int(event.get("value") or 0)
+        if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH or (kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                                        and value in _KEY_ERRORS):
+            why = _KEY_ERRORS.get(int(value), f"the server refused this client's key (ZAP status {value})")
+            raise AuthError(f"{self.address} refused the connection handshake: {why}; "
+                            + ("check the keys (server.key and client.key_secret) and that the server authorizes "
+                               "this client" if self.keys else "the server requires CurveZMQ keys; pass keys=DIR"))
+        name = "no detail" if kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL else f"protocol error {value:#x}"
+        self._last_failure = f"{name} (the peer closed or broke the handshake)"
 
     def _send(self, frame: bytes) -> None:
         assert self._sock is not None
@@ -216,7 +261,7 @@ class Connection:
         elif op == "error":
             raise error_from_header(h)
         elif op == "bye":
-            if h.get("reason") == "replaced by a new connection of this rank":
+            if h.get("code") == BYE_REPLACED:
                 raise TransportError(f"loader service: {h.get('reason')} (two loaders share this rank?)")
             return "lost"
         elif op not in ("pong", "stats"):

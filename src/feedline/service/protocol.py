@@ -11,7 +11,8 @@ a ``batch`` is followed by one frame per array, sent without copying::
     ping    {}                                pong    {}
     stats   {}                                stats   {stats}
     bye     {}                                error   {kind, message}
-                                              bye     {reason}   (reconnect, unless replaced)
+                                              bye     {code, reason}  (reconnect, unless
+                                                       code is "replaced")
 
 ``state`` travels as a JSON string: the exact resume state after that batch, so a client always
 knows what it has received however far prefetching ran. ``fields`` lists ``[name, dtype, shape]``
@@ -41,6 +42,9 @@ from feedline.errors import (
 )
 
 __all__ = [
+    "BYE_REPLACED",
+    "BYE_SHUTDOWN",
+    "BYE_UNKNOWN",
     "CLIENT_OPS",
     "PROTOCOL_VERSION",
     "decode_batch",
@@ -51,6 +55,9 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1
+BYE_REPLACED = "replaced"    # another connection took this rank: do not reconnect
+BYE_SHUTDOWN = "shutdown"    # the server is stopping: reconnect (to its successor)
+BYE_UNKNOWN = "unknown"      # the server does not know this client (it restarted): say hello again
 CLIENT_OPS = frozenset({"hello", "credit", "ping", "stats", "bye"})
 _DTYPE_KINDS = frozenset("biuf")
 _MAX_FIELDS = 64

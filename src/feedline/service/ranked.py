@@ -89,14 +89,17 @@ class RankedCursor:
         return self.error is None and step < self.low and self.low - step <= 2 * self.window
 
     def rewind(self, start: Mapping[str, Any] | None) -> None:
-        """Restart production from an earlier state; ranks ahead of it wait for production."""
+        """Restart production from ``start``; connected ranks ahead of it wait for production."""
         log.info("stream %r (world size %d): rewinding from step %d to %d", self.stream, self.world_size,
                  self.low, int(start["step"]) + 1 if start else 1)
         self.producer.close()
         self.producer = self._start(start)
         for slot in self.ranks:
-            slot.acked = min(slot.acked, self.low - 1)
-            slot.next = max(slot.next, self.low)
+            if slot.client is None:   # its next hello names its own position
+                slot.acked, slot.next = self.low - 1, self.low
+            else:
+                slot.acked = min(slot.acked, self.low - 1)
+                slot.next = max(slot.next, self.low)
 
     def taken_by_other(self, rank: int, session: str) -> bool:
         """Whether another job's live client holds ``rank`` (a reconnect reuses its session)."""

@@ -16,6 +16,7 @@ ignored, so one broken peer never affects the others.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import threading
 import time
@@ -25,12 +26,21 @@ from typing import Any
 
 import zmq
 
-from feedline.errors import FeedlineError, ProtocolError, SpecError
+from feedline.errors import FeedlineError, ProtocolError, SpecError, TransportError
 from feedline.pipeline import GlobalStream, Pipeline
 from feedline.service.auth import ServerKeys, check_bind
 from feedline.service.metrics import MetricsEndpoint, StreamCounters
 from feedline.service.producer import End, Produced
-from feedline.service.protocol import CLIENT_OPS, PROTOCOL_VERSION, encode_batch, pack, unpack_header
+from feedline.service.protocol import (
+    BYE_REPLACED,
+    BYE_SHUTDOWN,
+    BYE_UNKNOWN,
+    CLIENT_OPS,
+    PROTOCOL_VERSION,
+    encode_batch,
+    pack,
+    unpack_header,
+)
 from feedline.service.ranked import RankedCursor
 from feedline.service.session import Client, validate_hello
 from feedline.service.shared import SharedQueue
@@ -56,6 +66,8 @@ class ServerOptions:
         insecure: allow a plaintext bind outside loopback.
         drain_timeout: on stop, seconds to wait for shared-mode clients to ack their batches.
         idle_close: seconds a cursor without clients is kept for reconnects before it is closed.
+        max_cursors: ranked cursors (each a pipeline and a producer thread) per stream; when full,
+            the longest-idle cursor is closed, and with none idle a new job's hello is refused.
         metrics_port: serve Prometheus metrics on this port (``None``: off; 0: any free port).
         metrics_host: the address the metrics endpoint binds.
         progress: print a one-line progress display on standard error when it is a terminal.
@@ -70,14 +82,18 @@ class ServerOptions:
     keys: ServerKeys | None = None
     insecure: bool = False
     drain_timeout: float = 10.0
-    idle_close: float = 600.0
+    idle_close: float = 60.0
+    max_cursors: int = 8
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     progress: bool = False
 
     def __post_init__(self) -> None:
-        if self.window < 1 or self.max_credit < 1:
-            raise SpecError(f"window ({self.window}) and max_credit ({self.max_credit}) must be >= 1")
+        if self.window < 1 or self.max_credit < 1 or self.max_cursors < 1:
+            raise SpecError(f"window ({self.window}), max_credit ({self.max_credit}) and max_cursors "
+                            f"({self.max_cursors}) must be >= 1")
+        if not (math.isfinite(self.idle_close) and self.idle_close >= 0):
+            raise SpecError(f"idle_close ({self.idle_close}s) must be a finite number >= 0")
         if not 0 < self.heartbeat < self.timeout:
             raise SpecError(f"heartbeat ({self.heartbeat}s) must be > 0 and below timeout ({self.timeout}s)")
         check_bind(self.bind, self.keys, self.insecure)
@@ -99,6 +115,7 @@ class Server:
         self.queues: dict[str, SharedQueue] = {}
         self.address: str | None = None
         self.malformed = 0
+        self.internal_errors = 0
         self.started = time.monotonic()
         self.snapshot: dict[str, Any] = {}
         self._stopping = threading.Event()
@@ -227,18 +244,24 @@ class Server:
             except zmq.Again:
                 return
             ident = frames[0].bytes
+            op = "?"
             try:
                 if len(frames) != 2:
                     raise ProtocolError(f"expected one header frame, got {len(frames) - 1}")
                 header = unpack_header(frames[1].buffer, self.options.max_message)
+                op = str(header["op"])[:20]
                 self._handle(ident, header)
             except FeedlineError as e:
                 self._reject(ident, e)
+            except Exception as e:  # a bug or an input nobody foresaw: that peer gets an error, others go on
+                self.internal_errors += 1
+                log.exception("client %s: handling %r failed", ident.hex(), op)
+                self._reject(ident, TransportError(f"the server failed to handle {op!r}: {type(e).__name__}: {e}"))
 
     def _reject(self, ident: bytes, e: FeedlineError) -> None:
         self.malformed += isinstance(e, ProtocolError)
         if self.malformed <= 5 or self.malformed % 1000 == 0 or not isinstance(e, ProtocolError):
-            log.warning("client %s: %s (%d malformed messages so far)", ident.hex()[:8], e, self.malformed)
+            log.warning("client %s: %.300s (%d malformed messages so far)", ident.hex(), e, self.malformed)
         self._send(ident, [pack("error", kind=type(e).__name__, message=str(e))])
 
     def _handle(self, ident: bytes, h: dict[str, Any]) -> None:
@@ -256,7 +279,7 @@ class Server:
             self._hello(ident, h)
         elif client is None:
             if op != "bye":  # e.g. a client of a previous server process: it must say hello again
-                self._send(ident, [pack("bye", reason="unknown client; send hello first")])
+                self._send(ident, [pack("bye", code=BYE_UNKNOWN, reason="unknown client; send hello first")])
         elif op == "credit":
             self._credit(client, h)
         elif op == "bye":
@@ -286,18 +309,24 @@ class Server:
             target = self._cursor_for(name, w, hello.rank, hello.session, step, start)
             old = target.attach(hello.rank, ident, hello.session, step)
             if old is not None and old in self.clients:
-                self._send(old, [pack("bye", reason="replaced by a new connection of this rank")])
+                self._send(old, [pack("bye", code=BYE_REPLACED, reason="replaced by a new connection of this rank")])
                 self._drop(self.clients[old], "was replaced")
             state_json = _state_json(self.hashes[name], start or self.initial[name], w)
         self.clients[ident] = Client(ident=ident, stream=name, mode=hello.mode, rank=hello.rank, world_size=w,
                                      target=target, prefetch=hello.prefetch, last_seen=time.monotonic())
         self._send(ident, [pack("welcome", v=PROTOCOL_VERSION, stream=name, spec_hash=self.hashes[name],
                                 state=state_json, heartbeat=self.options.heartbeat, timeout=self.options.timeout)])
-        log.info("client %s joined stream %r as %s", ident.hex()[:8], name,
+        log.info("client %s joined stream %r as %s", ident.hex(), name,
                  "shared" if hello.mode == "shared" else f"rank {hello.rank}/{w}")
 
     def _cursor_for(self, name: str, w: int, rank: int, session: str, step: int,
                     start: Mapping[str, Any] | None) -> RankedCursor:
+        """The cursor a rank joins: one where it fits, else the one whose rank it takes over, else a new one.
+
+        A hello for a rank that another session holds (a trainer restarted from a checkpoint while
+        its old connection still looks alive) *replaces* that holder, and its cursor when nobody
+        else uses it, instead of adding a cursor: a crash-looping trainer cannot leak cursors.
+        """
         cursors = self.cursors.setdefault((name, w), [])
         for c in cursors:
             if not c.taken_by_other(rank, session) and c.can_join(step):
@@ -306,10 +335,39 @@ class Server:
             if not c.taken_by_other(rank, session) and c.can_rewind(step):
                 c.rewind(start)
                 return c
+        for c in cursors:
+            if c.taken_by_other(rank, session):
+                holder = c.ranks[rank].client
+                if holder is not None and holder in self.clients:
+                    self._send(holder, [pack("bye", code=BYE_REPLACED, reason="replaced by a new connection of this rank")])
+                    self._drop(self.clients[holder], f"was replaced by a new connection of rank {rank}")
+                if c.can_join(step):
+                    return c
+                if c.can_rewind(step) or not c.clients():
+                    c.rewind(start)   # nobody else reads it: restart it where the new hello starts
+                    return c
+        self._make_room(name)
         c = RankedCursor(name, self.streams[name], w, start, window=self.options.window, wake=self.wake,
                          initial=self.initial[name])
         cursors.append(c)
         return c
+
+    def _make_room(self, name: str) -> None:
+        """Close the longest-idle cursors of stream ``name`` until a new one fits under ``max_cursors``."""
+        mine = [(key, c) for key, cs in self.cursors.items() if key[0] == name for c in cs]
+        idle = sorted(((c.idle_since, key, c) for key, c in mine if not c.clients()), key=lambda t: t[0])
+        excess = len(mine) + 1 - self.options.max_cursors
+        for _since, key, c in idle[:max(0, excess)]:
+            self._close_cursor(key, c, "to make room for a new job")
+        if excess > len(idle):
+            raise TransportError(
+                f"stream {name!r} already has {self.options.max_cursors} cursors with connected clients "
+                "(one per training job and world size); stop a job or start the server with a higher --max-cursors")
+
+    def _close_cursor(self, key: tuple[str, int], c: RankedCursor, why: str) -> None:
+        c.close()
+        self.cursors[key].remove(c)
+        log.info("closed the cursor of stream %r (world size %d) at step %d %s", key[0], key[1], c.low, why)
 
     def _members(self, target: RankedCursor | SharedQueue) -> list[Client]:
         return [c for c in self.clients.values() if c.target is target]
@@ -333,10 +391,10 @@ class Server:
         if isinstance(client.target, SharedQueue):
             n = client.target.release(client.ident)
             if n:
-                log.warning("client %s %s; %d unacked batches re-queued", client.ident.hex()[:8], why, n)
+                log.warning("client %s %s; %d unacked batches re-queued", client.ident.hex(), why, n)
         else:
             client.target.detach(client.rank, client.ident)
-        log.info("client %s %s", client.ident.hex()[:8], why)
+        log.info("client %s %s", client.ident.hex(), why)
 
     # --------------------------------------------------------------- sending
     def _send(self, ident: bytes, frames: list[Any], copy: bool = True) -> bool | None:
@@ -405,9 +463,7 @@ class Server:
                 self._drop(client, f"was silent for {now - client.last_seen:.1f}s")
         for key, cursors in self.cursors.items():
             for c in [c for c in cursors if not c.clients() and now - c.idle_since > o.idle_close]:
-                c.close()
-                cursors.remove(c)
-                log.info("closed idle cursor of stream %r (world size %d)", *key)
+                self._close_cursor(key, c, f"after {o.idle_close:.0f}s without clients")
         self.snapshot = self.stats()
         if o.progress and sys.stderr.isatty():
             s = self.snapshot
@@ -436,7 +492,7 @@ class Server:
         clients = []
         for c in self.clients.values():
             produced = c.target.produced
-            clients.append({"id": c.ident.hex()[:8], "stream": c.stream, "mode": c.mode, "rank": c.rank,
+            clients.append({"id": c.ident.hex(), "stream": c.stream, "mode": c.mode, "rank": c.rank,
                             "world_size": c.world_size, "credit": c.credit, "sent": c.sent,
                             "lag": max(0, produced - c.acked), "idle_s": round(now - c.last_seen, 2)})
         return {"version": PROTOCOL_VERSION, "address": self.address, "uptime_s": round(now - self.started, 1),
@@ -446,7 +502,7 @@ class Server:
     # ----------------------------------------------------------------- close
     def _say_goodbye(self) -> None:
         for ident in list(self.clients):
-            self._send(ident, [pack("bye", reason="server shutting down")])
+            self._send(ident, [pack("bye", code=BYE_SHUTDOWN, reason="server shutting down")])
 
     def close(self) -> None:
         """Stop producers, close sockets and the metrics endpoint. Idempotent."""

@@ -7,14 +7,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from feedline.errors import ProtocolError, SpecError, StateError
+from feedline.errors import ProtocolError, SpecError
 from feedline.service.protocol import PROTOCOL_VERSION
-from feedline.state import check_state
+from feedline.state import check_state, parse_state_json
 
 if TYPE_CHECKING:
     from feedline.pipeline import Pipeline
@@ -107,11 +106,7 @@ def validate_hello(h: Mapping[str, Any], streams: Mapping[str, Pipeline], hashes
     if raw is not None:
         if not isinstance(raw, str):
             raise ProtocolError("hello: state must be a JSON string")
-        try:
-            parsed = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise StateError(f"resume state is not valid JSON ({e})") from e
-        state = check_state(parsed, hashes[stream])
+        state = check_state(parse_state_json(raw), hashes[stream])
         state_json = raw
     return Hello(stream=stream, mode=mode, rank=rank, world_size=world_size, prefetch=prefetch, session=session,
                  state=state, state_json=state_json)

@@ -37,6 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-message", type=int, default=16 << 20, help="largest inbound message, bytes")
     parser.add_argument("--drain-timeout", type=float, default=10.0,
                         help="on SIGTERM, seconds to wait for shared-mode acks")
+    parser.add_argument("--max-cursors", type=int, default=8,
+                        help="ranked cursors (pipeline + producer thread) per stream; the longest-idle one is closed "
+                             "to make room, and with none idle a new job is refused")
+    parser.add_argument("--idle-close", type=float, default=60.0,
+                        help="seconds a cursor without clients is kept for reconnects before it is closed")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     parser.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics endpoint")
 
@@ -51,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     options = ServerOptions(
         bind=args.bind, window=args.window, heartbeat=args.heartbeat, timeout=args.timeout,
         max_message=args.max_message, keys=ServerKeys.load(args.keys) if args.keys else None,
-        insecure=args.insecure, drain_timeout=args.drain_timeout, metrics_port=args.metrics_port,
+        insecure=args.insecure, drain_timeout=args.drain_timeout, max_cursors=args.max_cursors,
+        idle_close=args.idle_close, metrics_port=args.metrics_port,
         metrics_host=args.metrics_host, progress=True,
     )
     server = Server(streams, options)
