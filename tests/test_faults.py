@@ -322,3 +322,64 @@ def test_ranks_of_one_job_have_distinct_client_ids_in_stats(server: Any) -> None
     finally:
         for lo in loaders:
             lo.close()
+
+
+# ----------------------------------------------------------------------------- 4. a stuck shared consumer
+_STUCK = textwrap.dedent("""
+    import sys, time, feedline
+    loader = feedline.Loader(sys.argv[1], mode="shared", prefetch=int(sys.argv[2]))
+    batch = next(iter(loader))
+    print(int(batch["input_ids"][0, 0]), flush=True)
+    time.sleep(600)   # alive (its connection thread heartbeats) but never acks, until killed
+""")
+
+
+def test_a_stuck_shared_consumer_does_not_stop_the_others(env: dict, tmp_path: Path) -> None:
+    want = reference(env["spec"])
+    proc, address = start_server(env["path"], *FAST, "--window", "2", "--lease", "1.5")
+    script = tmp_path / "stuck.py"
+    script.write_text(_STUCK)
+    stuck = subprocess.Popen([sys.executable, str(script), address, "3"], stdout=subprocess.PIPE, text=True)
+    delivered: list[dict[str, np.ndarray]] = []
+    try:
+        assert stuck.stdout is not None and stuck.stdout.readline().strip()
+
+        def consume() -> None:
+            with feedline.Loader(address, mode="shared", prefetch=1) as loader:
+                for b in loader:
+                    delivered.append({k: np.array(v) for k, v in b.items()})
+
+        threads = [threading.Thread(target=consume, daemon=True) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(40)
+        assert not any(t.is_alive() for t in threads), (
+            f"the other consumers stalled after {len(delivered)} of {len(want)} batches")
+        shared = fetch_stats(address)["streams"]["train"]["shared"]
+        assert stuck.poll() is None, "the stuck consumer was not alive throughout"
+    finally:
+        stuck.kill()
+        stuck.wait()
+        if stuck.stdout is not None:
+            stuck.stdout.close()
+        stop(proc)
+    # at-least-once: every batch reached a live consumer, the stuck one's after their leases ran out
+    assert sorted(map(str, (rows(b) for b in delivered))) == sorted(map(str, (rows(b) for b in want)))
+    assert shared["lease_expired"] >= 1
+
+
+def test_the_server_caps_what_a_client_makes_it_hold(env: dict) -> None:
+    proc, address = start_server(env["path"], *FAST, "--window", "2", "--max-prefetch", "4")
+    ctx = zmq.Context()
+    try:
+        idle = Peer(ctx, address)   # declares the largest prefetch, grants all its credit, never reads on
+        assert idle.answer_to(pack("hello", v=1, stream="train", mode="shared", prefetch=1024))["op"] == "welcome"
+        idle.send(pack("credit", n=64))
+        time.sleep(1.5)
+        shared = fetch_stats(address)["streams"]["train"]["shared"]
+        assert shared["in_flight"] <= 4 and shared["in_flight"] + shared["queued"] <= 2 + 4, shared
+        idle.close()
+    finally:
+        ctx.term()
+        stop(proc)

@@ -42,7 +42,7 @@ from feedline.service.protocol import (
     unpack_header,
 )
 from feedline.service.ranked import RankedCursor
-from feedline.service.session import Client, validate_hello
+from feedline.service.session import MAX_PREFETCH, Client, validate_hello
 from feedline.service.shared import SharedQueue
 from feedline.state import make_state
 
@@ -58,7 +58,11 @@ class ServerOptions:
     Attributes:
         bind: ``tcp://host:port`` (port 0 picks a free one) or ``ipc://path``; loopback by default.
         window: global steps buffered ahead of the slowest rank (bounds memory and lead).
-        max_credit: the most batches any client may have in flight.
+        max_prefetch: the most batches one client may have in flight; a client's declared
+            ``prefetch`` is capped to it, and so is what the server pre-produces for it (shared).
+        lease: shared mode: seconds a client may hold a batch unacked before it is re-delivered
+            to another consumer (at-least-once); keep it above the time a consumer needs for
+            ``prefetch + 1`` batches.
         heartbeat: seconds between client pings (told to clients in the welcome).
         timeout: seconds of silence after which a client is dropped (shared mode: re-delivered).
         max_message: largest inbound message in bytes; bigger ones drop the connection.
@@ -75,7 +79,8 @@ class ServerOptions:
 
     bind: str = "tcp://127.0.0.1:5555"
     window: int = 8
-    max_credit: int = 64
+    max_prefetch: int = 16
+    lease: float = 60.0
     heartbeat: float = 1.0
     timeout: float = 10.0
     max_message: int = 16 << 20
@@ -89,9 +94,11 @@ class ServerOptions:
     progress: bool = False
 
     def __post_init__(self) -> None:
-        if self.window < 1 or self.max_credit < 1 or self.max_cursors < 1:
-            raise SpecError(f"window ({self.window}), max_credit ({self.max_credit}) and max_cursors "
+        if self.window < 1 or self.max_prefetch < 1 or self.max_cursors < 1:
+            raise SpecError(f"window ({self.window}), max_prefetch ({self.max_prefetch}) and max_cursors "
                             f"({self.max_cursors}) must be >= 1")
+        if not (math.isfinite(self.lease) and self.lease > 0):
+            raise SpecError(f"lease ({self.lease}s) must be a finite number > 0")
         if not (math.isfinite(self.idle_close) and self.idle_close >= 0):
             raise SpecError(f"idle_close ({self.idle_close}s) must be a finite number >= 0")
         if not 0 < self.heartbeat < self.timeout:
@@ -149,7 +156,7 @@ class Server:
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.setsockopt(zmq.MAXMSGSIZE, o.max_message)
         self._sock.setsockopt(zmq.LINGER, 500)
-        self._sock.setsockopt(zmq.SNDHWM, 4 * o.max_credit)
+        self._sock.setsockopt(zmq.SNDHWM, 4 * o.max_prefetch)
         self._sock.setsockopt(zmq.RCVHWM, 10_000)
         if o.keys is not None:
             o.keys.apply(self._sock)
@@ -235,7 +242,7 @@ class Server:
             return False
 
     def _drained(self) -> bool:
-        return not any(any(q.inflight.values()) for q in self.queues.values())
+        return not any(q.in_flight for q in self.queues.values())
 
     def _receive(self) -> None:
         for _ in range(1000):
@@ -296,11 +303,11 @@ class Server:
         start = hello.state
         if hello.mode == "shared":
             q = self.queues.get(name)
-            if q is None or (q.ended_at is not None and not q.inflight and not self._members(q)):
+            if q is None or (q.ended_at is not None and not q.in_flight and not self._members(q)):
                 if q is not None:
                     q.close()
                 q = SharedQueue(name, self.streams[name], start, window=self.options.window, wake=self.wake,
-                                initial=self.initial[name])
+                                initial=self.initial[name], lease=self.options.lease)
                 self.queues[name] = q
             target: RankedCursor | SharedQueue = q
             state_json = q.watermark_json
@@ -313,7 +320,8 @@ class Server:
                 self._drop(self.clients[old], "was replaced")
             state_json = _state_json(self.hashes[name], start or self.initial[name], w)
         self.clients[ident] = Client(ident=ident, stream=name, mode=hello.mode, rank=hello.rank, world_size=w,
-                                     target=target, prefetch=hello.prefetch, last_seen=time.monotonic())
+                                     target=target, prefetch=min(hello.prefetch, self.options.max_prefetch),
+                                     last_seen=time.monotonic())
         self._send(ident, [pack("welcome", v=PROTOCOL_VERSION, stream=name, spec_hash=self.hashes[name],
                                 state=state_json, heartbeat=self.options.heartbeat, timeout=self.options.timeout)])
         log.info("client %s joined stream %r as %s", ident.hex(), name,
@@ -374,8 +382,8 @@ class Server:
 
     def _credit(self, client: Client, h: Mapping[str, Any]) -> None:
         n, step = h.get("n", 0), h.get("step")
-        if not isinstance(n, int) or not 0 <= n <= self.options.max_credit:
-            raise ProtocolError(f"credit n={n!r:.20} must be an integer in [0, {self.options.max_credit}]")
+        if not isinstance(n, int) or not 0 <= n <= MAX_PREFETCH:
+            raise ProtocolError(f"credit n={n!r:.20} must be an integer in [0, {MAX_PREFETCH}]")
         if step is not None:
             if not isinstance(step, int):
                 raise ProtocolError(f"credit step={step!r:.20} must be an integer")
@@ -384,7 +392,7 @@ class Server:
             else:
                 client.target.ack(client.rank, step)
             client.acked = max(client.acked, step)
-        client.credit = min(client.credit + n, self.options.max_credit)
+        client.credit = min(client.credit + n, client.prefetch)   # the server's cap, not the client's wish
 
     def _drop(self, client: Client, why: str) -> None:
         self.clients.pop(client.ident, None)
@@ -413,7 +421,11 @@ class Server:
         for cursors in self.cursors.values():
             for c in cursors:
                 c.pump()
+        now = time.monotonic()
         for q in self.queues.values():
+            for ident, n in q.expire(now).items():
+                log.warning("stream %r: client %s held %d batches unacked for over %gs (lease); re-queued for others",
+                            q.stream, ident.hex(), n, self.options.lease)
             q.pump(self.options.window + sum(m.prefetch for m in self._members(q)))
         for client in list(self.clients.values()):
             while client.credit > 0 and not client.ended and client.ident in self.clients:
@@ -423,7 +435,7 @@ class Server:
     def _send_next(self, client: Client) -> bool:
         target = client.target
         shared = isinstance(target, SharedQueue)
-        item = target.take(client.ident) if isinstance(target, SharedQueue) else target.next_for(client.rank)
+        item = target.take(client.ident, time.monotonic()) if isinstance(target, SharedQueue) else target.next_for(client.rank)
         if item is None:
             if target.error is not None:
                 self._send(client.ident, [pack("error", kind="TransportError",
@@ -486,8 +498,8 @@ class Server:
                              for (s, _w), cs in self.cursors.items() if s == name for c in cs]
             q = self.queues.get(name)
             st["shared"] = None if q is None else {
-                "watermark": q.watermark, "queued": q.depth, "in_flight": sum(len(v) for v in q.inflight.values()),
-                "redelivered": q.redelivered, "ended_at": q.ended_at}
+                "watermark": q.watermark, "queued": q.depth, "in_flight": q.in_flight,
+                "redelivered": q.redelivered, "lease_expired": q.lease_expired, "ended_at": q.ended_at}
             streams[name] = st
         clients = []
         for c in self.clients.values():

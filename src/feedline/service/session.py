@@ -20,10 +20,10 @@ if TYPE_CHECKING:
     from feedline.service.ranked import RankedCursor
     from feedline.service.shared import SharedQueue
 
-__all__ = ["Client", "Hello", "validate_hello"]
+__all__ = ["MAX_PREFETCH", "Client", "Hello", "validate_hello"]
 
 Mode = Literal["ranked", "shared"]
-_MAX_PREFETCH = 1024
+MAX_PREFETCH = 1024   # the largest prefetch a client may declare (the server caps it lower)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -85,8 +85,8 @@ def validate_hello(h: Mapping[str, Any], streams: Mapping[str, Pipeline], hashes
         raise ProtocolError(f"hello: mode {str(mode)!r:.20} must be 'ranked' or 'shared'")
     rank, world_size = _int(h, "rank", 0), _int(h, "world_size", 1)
     prefetch = _int(h, "prefetch", 4)
-    if not 1 <= prefetch <= _MAX_PREFETCH:
-        raise ProtocolError(f"hello: prefetch {prefetch} must be in [1, {_MAX_PREFETCH}]")
+    if not 1 <= prefetch <= MAX_PREFETCH:
+        raise ProtocolError(f"hello: prefetch {prefetch} must be in [1, {MAX_PREFETCH}]")
     if mode == "shared":
         rank, world_size = 0, 1
     if world_size < 1 or not 0 <= rank < world_size:

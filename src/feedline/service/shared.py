@@ -1,9 +1,12 @@
 """Shared mode: a work queue of whole global batches for inference or asynchronous consumers.
 
 Any client takes the next batch; a client *acks* a batch when it asks for the one after it (or
-closes cleanly). The batches a client holds unacked are re-delivered to others, oldest first,
-when it disappears (heartbeat timeout, or a new connection of its process). With acking clients,
-every batch is consumed exactly once.
+closes cleanly). Every batch sent is *leased* to its client for ``lease`` seconds: the batches a
+client holds unacked are re-delivered to others, oldest first, when it disappears (heartbeat
+timeout, or a new connection of its process) or when their lease runs out (a consumer that is
+alive but stuck). Delivery is therefore at-least-once: a batch whose lease expired may be
+processed twice, by its slow first consumer and by the next one. A late ack of an expired lease
+is ignored.
 
 The resume state handed out with each batch is the *watermark*: the state after the highest step
 ``h`` such that steps ``1..h`` are all acked. Restarting a shared stream from it re-delivers the
@@ -16,23 +19,35 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from feedline.pipeline import Pipeline
 from feedline.service.producer import End, Produced, Producer
 from feedline.state import make_state
 
-__all__ = ["SharedQueue"]
+__all__ = ["Lease", "SharedQueue"]
+
+
+@dataclass(eq=False, slots=True)
+class Lease:
+    """One batch in flight to one client, until ``deadline`` (monotonic seconds)."""
+
+    item: Produced
+    client: bytes
+    deadline: float
 
 
 class SharedQueue:
     """The work queue of one stream in shared mode."""
 
     def __init__(self, stream: str, pipeline: Pipeline, start: Mapping[str, Any] | None, *,
-                 window: int, wake: Callable[[], None], initial: Mapping[str, Any] | None = None) -> None:
+                 window: int, wake: Callable[[], None], initial: Mapping[str, Any] | None = None,
+                 lease: float = 60.0) -> None:
         self.stream = stream
         self.spec_hash = pipeline.spec.hash()
         self.window = window
+        self.lease = lease
         self.producer = Producer(pipeline, world_size=1, start=start, depth=2, wake=wake, initial=initial,
                                  name=f"feedline-{stream}-shared")
         first = self.producer.initial_state()
@@ -40,12 +55,14 @@ class SharedQueue:
         self.watermark_json = json.dumps(make_state(self.spec_hash, first, 1), separators=(",", ":"))
         self.fresh: deque[Produced] = deque()
         self.redeliver: deque[Produced] = deque()
-        self.inflight: dict[bytes, dict[int, Produced]] = {}
+        self.inflight: dict[bytes, dict[int, Lease]] = {}
+        self.leases: deque[Lease] = deque()   # in the order taken, so deadlines are ascending
         self.held: dict[int, Produced] = {}   # produced and not yet below the watermark
         self.acked: set[int] = set()          # acked steps above the watermark
         self.ended_at: int | None = None
         self.error: BaseException | None = None
         self.redelivered = 0
+        self.lease_expired = 0
         self.idle_since = time.monotonic()
         self.producer.start()
 
@@ -64,12 +81,14 @@ class SharedQueue:
             else:
                 self.error = item
 
-    def take(self, client: bytes) -> Produced | End | None:
-        """The next batch for ``client`` (now in flight to it), ``End``, or ``None`` to wait."""
+    def take(self, client: bytes, now: float | None = None) -> Produced | End | None:
+        """The next batch for ``client`` (now leased to it), ``End``, or ``None`` to wait."""
         queue = self.redeliver if self.redeliver else self.fresh
         if queue:
             item = queue.popleft()
-            self.inflight.setdefault(client, {})[item.step] = item
+            lease = Lease(item, client, (time.monotonic() if now is None else now) + self.lease)
+            self.inflight.setdefault(client, {})[item.step] = lease
+            self.leases.append(lease)
             return item
         if self.ended_at is not None and not any(self.inflight.values()):
             return End(self.ended_at)
@@ -80,9 +99,27 @@ class SharedQueue:
         self.inflight.get(client, {}).pop(item.step, None)
         self.redeliver.appendleft(item)
 
+    def expire(self, now: float) -> dict[bytes, int]:
+        """Re-queue (oldest first) the batches whose lease ran out; returns how many, per client."""
+        expired: list[Lease] = []
+        while self.leases and self.leases[0].deadline <= now:
+            lease = self.leases.popleft()
+            held = self.inflight.get(lease.client, {})
+            if held.get(lease.item.step) is lease:
+                del held[lease.item.step]
+                expired.append(lease)
+        for lease in sorted(expired, key=lambda x: x.item.step, reverse=True):
+            self.redeliver.appendleft(lease.item)
+        self.lease_expired += len(expired)
+        self.redelivered += len(expired)
+        counts: dict[bytes, int] = {}
+        for lease in expired:
+            counts[lease.client] = counts.get(lease.client, 0) + 1
+        return counts
+
     def ack(self, client: bytes, step: int) -> None:
         if self.inflight.get(client, {}).pop(step, None) is None:
-            return
+            return   # not in flight to this client (its lease expired): the re-delivery's ack counts
         self.acked.add(step)
         while self.watermark + 1 in self.acked:
             self.watermark += 1
@@ -92,13 +129,18 @@ class SharedQueue:
 
     def release(self, client: bytes) -> int:
         """Put a departed client's unacked batches back at the front of the queue; returns how many."""
-        items = sorted(self.inflight.pop(client, {}).values(), key=lambda p: p.step, reverse=True)
+        items = sorted((lease.item for lease in self.inflight.pop(client, {}).values()),
+                       key=lambda p: p.step, reverse=True)
         for item in items:
             self.redeliver.appendleft(item)
         self.redelivered += len(items)
         if not self.inflight:
             self.idle_since = time.monotonic()
         return len(items)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(len(v) for v in self.inflight.values())
 
     @property
     def depth(self) -> int:
@@ -112,3 +154,4 @@ class SharedQueue:
         self.producer.close()
         self.fresh.clear()
         self.redeliver.clear()
+        self.leases.clear()

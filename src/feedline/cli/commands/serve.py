@@ -37,6 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-message", type=int, default=16 << 20, help="largest inbound message, bytes")
     parser.add_argument("--drain-timeout", type=float, default=10.0,
                         help="on SIGTERM, seconds to wait for shared-mode acks")
+    parser.add_argument("--max-prefetch", type=int, default=16,
+                        help="the most batches one client may have in flight (caps its declared prefetch)")
+    parser.add_argument("--lease", type=float, default=60.0,
+                        help="shared mode: seconds a client may hold a batch unacked before it goes to another client")
     parser.add_argument("--max-cursors", type=int, default=8,
                         help="ranked cursors (pipeline + producer thread) per stream; the longest-idle one is closed "
                              "to make room, and with none idle a new job is refused")
@@ -57,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         bind=args.bind, window=args.window, heartbeat=args.heartbeat, timeout=args.timeout,
         max_message=args.max_message, keys=ServerKeys.load(args.keys) if args.keys else None,
         insecure=args.insecure, drain_timeout=args.drain_timeout, max_cursors=args.max_cursors,
+        max_prefetch=args.max_prefetch, lease=args.lease,
         idle_close=args.idle_close, metrics_port=args.metrics_port,
         metrics_host=args.metrics_host, progress=True,
     )
