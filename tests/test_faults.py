@@ -383,3 +383,80 @@ def test_the_server_caps_what_a_client_makes_it_hold(env: dict) -> None:
     finally:
         ctx.term()
         stop(proc)
+
+
+# ----------------------------------------------------------------------------- 7. keys, stats, metrics
+def _keys(tmp: Path, name: str = "keys") -> Path:
+    out = subprocess.run([sys.executable, "-m", "feedline.cli", "keys", "generate", str(tmp / name)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return tmp / name
+
+
+def test_secret_key_files_are_created_private(tmp_path: Path) -> None:
+    """Created 0600, not created world-readable and chmod-ed afterwards (umask 0, chmod disabled)."""
+    code = textwrap.dedent("""
+        import os, sys
+        os.umask(0)
+        os.chmod = lambda *a, **k: None   # whatever is not private at creation stays visible
+        from feedline.service.auth import generate_keys
+        generate_keys(sys.argv[1])
+        generate_keys(sys.argv[1], client="second")
+    """)
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "k")], check=True, timeout=60)
+    secrets = sorted((tmp_path / "k").glob("*.key_secret"))
+    assert [p.name for p in secrets] == ["client.key_secret", "second.key_secret", "server.key_secret"]
+    for p in secrets:
+        assert p.stat().st_mode & 0o777 == 0o600, f"{p.name} created with mode {oct(p.stat().st_mode & 0o777)}"
+    from feedline.service.auth import ClientKeys, ServerKeys
+
+    ServerKeys.load(tmp_path / "k")
+    ClientKeys.load(tmp_path / "k", "second")
+
+
+def test_metrics_off_loopback_with_keys_is_refused_unless_forced(env: dict, tmp_path: Path) -> None:
+    keys = _keys(tmp_path)
+    cmd = [sys.executable, "-m", "feedline.cli", "serve", env["path"], "--bind", "tcp://127.0.0.1:0",
+           "--keys", str(keys), "--metrics-port", "0", "--metrics-host", "0.0.0.0"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert "refusing to serve metrics on 0.0.0.0" in out.stderr and "--metrics-insecure" in out.stderr
+    proc, _ = start_server(env["path"], "--keys", str(keys), "--metrics-port", "0", "--metrics-host", "0.0.0.0",
+                           "--metrics-insecure")
+    stop(proc)
+
+
+def test_stats_are_answered_only_to_authenticated_peers(env: dict, tmp_path: Path) -> None:
+    """Even when the authenticator is gone (CurveZMQ then accepts any key), nothing is answered."""
+    from feedline.service import Server, ServerOptions, load_streams
+    from feedline.service.auth import ClientKeys, ServerKeys
+
+    keys, other = _keys(tmp_path), _keys(tmp_path, "other")
+    server = Server(load_streams(env["spec"]), ServerOptions(bind="tcp://127.0.0.1:0", keys=ServerKeys.load(keys)))
+    address = server.bind()
+    loop = threading.Thread(target=server.serve, daemon=True)
+    loop.start()
+    ctx = zmq.Context()
+    try:
+        good = ctx.socket(zmq.DEALER)
+        good.setsockopt(zmq.LINGER, 0)
+        ClientKeys.load(keys).apply(good)
+        good.connect(address)
+        good.send(pack("stats"))
+        assert good.poll(10_000) and unpack_header(good.recv())["op"] == "stats"
+        good.close()
+        server._auth.stop()    # fault: the authentication thread is gone
+        stranger = ctx.socket(zmq.DEALER)
+        stranger.setsockopt(zmq.LINGER, 0)
+        foreign = ClientKeys.load(other)    # right server key (it is public), unauthorized client key
+        ClientKeys(server=ClientKeys.load(keys).server, public=foreign.public, secret=foreign.secret).apply(stranger)
+        stranger.connect(address)
+        stranger.send(pack("stats"))
+        assert not stranger.poll(1500), "an unauthenticated peer received stats"
+        stranger.close()
+        assert server.stats()["unauthenticated"] >= 1
+    finally:
+        server._auth = None
+        server.stop()
+        loop.join(30)
+        ctx.term()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ import zmq.auth
 
 from feedline.errors import AuthError, SpecError
 
-__all__ = ["ClientKeys", "ServerKeys", "check_bind", "generate_keys", "is_loopback"]
+__all__ = ["ClientKeys", "ServerKeys", "check_bind", "check_metrics_host", "generate_keys", "is_loopback"]
 
 SERVER_NAME = "server"
 AUTHORIZED = "authorized"
@@ -94,22 +93,41 @@ def _load(path: Path, what: str) -> tuple[bytes, bytes]:
 def generate_keys(directory: str | os.PathLike[str], client: str = "client") -> dict[str, Path]:
     """Create the server key pair (unless present) and a client key pair, and authorize the client.
 
+    Secret key files are created with mode 0600 (never readable by others, not even briefly).
     Returns the paths written, by role.
     """
     d = Path(directory)
     (d / AUTHORIZED).mkdir(parents=True, exist_ok=True)
     server_secret = d / f"{SERVER_NAME}.key_secret"
     if not server_secret.exists():
-        zmq.auth.create_certificates(str(d), SERVER_NAME)
-    if (d / f"{client}.key_secret").exists():
-        raise SpecError(f"{d / client}.key_secret exists; choose another --client name")
-    pub, sec = zmq.auth.create_certificates(str(d), client)
+        public, secret = zmq.curve_keypair()
+        _write_certificate(d / f"{SERVER_NAME}.key", public)
+        _write_certificate(server_secret, public, secret)
+    client_secret = d / f"{client}.key_secret"
+    if client_secret.exists():
+        raise SpecError(f"{client_secret} exists; choose another --client name")
+    public, secret = zmq.curve_keypair()
+    _write_certificate(client_secret, public, secret)
     authorized = d / AUTHORIZED / f"{client}.key"
-    shutil.move(pub, authorized)
-    os.chmod(server_secret, 0o600)
-    os.chmod(sec, 0o600)
+    _write_certificate(authorized, public)
     return {"server_public": d / f"{SERVER_NAME}.key", "server_secret": server_secret,
-            "client_secret": Path(sec), "authorized": authorized}
+            "client_secret": client_secret, "authorized": authorized}
+
+
+def _write_certificate(path: Path, public: bytes, secret: bytes | None = None) -> None:
+    """Write a ZeroMQ certificate (the format ``zmq.auth.load_certificate`` reads); secret ones as 0600."""
+    lines = ["#   ZeroMQ CURVE " + ("**Secret** Certificate, written by 'feedline keys generate'"
+                                     if secret else "Public Certificate, written by 'feedline keys generate'"),
+             "#   " + ("Keep it private; do not change its permissions." if secret else "Give it to the other side."),
+             "", "metadata", "curve", f'    public-key = "{public.decode("ascii")}"']
+    if secret is not None:
+        lines.append(f'    secret-key = "{secret.decode("ascii")}"')
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if secret is not None else 0o644)
+    except FileExistsError:
+        raise SpecError(f"{path} exists and would be overwritten; remove it or use another folder") from None
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 def is_loopback(address: str) -> bool:
@@ -140,4 +158,14 @@ def check_bind(address: str, keys: ServerKeys | None, insecure: bool) -> None:
             f"refusing to bind {address} without encryption: anyone on the network could read the data. "
             "Create keys with 'feedline keys generate DIR' and pass --keys DIR, bind tcp://127.0.0.1:PORT, "
             "or pass --insecure on a trusted network"
+        )
+
+
+def check_metrics_host(host: str, keys: ServerKeys | None, insecure: bool) -> None:
+    """Refuse a metrics endpoint (plain HTTP, no authentication) off loopback for a keyed service."""
+    if keys is not None and not insecure and not is_loopback(f"tcp://{host}:0"):
+        raise SpecError(
+            f"refusing to serve metrics on {host}: the service uses keys, but the metrics endpoint is plain HTTP "
+            "that anyone who reaches it can read (stream names, clients, rates). Keep --metrics-host 127.0.0.1 and "
+            "scrape through a tunnel or an authenticating proxy, or pass --metrics-insecure on a trusted network"
         )

@@ -28,7 +28,7 @@ import zmq
 
 from feedline.errors import FeedlineError, ProtocolError, SpecError, TransportError
 from feedline.pipeline import GlobalStream, Pipeline
-from feedline.service.auth import ServerKeys, check_bind
+from feedline.service.auth import ServerKeys, check_bind, check_metrics_host
 from feedline.service.metrics import MetricsEndpoint, StreamCounters
 from feedline.service.producer import End, Produced
 from feedline.service.protocol import (
@@ -73,7 +73,9 @@ class ServerOptions:
         max_cursors: ranked cursors (each a pipeline and a producer thread) per stream; when full,
             the longest-idle cursor is closed, and with none idle a new job's hello is refused.
         metrics_port: serve Prometheus metrics on this port (``None``: off; 0: any free port).
-        metrics_host: the address the metrics endpoint binds.
+        metrics_host: the address the metrics endpoint binds; off loopback with ``keys`` it is
+            refused unless ``metrics_insecure``.
+        metrics_insecure: allow an unauthenticated metrics endpoint off loopback for a keyed service.
         progress: print a one-line progress display on standard error when it is a terminal.
     """
 
@@ -91,6 +93,7 @@ class ServerOptions:
     max_cursors: int = 8
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    metrics_insecure: bool = False
     progress: bool = False
 
     def __post_init__(self) -> None:
@@ -104,6 +107,8 @@ class ServerOptions:
         if not 0 < self.heartbeat < self.timeout:
             raise SpecError(f"heartbeat ({self.heartbeat}s) must be > 0 and below timeout ({self.timeout}s)")
         check_bind(self.bind, self.keys, self.insecure)
+        if self.metrics_port is not None:
+            check_metrics_host(self.metrics_host, self.keys, self.metrics_insecure)
 
 
 class Server:
@@ -123,6 +128,7 @@ class Server:
         self.address: str | None = None
         self.malformed = 0
         self.internal_errors = 0
+        self.unauthenticated = 0
         self.started = time.monotonic()
         self.snapshot: dict[str, Any] = {}
         self._stopping = threading.Event()
@@ -251,6 +257,9 @@ class Server:
             except zmq.Again:
                 return
             ident = frames[0].bytes
+            if self.options.keys is not None and not _authenticated(frames[-1]):
+                self.unauthenticated += 1   # no ZAP user id: never answered, not even stats
+                continue
             op = "?"
             try:
                 if len(frames) != 2:
@@ -509,6 +518,7 @@ class Server:
                             "lag": max(0, produced - c.acked), "idle_s": round(now - c.last_seen, 2)})
         return {"version": PROTOCOL_VERSION, "address": self.address, "uptime_s": round(now - self.started, 1),
                 "draining": self._stopping.is_set(), "clients_connected": len(clients), "malformed": self.malformed,
+                "internal_errors": self.internal_errors, "unauthenticated": self.unauthenticated,
                 "streams": streams, "clients": clients}
 
     # ----------------------------------------------------------------- close
@@ -549,6 +559,14 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _authenticated(frame: zmq.Frame) -> bool:
+    """Whether ZeroMQ's authentication (ZAP) accepted the peer that sent ``frame``."""
+    try:
+        return bool(frame.get("User-Id"))
+    except zmq.ZMQError:   # the property is absent: no ZAP handler vouched for this peer
+        return False
 
 
 def _state_json(spec_hash: str, global_state: Mapping[str, Any], world_size: int) -> str:

@@ -47,7 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idle-close", type=float, default=60.0,
                         help="seconds a cursor without clients is kept for reconnects before it is closed")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    parser.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics endpoint")
+    parser.add_argument("--metrics-host", default="127.0.0.1",
+                        help="address of the metrics endpoint (off loopback with --keys: needs --metrics-insecure)")
+    parser.add_argument("--metrics-insecure", action="store_true",
+                        help="allow the unauthenticated metrics endpoint off loopback although the service uses keys")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         insecure=args.insecure, drain_timeout=args.drain_timeout, max_cursors=args.max_cursors,
         max_prefetch=args.max_prefetch, lease=args.lease,
         idle_close=args.idle_close, metrics_port=args.metrics_port,
-        metrics_host=args.metrics_host, progress=True,
+        metrics_host=args.metrics_host, metrics_insecure=args.metrics_insecure, progress=True,
     )
     server = Server(streams, options)
     logging.getLogger("feedline").setLevel(min(logging.getLogger().level, logging.INFO))
