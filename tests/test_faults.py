@@ -460,3 +460,32 @@ def test_stats_are_answered_only_to_authenticated_peers(env: dict, tmp_path: Pat
         server.stop()
         loop.join(30)
         ctx.term()
+
+
+# ----------------------------------------------------------------------------- 6. a stalled ranked window
+def test_a_stalled_window_is_logged_with_the_rank_behind(env: dict, tmp_path: Path) -> None:
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "feedline.cli", "serve", env["path"], "--bind",
+                                 "tcp://127.0.0.1:0", "--window", "2", *FAST],
+                                stdout=subprocess.PIPE, stderr=log_file, text=True)
+    loaders: list[Any] = []
+    try:
+        assert proc.stdout is not None
+        address = proc.stdout.readline().split("listening on ")[1].strip()
+        loaders = [feedline.Loader(address, r, 2, prefetch=1) for r in range(2)]
+        loaders[1].state_dict()           # rank 1 joins, then reads nothing (as under accelerate's dispatcher)
+        it = iter(loaders[0])
+        got = [next(it) for _ in range(2)]   # the window: rank 0 can run 2 steps ahead of rank 1
+        assert len(got) == 2
+        deadline = time.monotonic() + 20
+        while "window full" not in log_path.read_text():
+            assert time.monotonic() < deadline, f"no stall logged: {log_path.read_text()[-2000:]}"
+            time.sleep(0.2)
+        line = next(x for x in log_path.read_text().splitlines() if "window full" in x)
+        assert "waiting for rank 1 (consumed up to step 0, connected)" in line, line
+        assert "rank 0 waits" in line, line
+    finally:
+        for lo in loaders:
+            lo.close()
+        stop(proc)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import logging
 import queue
+import sys
 import threading
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -207,6 +208,8 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
 
     # ----------------------------------------------------------------- iteration
     def __iter__(self) -> Iterator[TorchBatch]:
+        if self.world_size > 1:
+            _refuse_resharding_wrapper(self.rank, self.world_size)
         if torch.utils.data.get_worker_info() is not None:
             raise FeedlineError("TorchLoader cannot run inside DataLoader worker processes (each would read the whole "
                                 "stream); use DataLoader(loader, batch_size=None, num_workers=0) or loader.dataloader(): "
@@ -347,6 +350,30 @@ class _CudaStager:
             for t in dev.values():
                 t.record_stream(current)  # memory made on the side stream is now used on this one
             yield dev, state
+
+
+# accelerate's DataLoader wrappers that redistribute an IterableDataset across processes: the
+# dispatcher reads every rank's batches on rank 0 (stalling a ranked service window), the shard
+# keeps one batch in world_size (dropping most of each rank's slice)
+_RESHARDING_WRAPPERS = {"DataLoaderDispatcher", "IterableDatasetShard"}
+
+
+def _refuse_resharding_wrapper(rank: int, world_size: int) -> None:
+    """Fail at once when an accelerate wrapper (the plain HF ``Trainer`` under torchrun) iterates us."""
+    frame = sys._getframe(1)
+    for _ in range(40):
+        frame = frame.f_back  # type: ignore[assignment]
+        if frame is None:
+            return
+        if frame.f_globals.get("__name__") == "accelerate.data_loader":
+            wrapper = type(frame.f_locals.get("self")).__name__
+            if wrapper in _RESHARDING_WRAPPERS:
+                raise FeedlineError(
+                    f"TorchLoader (rank {rank} of {world_size}) is being iterated by accelerate's {wrapper}, which "
+                    "re-distributes batches across processes: each rank already receives its own slice, so this "
+                    "would stall the loader service's ranked window or drop data. Hand the loader to the Trainer "
+                    "unwrapped: class FeedlineTrainer(Trainer): def get_train_dataloader(self): return "
+                    "self.train_dataset.dataloader()  (see docs/adapters.md, 'Hugging Face Trainer')")
 
 
 def _distributed_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -63,6 +63,8 @@ class RankedCursor:
         self.ended_at: int | None = None
         self.error: BaseException | None = None
         self.idle_since = time.monotonic()
+        self.stalled_since: float | None = None   # window full while a rank waits for production
+        self.stall_reported = 0.0
         self.producer = self._start(start)
         s = self.low - 1
         self.ranks = [RankSlot(next=s + 1, acked=s) for _ in range(world_size)]
@@ -145,6 +147,27 @@ class RankedCursor:
                 self.ended_at = item.step
             else:
                 self.error = item
+
+    def stall(self, now: float) -> str | None:
+        """Who holds production back, while the window is full and a rank is waiting; else ``None``.
+
+        ``stalled_since`` is updated, so the caller can decide how long a stall is worth a log line.
+        """
+        floor = min(s.acked for s in self.ranks)
+        full = self.ended_at is None and self.error is None and self.produced - floor >= self.window
+        waiting = [r for r, s in enumerate(self.ranks) if s.client is not None and s.next > self.produced]
+        if not (full and waiting):
+            self.stalled_since = None
+            return None
+        if self.stalled_since is None:
+            self.stalled_since = now
+        behind = [f"rank {r} (consumed up to step {s.acked}, {'connected' if s.client else 'not connected'})"
+                  for r, s in enumerate(self.ranks) if s.acked == floor]
+        return (f"stream {self.stream!r} (world size {self.world_size}): window full (steps {floor + 1}-{self.produced}) "
+                f"for {now - self.stalled_since:.0f}s; waiting for {', '.join(behind)}; "
+                f"rank{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} wait{'' if len(waiting) > 1 else 's'} "
+                "for the next step. Every rank must consume its batches (a trainer that reads only on rank 0, "
+                "e.g. accelerate's dispatcher, stalls here)")
 
     def next_for(self, rank: int) -> Produced | End | None:
         """What rank ``rank`` should receive next, or ``None`` when it must wait."""

@@ -49,6 +49,8 @@ from feedline.state import make_state
 __all__ = ["Server", "ServerOptions"]
 
 log = logging.getLogger("feedline.service")
+_STALL_LOG_AFTER = 3.0    # seconds a ranked window must be stalled before it is logged
+_STALL_LOG_EVERY = 60.0   # and then how often while it lasts
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -482,6 +484,13 @@ class Server:
         for client in list(self.clients.values()):
             if now - client.last_seen > o.timeout:
                 self._drop(client, f"was silent for {now - client.last_seen:.1f}s")
+        for cursors in self.cursors.values():
+            for c in cursors:
+                why = c.stall(now)
+                if why and c.stalled_since is not None and now - c.stalled_since >= _STALL_LOG_AFTER \
+                        and now - c.stall_reported >= _STALL_LOG_EVERY:
+                    c.stall_reported = now
+                    log.warning("%s", why)
         for key, cursors in self.cursors.items():
             for c in [c for c in cursors if not c.clients() and now - c.idle_since > o.idle_close]:
                 self._close_cursor(key, c, f"after {o.idle_close:.0f}s without clients")
