@@ -32,14 +32,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from feedline.errors import (
-    AuthError,
-    FeedlineError,
-    ProtocolError,
-    SpecError,
-    StateError,
-    TransportError,
-)
+from feedline import errors
+from feedline.errors import FeedlineError, ProtocolError, RecordError, TransportError
 
 __all__ = [
     "BYE_REPLACED",
@@ -49,6 +43,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "decode_batch",
     "encode_batch",
+    "error_fields",
     "error_from_header",
     "pack",
     "unpack_header",
@@ -62,12 +57,10 @@ CLIENT_OPS = frozenset({"hello", "credit", "ping", "stats", "bye"})
 _DTYPE_KINDS = frozenset("biuf")
 _MAX_FIELDS = 64
 _MAX_NDIM = 8
+# the whole exception tree crosses the wire by name (a fixed whitelist: nothing else is ever built)
 _ERROR_KINDS: dict[str, type[FeedlineError]] = {
-    "ProtocolError": ProtocolError,
-    "StateError": StateError,
-    "SpecError": SpecError,
-    "AuthError": AuthError,
-    "TransportError": TransportError,
+    name: cls for name in errors.__all__
+    if isinstance(cls := getattr(errors, name), type) and issubclass(cls, FeedlineError)
 }
 
 
@@ -132,10 +125,32 @@ def decode_batch(header: Mapping[str, Any], frames: Sequence[Any]) -> dict[str, 
     return out
 
 
+def error_fields(e: BaseException) -> dict[str, Any]:
+    """The fields of an ``error`` message for ``e``: its kind in the exception tree, message, details.
+
+    A feedline error keeps its class (and a ``RecordError`` its path, line and reason), so a
+    failure raises the same type remotely as in-process; anything else is a ``TransportError``.
+
+        >>> error_fields(RecordError("x.jsonl:3: bad_json", path="x.jsonl", line=3, reason="bad_json"))["line"]
+        3
+    """
+    kind = type(e).__name__ if isinstance(e, FeedlineError) and type(e).__name__ in _ERROR_KINDS else "TransportError"
+    fields: dict[str, Any] = {"kind": kind, "message": str(e) if isinstance(e, FeedlineError)
+                              else f"{type(e).__name__}: {e}"}
+    if isinstance(e, RecordError):
+        fields.update(path=e.path, line=e.line, reason=e.reason)
+    return fields
+
+
 def error_from_header(header: Mapping[str, Any]) -> FeedlineError:
     """The typed exception an ``error`` message describes (``TransportError`` if unknown)."""
     cls = _ERROR_KINDS.get(str(header.get("kind")), TransportError)
-    return cls(f"loader service: {header.get('message', 'unspecified error')}")
+    message = f"loader service: {header.get('message', 'unspecified error')}"
+    if cls is RecordError:
+        line = header.get("line")
+        return RecordError(message, path=str(header.get("path") or ""), reason=str(header.get("reason") or ""),
+                           line=line if isinstance(line, int) and not isinstance(line, bool) else None)
+    return cls(message)
 
 
 def _len(x: Any) -> int:

@@ -38,6 +38,7 @@ from feedline.service.protocol import (
     CLIENT_OPS,
     PROTOCOL_VERSION,
     encode_batch,
+    error_fields,
     pack,
     unpack_header,
 )
@@ -280,7 +281,7 @@ class Server:
         self.malformed += isinstance(e, ProtocolError)
         if self.malformed <= 5 or self.malformed % 1000 == 0 or not isinstance(e, ProtocolError):
             log.warning("client %s: %.300s (%d malformed messages so far)", ident.hex(), e, self.malformed)
-        self._send(ident, [pack("error", kind=type(e).__name__, message=str(e))])
+        self._send(ident, [pack("error", **error_fields(e))])
 
     def _handle(self, ident: bytes, h: dict[str, Any]) -> None:
         op = h["op"]
@@ -449,8 +450,7 @@ class Server:
         item = target.take(client.ident, time.monotonic()) if isinstance(target, SharedQueue) else target.next_for(client.rank)
         if item is None:
             if target.error is not None:
-                self._send(client.ident, [pack("error", kind="TransportError",
-                                               message=f"stream {client.stream!r} failed: {target.error}")])
+                self._send(client.ident, [pack("error", **error_fields(target.error))])
                 client.ended = True
             return False
         if isinstance(item, End):
