@@ -28,10 +28,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from feedline.pipeline import Pipeline
 from feedline.service.producer import End, Produced, Producer
+
+if TYPE_CHECKING:
+    from feedline.service.session import Client
 
 __all__ = ["RankSlot", "RankedCursor"]
 
@@ -49,7 +52,7 @@ class RankSlot:
 
 
 class RankedCursor:
-    """The shared global position of one (stream, world size) training job."""
+    """The shared global position of one (stream, world size) training job (a :class:`~.delivery.Delivery`)."""
 
     def __init__(self, stream: str, pipeline: Pipeline, world_size: int, start: Mapping[str, Any] | None,
                  *, window: int, wake: Callable[[], None], initial: Mapping[str, Any] | None = None) -> None:
@@ -125,12 +128,19 @@ class RankedCursor:
         return [s.client for s in self.ranks if s.client is not None]
 
     # ------------------------------------------------------------- production
-    def ack(self, rank: int, step: int) -> None:
-        slot = self.ranks[rank]
-        if slot.acked < step < slot.next:
+    def join(self, client: Client) -> None:
+        """Seating happens in :meth:`attach` (the dispatcher picks the cursor by rank and step)."""
+
+    def ack(self, client: Client, step: int) -> None:
+        slot = self.ranks[client.rank]
+        if slot.client == client.ident and slot.acked < step < slot.next:
             slot.acked = step
 
-    def pump(self) -> None:
+    def release(self, client: Client) -> int:
+        self.detach(client.rank, client.ident)
+        return 0   # its steps stay in the window until the rank (reconnected) consumes them
+
+    def pump(self, now: float = 0.0) -> None:
         """Move produced steps into the window while it has room; drop steps every rank consumed."""
         floor = min(s.acked for s in self.ranks)
         while self.buffer and self.buffer[0].step <= floor:
@@ -169,17 +179,26 @@ class RankedCursor:
                 "for the next step. Every rank must consume its batches (a trainer that reads only on rank 0, "
                 "e.g. accelerate's dispatcher, stalls here)")
 
-    def next_for(self, rank: int) -> Produced | End | None:
-        """What rank ``rank`` should receive next, or ``None`` when it must wait."""
-        want = self.ranks[rank].next
+    def take(self, client: Client, now: float = 0.0) -> Produced | End | None:
+        """What ``client``'s rank should receive next, or ``None`` when it must wait."""
+        want = self.ranks[client.rank].next
         if self.buffer and self.buffer[0].step <= want <= self.produced:
             return self.buffer[want - self.buffer[0].step]
         if self.ended_at is not None and want > self.ended_at:
             return End(self.ended_at)
         return None
 
-    def sent(self, rank: int, step: int) -> None:
-        self.ranks[rank].next = step + 1
+    def part_for(self, client: Client) -> int:
+        return client.rank
+
+    def state_for(self, item: Produced) -> str:
+        return item.state_json
+
+    def sent(self, client: Client, item: Produced) -> None:
+        self.ranks[client.rank].next = item.step + 1
+
+    def giveback(self, client: Client, item: Produced) -> None:
+        """Nothing to undo: the rank's next step only moves in :meth:`sent`."""
 
     @property
     def depth(self) -> int:

@@ -4,114 +4,38 @@
     >>> server.bind()            # returns the bound address   # doctest: +SKIP
     >>> server.serve()           # until stop(): drains, says bye, closes   # doctest: +SKIP
 
-One ROUTER socket talks to every client (protocol in :mod:`.protocol`). The event loop is a
-single thread: it reads control messages, moves produced steps from the producer threads into
-ranked cursors (:mod:`.ranked`) and shared queues (:mod:`.shared`), and sends each client as many
-batches as it has credit for. Sends never block (``ROUTER_MANDATORY`` plus ``NOBLOCK``): a peer
-that stops reading keeps its batch queued server-side, a peer that vanished is dropped. Bad input
-is answered with an ``error`` where possible, counted, logged (rate-limited) and otherwise
-ignored, so one broken peer never affects the others.
+This module is the event loop: one ROUTER socket talks to every client (protocol in
+:mod:`.protocol`), producer threads wake the loop after each produced step, and a tick once a
+second refreshes the stats snapshot. What a message means and what each client receives is the
+:class:`~.dispatch.Dispatcher`'s business (no sockets there: it sends through a
+:mod:`.transport`); the snapshot is built by :mod:`.stats`. Sends never block
+(``ROUTER_MANDATORY`` plus ``NOBLOCK``): a peer that stops reading keeps its batch queued
+server-side, a peer that vanished is dropped. With keys, only messages that ZeroMQ's
+authentication (ZAP) vouched for are handed on.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import sys
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
-from feedline.errors import FeedlineError, ProtocolError, SpecError, TransportError
+from feedline.errors import SpecError
 from feedline.pipeline import GlobalStream, Pipeline
-from feedline.service.auth import ServerKeys, check_bind, check_metrics_host
-from feedline.service.metrics import MetricsEndpoint, StreamCounters
-from feedline.service.producer import End, Produced
-from feedline.service.protocol import (
-    BYE_REPLACED,
-    BYE_SHUTDOWN,
-    BYE_UNKNOWN,
-    CLIENT_OPS,
-    PROTOCOL_VERSION,
-    encode_batch,
-    error_fields,
-    pack,
-    unpack_header,
-)
-from feedline.service.ranked import RankedCursor
-from feedline.service.session import MAX_PREFETCH, Client, validate_hello
-from feedline.service.shared import SharedQueue
-from feedline.state import make_state
+from feedline.service.dispatch import Dispatcher
+from feedline.service.metrics import MetricsEndpoint
+from feedline.service.options import ServerOptions
+from feedline.service.stats import progress_line, snapshot
+from feedline.service.transport import RouterTransport
 
 __all__ = ["Server", "ServerOptions"]
 
 log = logging.getLogger("feedline.service")
-_STALL_LOG_AFTER = 3.0    # seconds a ranked window must be stalled before it is logged
-_STALL_LOG_EVERY = 60.0   # and then how often while it lasts
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ServerOptions:
-    """How a server binds, buffers and polices its clients.
-
-    Attributes:
-        bind: ``tcp://host:port`` (port 0 picks a free one) or ``ipc://path``; loopback by default.
-        window: global steps buffered ahead of the slowest rank (bounds memory and lead).
-        max_prefetch: the most batches one client may have in flight; a client's declared
-            ``prefetch`` is capped to it, and so is what the server pre-produces for it (shared).
-        lease: shared mode: seconds a client may hold a batch unacked before it is re-delivered
-            to another consumer (at-least-once); keep it above the time a consumer needs for
-            ``prefetch + 1`` batches.
-        heartbeat: seconds between client pings (told to clients in the welcome).
-        timeout: seconds of silence after which a client is dropped (shared mode: re-delivered).
-        max_message: largest inbound message in bytes; bigger ones drop the connection.
-        keys: CurveZMQ server keys; ``None`` for plaintext (loopback or ``insecure`` only).
-        insecure: allow a plaintext bind outside loopback.
-        drain_timeout: on stop, seconds to wait for shared-mode clients to ack their batches.
-        idle_close: seconds a cursor without clients is kept for reconnects before it is closed.
-        max_cursors: ranked cursors (each a pipeline and a producer thread) per stream; when full,
-            the longest-idle cursor is closed, and with none idle a new job's hello is refused.
-        metrics_port: serve Prometheus metrics on this port (``None``: off; 0: any free port).
-        metrics_host: the address the metrics endpoint binds; off loopback with ``keys`` it is
-            refused unless ``metrics_insecure``.
-        metrics_insecure: allow an unauthenticated metrics endpoint off loopback for a keyed service.
-        progress: print a one-line progress display on standard error when it is a terminal.
-    """
-
-    bind: str = "tcp://127.0.0.1:5555"
-    window: int = 8
-    max_prefetch: int = 16
-    lease: float = 60.0
-    heartbeat: float = 1.0
-    timeout: float = 10.0
-    max_message: int = 16 << 20
-    keys: ServerKeys | None = None
-    insecure: bool = False
-    drain_timeout: float = 10.0
-    idle_close: float = 60.0
-    max_cursors: int = 8
-    metrics_port: int | None = None
-    metrics_host: str = "127.0.0.1"
-    metrics_insecure: bool = False
-    progress: bool = False
-
-    def __post_init__(self) -> None:
-        if self.window < 1 or self.max_prefetch < 1 or self.max_cursors < 1:
-            raise SpecError(f"window ({self.window}), max_prefetch ({self.max_prefetch}) and max_cursors "
-                            f"({self.max_cursors}) must be >= 1")
-        if not (math.isfinite(self.lease) and self.lease > 0):
-            raise SpecError(f"lease ({self.lease}s) must be a finite number > 0")
-        if not (math.isfinite(self.idle_close) and self.idle_close >= 0):
-            raise SpecError(f"idle_close ({self.idle_close}s) must be a finite number >= 0")
-        if not 0 < self.heartbeat < self.timeout:
-            raise SpecError(f"heartbeat ({self.heartbeat}s) must be > 0 and below timeout ({self.timeout}s)")
-        check_bind(self.bind, self.keys, self.insecure)
-        if self.metrics_port is not None:
-            check_metrics_host(self.metrics_host, self.keys, self.metrics_insecure)
 
 
 class Server:
@@ -123,14 +47,8 @@ class Server:
         self.streams = dict(streams)
         self.options = options or ServerOptions()
         self.hashes = {name: p.spec.hash() for name, p in self.streams.items()}
-        self.initial: dict[str, dict[str, Any]] = {}
-        self.counters = {name: StreamCounters() for name in self.streams}
-        self.clients: dict[bytes, Client] = {}
-        self.cursors: dict[tuple[str, int], list[RankedCursor]] = {}
-        self.queues: dict[str, SharedQueue] = {}
+        self.dispatcher: Dispatcher | None = None
         self.address: str | None = None
-        self.malformed = 0
-        self.internal_errors = 0
         self.unauthenticated = 0
         self.started = time.monotonic()
         self.snapshot: dict[str, Any] = {}
@@ -148,10 +66,11 @@ class Server:
         if self.address is not None:
             return self.address
         o = self.options
+        initial: dict[str, dict[str, Any]] = {}
         for name, pipeline in self.streams.items():
             it = iter(GlobalStream(pipeline, 1))
             try:
-                self.initial[name] = it.get_state()
+                initial[name] = it.get_state()
             finally:
                 it.close()
         self._ctx = zmq.Context()
@@ -175,6 +94,8 @@ class Server:
             self.close()
             raise SpecError(f"cannot bind {o.bind}: {e}") from e
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.dispatcher = Dispatcher(self.streams, o, RouterTransport(self._sock), initial=initial, wake=self.wake)
+        self.dispatcher.stats = self.stats
         self._wake_addr = f"inproc://feedline-wake-{id(self)}"
         self._wake_sock = self._ctx.socket(zmq.PULL)
         self._wake_sock.bind(self._wake_addr)
@@ -215,6 +136,8 @@ class Server:
     def serve(self) -> None:
         """Run until :meth:`stop`; then drain shared-mode acks, say bye to every client and close."""
         self.bind()
+        d = self.dispatcher
+        assert d is not None
         o = self.options
         poll_ms = int(min(100, o.heartbeat * 500))
         next_tick = time.monotonic() + 1.0
@@ -223,9 +146,10 @@ class Server:
             while True:
                 now = time.monotonic()
                 if self._stopping.is_set() and deadline is None:
+                    d.stopping = True
                     log.warning("draining: no new batches; waiting up to %.0fs for acks", o.drain_timeout)
                     deadline = now + o.drain_timeout
-                if deadline is not None and (now >= deadline or self._drained()):
+                if deadline is not None and (now >= deadline or d.drained()):
                     break
                 events = dict(self._poller.poll(poll_ms))
                 if self._wake_sock in events:
@@ -234,11 +158,12 @@ class Server:
                 if self._sock in events:
                     self._receive()
                 if deadline is None:
-                    self._dispatch()
+                    d.dispatch()
                 if now >= next_tick:
                     next_tick = now + 1.0
-                    self._tick(now)
-            self._say_goodbye()
+                    d.tick(now)
+                    self._refresh()
+            d.say_goodbye()
         finally:
             self.close()
 
@@ -250,300 +175,36 @@ class Server:
         except zmq.Again:
             return False
 
-    def _drained(self) -> bool:
-        return not any(q.in_flight for q in self.queues.values())
-
     def _receive(self) -> None:
+        assert self.dispatcher is not None
         for _ in range(1000):
             try:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            ident = frames[0].bytes
             if self.options.keys is not None and not _authenticated(frames[-1]):
                 self.unauthenticated += 1   # no ZAP user id: never answered, not even stats
                 continue
-            op = "?"
-            try:
-                if len(frames) != 2:
-                    raise ProtocolError(f"expected one header frame, got {len(frames) - 1}")
-                header = unpack_header(frames[1].buffer, self.options.max_message)
-                op = str(header["op"])[:20]
-                self._handle(ident, header)
-            except FeedlineError as e:
-                self._reject(ident, e)
-            except Exception as e:  # a bug or an input nobody foresaw: that peer gets an error, others go on
-                self.internal_errors += 1
-                log.exception("client %s: handling %r failed", ident.hex(), op)
-                self._reject(ident, TransportError(f"the server failed to handle {op!r}: {type(e).__name__}: {e}"))
+            self.dispatcher.receive(frames[0].bytes, frames[1:])
 
-    def _reject(self, ident: bytes, e: FeedlineError) -> None:
-        self.malformed += isinstance(e, ProtocolError)
-        if self.malformed <= 5 or self.malformed % 1000 == 0 or not isinstance(e, ProtocolError):
-            log.warning("client %s: %.300s (%d malformed messages so far)", ident.hex(), e, self.malformed)
-        self._send(ident, [pack("error", **error_fields(e))])
-
-    def _handle(self, ident: bytes, h: dict[str, Any]) -> None:
-        op = h["op"]
-        if op not in CLIENT_OPS:
-            raise ProtocolError(f"unknown op {op!r:.40}; expected one of {sorted(CLIENT_OPS)}")
-        client = self.clients.get(ident)
-        if client is not None:
-            client.last_seen = time.monotonic()
-        if op == "ping" and client is not None:
-            self._send(ident, [pack("pong")])
-        elif op == "stats":
-            self._send(ident, [pack("stats", stats=self.stats())])
-        elif op == "hello":
-            self._hello(ident, h)
-        elif client is None:
-            if op != "bye":  # e.g. a client of a previous server process: it must say hello again
-                self._send(ident, [pack("bye", code=BYE_UNKNOWN, reason="unknown client; send hello first")])
-        elif op == "credit":
-            self._credit(client, h)
-        elif op == "bye":
-            self._drop(client, "said bye")
-
-    # ---------------------------------------------------------------- clients
-    def _hello(self, ident: bytes, h: Mapping[str, Any]) -> None:
-        if self._stopping.is_set():
-            raise ProtocolError("the server is shutting down; reconnect to its successor")
-        if ident in self.clients:
-            self._drop(self.clients[ident], "sent a new hello")
-        hello = validate_hello(h, self.streams, self.hashes)
-        name, w = hello.stream, hello.world_size
-        start = hello.state
-        if hello.mode == "shared":
-            q = self.queues.get(name)
-            if q is None or (q.ended_at is not None and not q.in_flight and not self._members(q)):
-                if q is not None:
-                    q.close()
-                q = SharedQueue(name, self.streams[name], start, window=self.options.window, wake=self.wake,
-                                initial=self.initial[name], lease=self.options.lease)
-                self.queues[name] = q
-            target: RankedCursor | SharedQueue = q
-            state_json = q.watermark_json
-        else:
-            step = int(start["step"]) + 1 if start else 1
-            target = self._cursor_for(name, w, hello.rank, hello.session, step, start)
-            old = target.attach(hello.rank, ident, hello.session, step)
-            if old is not None and old in self.clients:
-                self._send(old, [pack("bye", code=BYE_REPLACED, reason="replaced by a new connection of this rank")])
-                self._drop(self.clients[old], "was replaced")
-            state_json = _state_json(self.hashes[name], start or self.initial[name], w)
-        self.clients[ident] = Client(ident=ident, stream=name, mode=hello.mode, rank=hello.rank, world_size=w,
-                                     target=target, prefetch=min(hello.prefetch, self.options.max_prefetch),
-                                     last_seen=time.monotonic())
-        self._send(ident, [pack("welcome", v=PROTOCOL_VERSION, stream=name, spec_hash=self.hashes[name],
-                                state=state_json, heartbeat=self.options.heartbeat, timeout=self.options.timeout)])
-        log.info("client %s joined stream %r as %s", ident.hex(), name,
-                 "shared" if hello.mode == "shared" else f"rank {hello.rank}/{w}")
-
-    def _cursor_for(self, name: str, w: int, rank: int, session: str, step: int,
-                    start: Mapping[str, Any] | None) -> RankedCursor:
-        """The cursor a rank joins: one where it fits, else the one whose rank it takes over, else a new one.
-
-        A hello for a rank that another session holds (a trainer restarted from a checkpoint while
-        its old connection still looks alive) *replaces* that holder, and its cursor when nobody
-        else uses it, instead of adding a cursor: a crash-looping trainer cannot leak cursors.
-        """
-        cursors = self.cursors.setdefault((name, w), [])
-        for c in cursors:
-            if not c.taken_by_other(rank, session) and c.can_join(step):
-                return c
-        for c in cursors:
-            if not c.taken_by_other(rank, session) and c.can_rewind(step):
-                c.rewind(start)
-                return c
-        for c in cursors:
-            if c.taken_by_other(rank, session):
-                holder = c.ranks[rank].client
-                if holder is not None and holder in self.clients:
-                    self._send(holder, [pack("bye", code=BYE_REPLACED, reason="replaced by a new connection of this rank")])
-                    self._drop(self.clients[holder], f"was replaced by a new connection of rank {rank}")
-                if c.can_join(step):
-                    return c
-                if c.can_rewind(step) or not c.clients():
-                    c.rewind(start)   # nobody else reads it: restart it where the new hello starts
-                    return c
-        self._make_room(name)
-        c = RankedCursor(name, self.streams[name], w, start, window=self.options.window, wake=self.wake,
-                         initial=self.initial[name])
-        cursors.append(c)
-        return c
-
-    def _make_room(self, name: str) -> None:
-        """Close the longest-idle cursors of stream ``name`` until a new one fits under ``max_cursors``."""
-        mine = [(key, c) for key, cs in self.cursors.items() if key[0] == name for c in cs]
-        idle = sorted(((c.idle_since, key, c) for key, c in mine if not c.clients()), key=lambda t: t[0])
-        excess = len(mine) + 1 - self.options.max_cursors
-        for _since, key, c in idle[:max(0, excess)]:
-            self._close_cursor(key, c, "to make room for a new job")
-        if excess > len(idle):
-            raise TransportError(
-                f"stream {name!r} already has {self.options.max_cursors} cursors with connected clients "
-                "(one per training job and world size); stop a job or start the server with a higher --max-cursors")
-
-    def _close_cursor(self, key: tuple[str, int], c: RankedCursor, why: str) -> None:
-        c.close()
-        self.cursors[key].remove(c)
-        log.info("closed the cursor of stream %r (world size %d) at step %d %s", key[0], key[1], c.low, why)
-
-    def _members(self, target: RankedCursor | SharedQueue) -> list[Client]:
-        return [c for c in self.clients.values() if c.target is target]
-
-    def _credit(self, client: Client, h: Mapping[str, Any]) -> None:
-        n, step = h.get("n", 0), h.get("step")
-        if not isinstance(n, int) or not 0 <= n <= MAX_PREFETCH:
-            raise ProtocolError(f"credit n={n!r:.20} must be an integer in [0, {MAX_PREFETCH}]")
-        if step is not None:
-            if not isinstance(step, int):
-                raise ProtocolError(f"credit step={step!r:.20} must be an integer")
-            if isinstance(client.target, SharedQueue):
-                client.target.ack(client.ident, step)
-            else:
-                client.target.ack(client.rank, step)
-            client.acked = max(client.acked, step)
-        client.credit = min(client.credit + n, client.prefetch)   # the server's cap, not the client's wish
-
-    def _drop(self, client: Client, why: str) -> None:
-        self.clients.pop(client.ident, None)
-        if isinstance(client.target, SharedQueue):
-            n = client.target.release(client.ident)
-            if n:
-                log.warning("client %s %s; %d unacked batches re-queued", client.ident.hex(), why, n)
-        else:
-            client.target.detach(client.rank, client.ident)
-        log.info("client %s %s", client.ident.hex(), why)
-
-    # --------------------------------------------------------------- sending
-    def _send(self, ident: bytes, frames: list[Any], copy: bool = True) -> bool | None:
-        """Send without blocking: True sent, False peer busy (retry later), None peer gone."""
-        try:
-            self._sock.send_multipart([ident, *frames], zmq.NOBLOCK, copy=copy)
-            return True
-        except zmq.Again:
-            return False
-        except zmq.ZMQError as e:
-            if e.errno == zmq.EHOSTUNREACH:
-                return None
-            raise
-
-    def _dispatch(self) -> None:
-        for cursors in self.cursors.values():
-            for c in cursors:
-                c.pump()
-        now = time.monotonic()
-        for q in self.queues.values():
-            for ident, n in q.expire(now).items():
-                log.warning("stream %r: client %s held %d batches unacked for over %gs (lease); re-queued for others",
-                            q.stream, ident.hex(), n, self.options.lease)
-            q.pump(self.options.window + sum(m.prefetch for m in self._members(q)))
-        for client in list(self.clients.values()):
-            while client.credit > 0 and not client.ended and client.ident in self.clients:
-                if not self._send_next(client):
-                    break
-
-    def _send_next(self, client: Client) -> bool:
-        target = client.target
-        shared = isinstance(target, SharedQueue)
-        item = target.take(client.ident, time.monotonic()) if isinstance(target, SharedQueue) else target.next_for(client.rank)
-        if item is None:
-            if target.error is not None:
-                self._send(client.ident, [pack("error", **error_fields(target.error))])
-                client.ended = True
-            return False
-        if isinstance(item, End):
-            client.ended = self._send(client.ident, [pack("end", step=item.step)]) is not False
-            return False
-        assert isinstance(item, Produced)
-        part = 0 if shared else client.rank
-        state = target.watermark_json if isinstance(target, SharedQueue) else item.state_json
-        header, arrays = encode_batch(item.slices[part], step=item.step, state=state)
-        sent = self._send(client.ident, [header, *arrays], copy=False)
-        if sent is not True:
-            if isinstance(target, SharedQueue):
-                target.giveback(client.ident, item)
-            if sent is None:
-                self._drop(client, "is unreachable")
-            return False
-        if not isinstance(target, SharedQueue):
-            target.sent(client.rank, item.step)
-        client.credit -= 1
-        client.sent += 1
-        counters = self.counters[client.stream]
-        counters.steps = max(counters.steps, item.step)
-        counters.last_state = item.state
-        counters.record(len(next(iter(item.slices[part].values()))), item.slice_tokens[part],
-                        item.slice_slots[part], sum(a.nbytes for a in arrays))
-        return True
-
-    # --------------------------------------------------------------- periodic
-    def _tick(self, now: float) -> None:
-        o = self.options
-        for client in list(self.clients.values()):
-            if now - client.last_seen > o.timeout:
-                self._drop(client, f"was silent for {now - client.last_seen:.1f}s")
-        for cursors in self.cursors.values():
-            for c in cursors:
-                why = c.stall(now)
-                if why and c.stalled_since is not None and now - c.stalled_since >= _STALL_LOG_AFTER \
-                        and now - c.stall_reported >= _STALL_LOG_EVERY:
-                    c.stall_reported = now
-                    log.warning("%s", why)
-        for key, cursors in self.cursors.items():
-            for c in [c for c in cursors if not c.clients() and now - c.idle_since > o.idle_close]:
-                self._close_cursor(key, c, f"after {o.idle_close:.0f}s without clients")
+    def _refresh(self) -> None:
         self.snapshot = self.stats()
-        if o.progress and sys.stderr.isatty():
-            s = self.snapshot
-            parts = [f"{len(self.clients)} clients"] + [
-                f"{name}: step {st['steps']}, {st['batches_per_s']:.1f} batches/s, {st['tokens_per_s']:,.0f} tok/s"
-                for name, st in s["streams"].items() if st["batches"]
-            ]
-            sys.stderr.write("\r\033[Kfeedline serve: " + " | ".join(parts))
+        if self.options.progress and sys.stderr.isatty():
+            sys.stderr.write("\r\033[K" + progress_line(self.snapshot))
             sys.stderr.flush()
 
     def stats(self) -> dict[str, Any]:
         """A JSON-able snapshot: per-stream rates and efficiency, cursors, queues and clients."""
-        now = time.monotonic()
-        streams: dict[str, Any] = {}
-        for name, counters in self.counters.items():
-            st = counters.snapshot(now)
-            st["spec_hash"] = self.hashes[name]
-            st["cursors"] = [{"world_size": c.world_size, "low": c.low, "produced": c.produced, "depth": c.depth,
-                              "ended_at": c.ended_at, "ranks_connected": len(c.clients())}
-                             for (s, _w), cs in self.cursors.items() if s == name for c in cs]
-            q = self.queues.get(name)
-            st["shared"] = None if q is None else {
-                "watermark": q.watermark, "queued": q.depth, "in_flight": q.in_flight,
-                "redelivered": q.redelivered, "lease_expired": q.lease_expired, "ended_at": q.ended_at}
-            streams[name] = st
-        clients = []
-        for c in self.clients.values():
-            produced = c.target.produced
-            clients.append({"id": c.ident.hex(), "stream": c.stream, "mode": c.mode, "rank": c.rank,
-                            "world_size": c.world_size, "credit": c.credit, "sent": c.sent,
-                            "lag": max(0, produced - c.acked), "idle_s": round(now - c.last_seen, 2)})
-        return {"version": PROTOCOL_VERSION, "address": self.address, "uptime_s": round(now - self.started, 1),
-                "draining": self._stopping.is_set(), "clients_connected": len(clients), "malformed": self.malformed,
-                "internal_errors": self.internal_errors, "unauthenticated": self.unauthenticated,
-                "streams": streams, "clients": clients}
+        if self.dispatcher is None:
+            return {}
+        return snapshot(self.dispatcher, address=self.address, uptime=time.monotonic() - self.started,
+                        unauthenticated=self.unauthenticated)
 
     # ----------------------------------------------------------------- close
-    def _say_goodbye(self) -> None:
-        for ident in list(self.clients):
-            self._send(ident, [pack("bye", code=BYE_SHUTDOWN, reason="server shutting down")])
-
     def close(self) -> None:
         """Stop producers, close sockets and the metrics endpoint. Idempotent."""
-        for cursors in self.cursors.values():
-            for c in cursors:
-                c.close()
-        for q in self.queues.values():
-            q.close()
-        self.cursors.clear()
-        self.queues.clear()
+        if self.dispatcher is not None:
+            self.dispatcher.close()
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
@@ -576,9 +237,3 @@ def _authenticated(frame: zmq.Frame) -> bool:
         return bool(frame.get("User-Id"))
     except zmq.ZMQError:   # the property is absent: no ZAP handler vouched for this peer
         return False
-
-
-def _state_json(spec_hash: str, global_state: Mapping[str, Any], world_size: int) -> str:
-    import json
-
-    return json.dumps(make_state(spec_hash, global_state, world_size), separators=(",", ":"))

@@ -17,8 +17,7 @@ from feedline.state import check_state, parse_state_json
 
 if TYPE_CHECKING:
     from feedline.pipeline import Pipeline
-    from feedline.service.ranked import RankedCursor
-    from feedline.service.shared import SharedQueue
+    from feedline.service.delivery import Delivery
 
 __all__ = ["MAX_PREFETCH", "Client", "Hello", "validate_hello"]
 
@@ -42,14 +41,14 @@ class Hello:
 
 @dataclass(kw_only=True, slots=True)
 class Client:
-    """One connected client: its stream position holder, credit, and liveness."""
+    """One connected client: the delivery it is seated on, its credit, and liveness."""
 
     ident: bytes
     stream: str
     mode: Mode
     rank: int
     world_size: int
-    target: RankedCursor | SharedQueue
+    delivery: Delivery
     prefetch: int
     last_seen: float
     credit: int = 0

@@ -16,15 +16,21 @@ batches after ``h`` that were already acked (at-least-once across a server resta
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from feedline.pipeline import Pipeline
 from feedline.service.producer import End, Produced, Producer
 from feedline.state import make_state
+
+if TYPE_CHECKING:
+    from feedline.service.session import Client
+
+log = logging.getLogger("feedline.service")
 
 __all__ = ["Lease", "SharedQueue"]
 
@@ -39,7 +45,10 @@ class Lease:
 
 
 class SharedQueue:
-    """The work queue of one stream in shared mode."""
+    """The work queue of one stream in shared mode (a :class:`~.delivery.Delivery`).
+
+    It pre-produces at most ``window`` batches plus the (server-capped) prefetch of its clients.
+    """
 
     def __init__(self, stream: str, pipeline: Pipeline, start: Mapping[str, Any] | None, *,
                  window: int, wake: Callable[[], None], initial: Mapping[str, Any] | None = None,
@@ -63,13 +72,20 @@ class SharedQueue:
         self.error: BaseException | None = None
         self.redelivered = 0
         self.lease_expired = 0
+        self.budget = window     # batches held at most: window + the members' prefetch
         self.idle_since = time.monotonic()
         self.producer.start()
 
     # ------------------------------------------------------------- production
-    def pump(self, limit: int) -> None:
-        """Produce while fewer than ``limit`` batches are held (queued, in flight or acked early)."""
-        while self.ended_at is None and self.error is None and len(self.held) < limit:
+    def join(self, client: Client) -> None:
+        self.budget += client.prefetch
+
+    def pump(self, now: float) -> None:
+        """Expire leases, then produce while fewer than ``budget`` batches are held."""
+        for ident, n in self.expire(now).items():
+            log.warning("stream %r: client %s held %d batches unacked for over %gs (lease); re-queued for others",
+                        self.stream, ident.hex(), n, self.lease)
+        while self.ended_at is None and self.error is None and len(self.held) < self.budget:
             item = self.producer.poll()
             if item is None:
                 return
@@ -81,22 +97,31 @@ class SharedQueue:
             else:
                 self.error = item
 
-    def take(self, client: bytes, now: float | None = None) -> Produced | End | None:
+    def take(self, client: Client, now: float) -> Produced | End | None:
         """The next batch for ``client`` (now leased to it), ``End``, or ``None`` to wait."""
         queue = self.redeliver if self.redeliver else self.fresh
         if queue:
             item = queue.popleft()
-            lease = Lease(item, client, (time.monotonic() if now is None else now) + self.lease)
-            self.inflight.setdefault(client, {})[item.step] = lease
+            lease = Lease(item, client.ident, now + self.lease)
+            self.inflight.setdefault(client.ident, {})[item.step] = lease
             self.leases.append(lease)
             return item
         if self.ended_at is not None and not any(self.inflight.values()):
             return End(self.ended_at)
         return None
 
-    def giveback(self, client: bytes, item: Produced) -> None:
+    def part_for(self, client: Client) -> int:
+        return 0   # whole global batches
+
+    def state_for(self, item: Produced) -> str:
+        return self.watermark_json
+
+    def sent(self, client: Client, item: Produced) -> None:
+        """Nothing to do: the lease started at :meth:`take`."""
+
+    def giveback(self, client: Client, item: Produced) -> None:
         """Undo a :meth:`take` whose send failed."""
-        self.inflight.get(client, {}).pop(item.step, None)
+        self.inflight.get(client.ident, {}).pop(item.step, None)
         self.redeliver.appendleft(item)
 
     def expire(self, now: float) -> dict[bytes, int]:
@@ -117,8 +142,8 @@ class SharedQueue:
             counts[lease.client] = counts.get(lease.client, 0) + 1
         return counts
 
-    def ack(self, client: bytes, step: int) -> None:
-        if self.inflight.get(client, {}).pop(step, None) is None:
+    def ack(self, client: Client, step: int) -> None:
+        if self.inflight.get(client.ident, {}).pop(step, None) is None:
             return   # not in flight to this client (its lease expired): the re-delivery's ack counts
         self.acked.add(step)
         while self.watermark + 1 in self.acked:
@@ -127,9 +152,10 @@ class SharedQueue:
             item = self.held.pop(self.watermark)
             self.watermark_json = item.state_json
 
-    def release(self, client: bytes) -> int:
+    def release(self, client: Client) -> int:
         """Put a departed client's unacked batches back at the front of the queue; returns how many."""
-        items = sorted((lease.item for lease in self.inflight.pop(client, {}).values()),
+        self.budget -= client.prefetch
+        items = sorted((lease.item for lease in self.inflight.pop(client.ident, {}).values()),
                        key=lambda p: p.step, reverse=True)
         for item in items:
             self.redeliver.appendleft(item)
