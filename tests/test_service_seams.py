@@ -117,7 +117,7 @@ def test_an_expired_lease_goes_to_the_next_consumer(wired: Any) -> None:
     d, t = wired
     d.receive(b"slow", _hello(mode="shared", prefetch=1), now=0.0)
     d.receive(b"slow", [pack("credit", n=1)], now=0.0)
-    first = [h for h, _ in _until(d, t, b"slow", "batch") if h["op"] == "batch"][0]
+    first = next(h for h, _ in _until(d, t, b"slow", "batch") if h["op"] == "batch")
     d.receive(b"fast", _hello(mode="shared", prefetch=1), now=1.0)
     d.receive(b"fast", [pack("credit", n=1)], now=1.0)
     got = [h for h, _ in _until(d, t, b"fast", "batch", now=6.0) if h["op"] == "batch"]   # 5 s lease ran out
