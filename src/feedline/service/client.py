@@ -25,7 +25,7 @@ from typing import Any, Literal
 from feedline.batching.base import Batch
 from feedline.errors import SpecError, StateError, TransportError
 from feedline.service.auth import ClientKeys
-from feedline.service.connection import Connection
+from feedline.service.connection import Connection, Delivered, Ended, Failed, Item, Welcome
 from feedline.service.protocol import PROTOCOL_VERSION
 from feedline.spec import Spec
 from feedline.state import check_state, make_state, parse_state_json
@@ -98,22 +98,22 @@ class RemoteLoader:
             self._last_step = None
         return self._conn
 
-    def _next_item(self) -> tuple[Any, ...]:
+    def _next_item(self) -> Item:
         """The connection thread's next item, failing if the thread died with nothing queued."""
         conn = self._connect()
         while True:
             try:
-                return conn.items.get(timeout=1.0)  # type: ignore[no-any-return]
+                return conn.items.get(timeout=1.0)
             except queue.Empty:
                 if not conn._thread.is_alive() and conn.items.empty():
                     raise TransportError("the client connection thread stopped unexpectedly") from None
 
-    def _get(self) -> tuple[Any, ...]:
+    def _get(self) -> Delivered | Ended | Failed:
         while True:
             item = self._next_item()
-            if item[0] == "welcome":
+            if isinstance(item, Welcome):
                 if self._state_json is None:
-                    self._set_state(item[1])
+                    self._set_state(item.state)
                 continue
             return item
 
@@ -126,18 +126,17 @@ class RemoteLoader:
             conn = self._connect()
             if self._last_step is not None:
                 conn.consumed(self._last_step)   # acks the previous batch, grants one credit
-            kind, *payload = self._get()
-            if kind == "batch":
-                step, state_json, arrays = payload
-                self._set_state(state_json)
-                self._last_step = step
-                yield arrays
-            elif kind == "end":
+            item = self._get()
+            if isinstance(item, Delivered):
+                self._set_state(item.state)
+                self._last_step = item.step
+                yield item.arrays
+            elif isinstance(item, Ended):
                 self._finished = True
                 self._close_connection()
             else:
                 self._close_connection()
-                raise payload[0]
+                raise item.error
 
     def __next__(self) -> Batch:
         for batch in self:
@@ -157,13 +156,13 @@ class RemoteLoader:
     def _get_welcome(self) -> None:
         while self._state_json is None:
             item = self._next_item()
-            if item[0] == "welcome":
-                self._set_state(item[1])
-            elif item[0] == "error":
+            if isinstance(item, Welcome):
+                self._set_state(item.state)
+            elif isinstance(item, Failed):
                 self._close_connection()
-                raise item[1]
+                raise item.error
             else:  # cannot happen: the welcome always comes first
-                raise TransportError(f"expected a welcome from the server, got {item[0]!r}")
+                raise TransportError(f"expected a welcome from the server, got {type(item).__name__}")
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restart from ``state`` (the next batch is the one that followed it)."""

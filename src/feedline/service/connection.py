@@ -2,9 +2,12 @@
 
     conn = Connection(address, hello={...}, resume=state_json, prefetch=4, ...)
     conn.start()
-    kind, *payload = conn.items.get()     # ("welcome", state) ("batch", step, state, arrays)
-                                          # ("end", step) ("error", exc)
-    conn.consumed(step)                   # grants one credit, acks ``step``
+    item = conn.items.get()     # Welcome(state) | Delivered(step, state, arrays) | Ended(step) | Failed(error)
+    conn.consumed(step)         # grants one credit, acks ``step``
+
+The caller's thread and the connection thread exchange small typed messages: items on
+``conn.items``, and commands (:class:`Consumed`, :class:`Close`) on a queue whose arrival is
+signalled through an in-process ZeroMQ pipe, so the thread's poller wakes for them.
 
 The thread owns the DEALER socket: it sends the hello, grants credit (``prefetch`` minus what is
 already queued locally, then one per consumed batch), pings every heartbeat, and when the server
@@ -21,8 +24,10 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
@@ -30,7 +35,54 @@ from feedline.errors import AuthError, FeedlineError, ProtocolError, TransportEr
 from feedline.service.auth import ClientKeys
 from feedline.service.protocol import BYE_REPLACED, decode_batch, error_from_header, pack, unpack_header
 
-__all__ = ["Connection"]
+__all__ = ["Close", "Connection", "Consumed", "Delivered", "Ended", "Failed", "Item", "Welcome"]
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    """The server accepted the hello; ``state`` is where the stream starts (first welcome only)."""
+
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """One batch and the resume state after it."""
+
+    step: int
+    state: str
+    arrays: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """The stream is over after ``step`` global steps."""
+
+    step: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The connection failed for good; ``error`` is what the caller raises."""
+
+    error: FeedlineError
+
+
+Item = Welcome | Delivered | Ended | Failed
+
+
+@dataclass(frozen=True, slots=True)
+class Consumed:
+    """The caller finished the batch of ``step``: ack it and grant one credit."""
+
+    step: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Ack ``ack`` (if given), say bye and stop."""
+
+    ack: int | None
 
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                      | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
@@ -69,7 +121,8 @@ class Connection:
         self.timeout = timeout
         self.reconnect = reconnect
         self.max_message = max_message
-        self.items: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self.items: queue.Queue[Item] = queue.Queue()
+        self._commands: queue.SimpleQueue[Consumed | Close] = queue.SimpleQueue()
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._pipe_addr = f"inproc://feedline-client-{id(self)}"
         self._pipe_in = self._ctx.socket(zmq.PAIR)
@@ -91,7 +144,11 @@ class Connection:
     # ------------------------------------------------------- caller's thread
     def consumed(self, step: int | None) -> None:
         """Report that the caller finished the batch of ``step``; grants one credit."""
-        self._pipe_out.send(pack("credit", n=1, step=step))
+        self._command(Consumed(step))
+
+    def _command(self, command: Consumed | Close, flags: int = 0) -> None:
+        self._commands.put(command)
+        self._pipe_out.send(b"", flags)   # wakes the thread's poller
 
     def close(self, ack: int | None = None, wait: float = 5.0) -> None:
         """Ack ``ack`` (if given), say bye, stop the thread and free the sockets. Idempotent.
@@ -105,7 +162,7 @@ class Connection:
         _LIVE.discard(self)
         if self._thread.is_alive():
             try:
-                self._pipe_out.send(pack("bye", step=ack), zmq.NOBLOCK)
+                self._command(Close(ack), zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
             self._thread.join(timeout=wait)
@@ -120,9 +177,9 @@ class Connection:
         try:
             self._loop()
         except FeedlineError as e:
-            self.items.put(("error", e))
+            self.items.put(Failed(e))
         except Exception as e:  # a bug or an OS failure: surface it to the caller
-            self.items.put(("error", TransportError(f"client connection failed: {type(e).__name__}: {e}")))
+            self.items.put(Failed(TransportError(f"client connection failed: {type(e).__name__}: {e}")))
         finally:
             self._disconnect()
 
@@ -164,15 +221,16 @@ class Connection:
             if self._monitor in events:
                 self._handshake_failed(recv_monitor_message(self._monitor))
             if self._pipe_in in events:
-                h = unpack_header(self._pipe_in.recv())
-                if h["op"] == "bye":
-                    if welcomed and h.get("step") is not None:
-                        self._send(pack("credit", n=0, step=h["step"]))
+                self._pipe_in.recv()
+                command = self._commands.get_nowait()
+                if isinstance(command, Close):
+                    if welcomed and command.ack is not None:
+                        self._send(pack("credit", n=0, step=command.ack))
                     self._send(pack("bye"))
                     return
                 self._queued -= 1
                 if welcomed:
-                    self._send(pack("credit", n=1, step=h.get("step")))
+                    self._send(pack("credit", n=1, step=command.step))
                     last_sent = now
             if self._sock in events:
                 last_heard = now
@@ -246,17 +304,18 @@ class Connection:
             arrays = decode_batch(h, frames[1:])
             self.resume = state
             self._queued += 1
-            self.items.put(("batch", step, state, arrays))
+            self.items.put(Delivered(step, state, arrays))
         elif op == "welcome":
             state = h.get("state")
             self._heartbeat = float(h.get("heartbeat", 1.0))
             if not self._welcomed_once and isinstance(state, str):
                 self._welcomed_once = True
                 self.resume = self.resume or state
-                self.items.put(("welcome", state))
+                self.items.put(Welcome(state))
             return "welcome"
         elif op == "end":
-            self.items.put(("end", h.get("step")))
+            step = h.get("step")
+            self.items.put(Ended(step if isinstance(step, int) else None))
             return "end"
         elif op == "error":
             raise error_from_header(h)
