@@ -1,9 +1,11 @@
 """The loader service: ``feedline serve`` and the client behind ``Loader("tcp://...")``.
 
-Modules: :mod:`.protocol` (wire format), :mod:`.server` (event loop), :mod:`.ranked` and
-:mod:`.shared` (the two delivery modes), :mod:`.producer` (pipeline thread), :mod:`.session`
-(hello validation), :mod:`.client` and :mod:`.connection` (the client), :mod:`.auth`
-(CurveZMQ and the bind policy), :mod:`.metrics` (stats and Prometheus), :mod:`.streams`
+Modules: :mod:`.protocol` (wire format), :mod:`.server` (event loop and sockets),
+:mod:`.dispatch` (protocol logic, testable without sockets through :mod:`.transport`),
+:mod:`.delivery` (the interface of :mod:`.ranked` and :mod:`.shared`, the two delivery modes),
+:mod:`.options` (``ServerOptions``), :mod:`.producer` (pipeline thread), :mod:`.session` (hello
+validation), :mod:`.stats` (snapshot), :mod:`.client` and :mod:`.connection` (the client),
+:mod:`.auth` (CurveZMQ and the bind policy), :mod:`.metrics` (Prometheus), :mod:`.streams`
 (named streams), :mod:`.launch` (run ``feedline serve`` as a subprocess).
 """
 
