@@ -43,7 +43,9 @@ def text_record(obj: Any, field: str | None, path: str, line: int | None) -> dic
     try:
         text = get_path(obj, field)
     except KeyError:
-        return Rejection(path, line, "missing_field", f"no field {field!r}; set the source's text: to the field holding the text")
+        have = ", ".join(sorted(obj)[:12]) or "no fields"
+        return Rejection(path, line, "missing_field",
+                         f"no field {field!r}; records have: {have}; set the source's text: to the field holding the text")
     if not isinstance(text, str):
         return Rejection(path, line, "not_string", f"field {field!r} is {type(text).__name__}")
     if not text.strip():
