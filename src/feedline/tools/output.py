@@ -1,8 +1,8 @@
 """Atomic output for the offline tools (export, pack, shard): nothing half-written under a final name.
 
 Files are written under temporary names in the target directory and renamed into place only
-when the whole run is complete; the manifest (if any) is renamed last, and a hidden record of
-exactly the files published (``.feedline-output.json``) after it::
+when the whole run is complete; the manifest (if any) is renamed last, so it always describes
+exactly the files next to it::
 
     >>> with AtomicOutput("out/", overwrite=False) as out:               # doctest: +SKIP
     ...     write_shard(out.temp("examples-00000.arrow"))
@@ -12,10 +12,9 @@ exactly the files published (``.feedline-output.json``) after it::
 * A run that dies leaves only ``.feedline-tmp-<pid>-<name>`` files (hidden: directory sources
   skip them); the next run into the same directory removes those of dead processes.
 * Writing into a directory that holds anything else (or over an existing file) needs
-  ``overwrite=True``. Publishing then first removes the previous run's record and manifest
-  (so an interrupted publish never looks complete), then the files the previous run published
-  (from its record, or the tool's name ``patterns``) that this run does not replace. Files of
-  other origins are never touched.
+  ``overwrite=True``. Publishing then first removes the previous run's manifest (so an
+  interrupted publish never looks complete), then the previous run's files (the names matching
+  the tool's ``patterns``) that this run does not replace. Other files are never touched.
 * ``inputs``: paths the run reads; an output that is one of them (or a directory holding one,
   for exclusive output) is refused before anything is written.
 """
@@ -24,16 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import json
 import os
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from feedline.errors import SpecError
 
-__all__ = ["RECORD", "AtomicOutput"]
+__all__ = ["AtomicOutput"]
 
-RECORD = ".feedline-output.json"
 _TMP = ".feedline-tmp-"
 
 
@@ -67,8 +63,8 @@ class AtomicOutput:
         files: the final names this run will publish, when known up front and the directory
             is shared (one output file among others): only those may not exist yet. ``None``:
             the directory is the run's own and must be empty (hidden files aside).
-        patterns: glob patterns of the names this tool publishes, to find a previous run's
-            files when it left no record (runs of older versions).
+        patterns: glob patterns of the names this tool publishes (a previous run's files, removed
+            with ``overwrite``).
         inputs: paths the run reads; an output on one of them is refused.
         what: the tool's name for messages.
 
@@ -96,17 +92,17 @@ class AtomicOutput:
     # ----------------------------------------------------------------- checks
     def _check(self, inputs: list[str]) -> None:
         d = self.directory
-        if os.path.exists(d) and not os.path.isdir(d):
-            raise SpecError(f"{self.what}: the output {d!r} is an existing file; give a directory")
-        targets = [os.path.join(d, f) for f in self.files] if self.files is not None else []
+        targets = [os.path.join(d, f) for f in self.files] if self.files is not None else [d]
         for inp in inputs:
             if not os.path.exists(inp):
                 continue
             if any(_same(t, inp) for t in targets):
                 raise SpecError(f"{self.what}: the output {inp!r} is also an input; write somewhere else")
-            if self.files is None and (_inside(d, inp) if os.path.isdir(inp) else _inside(inp, d)):
+            if self.files is None and (_inside(d, inp) or _inside(inp, d)):
                 raise SpecError(f"{self.what}: the output directory {d!r} holds (or is inside) the input {inp!r}; "
                                 "write somewhere else")
+        if os.path.exists(d) and not os.path.isdir(d):
+            raise SpecError(f"{self.what}: the output {d!r} is an existing file; give a directory")
 
     def _clean_dead(self) -> None:
         for name in os.listdir(self.directory):
@@ -142,30 +138,20 @@ class AtomicOutput:
         return self._temps[name]
 
     def _previous(self) -> list[str]:
-        """The files the previous run published: from its record, else by the tool's patterns."""
-        names: set[str] = set()
-        try:
-            with open(os.path.join(self.directory, RECORD), encoding="utf-8") as f:
-                names.update(str(n) for n in json.load(f).get("files", []))
-        except (OSError, ValueError, AttributeError):
-            pass
-        for n in os.listdir(self.directory):
-            if any(fnmatch.fnmatchcase(n, p) for p in self.patterns):
-                names.add(n)
-        return sorted(n for n in names if os.sep not in n and not n.startswith("."))
+        """The files of a previous run: the names matching the tool's patterns."""
+        return sorted(n for n in os.listdir(self.directory)
+                      if not n.startswith(".") and any(fnmatch.fnmatchcase(n, p) for p in self.patterns))
 
     def publish(self, names: Sequence[str], manifest: str | None = None) -> None:
         """Rename the temporaries of ``names`` into place; ``manifest`` (one of them) goes last.
 
         Stale files of the previous run are removed first; then the data files are renamed,
-        then the manifest, then the record of this run's files.
+        then the manifest.
         """
         order = [n for n in names if n != manifest] + ([manifest] if manifest is not None else [])
         for n in order:
             if n not in self._temps or not os.path.exists(self._temps[n]):
                 raise FileNotFoundError(f"{self.what}: {n!r} was not written")
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(self.directory, RECORD))
         if self.overwrite:
             old = self._previous()
             stale = ([manifest] if manifest in old else []) + [n for n in old if n not in order]
@@ -174,12 +160,6 @@ class AtomicOutput:
                     os.remove(os.path.join(self.directory, n))
         for n in order:
             os.replace(self._temps.pop(n), os.path.join(self.directory, n))
-        record: dict[str, Any] = {"files": order}
-        tmp = self.temp(RECORD.lstrip("."))
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(record, f)
-        os.replace(tmp, os.path.join(self.directory, RECORD))
-        self._temps.pop(RECORD.lstrip("."), None)
 
     def abort(self) -> None:
         """Remove this run's temporaries (after a failure)."""
