@@ -30,6 +30,7 @@ from feedline.spec import SourceSpec
 __all__ = ["FileSource", "list_files", "make_reader", "source_format"]
 
 _SALT = 0x5047
+_FILE_LEVEL = frozenset({"unreadable", "truncated"})  # reasons about a file, not a record
 
 
 def source_format(spec: SourceSpec, files: Sequence[str]) -> str:
@@ -201,9 +202,13 @@ class FileSourceIterator(DatasetIterator[Record]):
     def _check_nothing(self, *, at_end: bool) -> None:
         """Raise when a fresh read rejected every record: at the end of its first pass, or after ``reject_limit``."""
         counts = self.rejections.counts
-        if at_end and not counts:
-            return  # an empty source among others is fine; a stream with no example at all is not (TaskMap)
-        if at_end or sum(counts.values()) >= self.src.reject_limit:
+        # Whole files that cannot be read are counted and the others read (a 404 beside good
+        # files is not a wrong spec); an empty source among others is fine too: a stream with
+        # no example at all is caught by TaskMap.
+        records = sum(n for k, n in counts.items() if k not in _FILE_LEVEL)
+        if at_end and not records:
+            return
+        if at_end or records >= self.src.reject_limit:
             where = f"source {self.src.spec.label!r}"
             first = None if at_end else self.src.reject_limit
             raise SourceError(nothing_delivered(where, counts, self.rejections.samples, first=first))
