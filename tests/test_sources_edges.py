@@ -38,16 +38,27 @@ def test_csv_unbalanced_quote_keeps_the_rows_after_it(tmp_path: Path) -> None:
     assert f"{p}:5" in samples[0]  # the header is line 1
 
 
-def test_tsv_quote_closed_far_below_rejects_only_its_first_line(tmp_path: Path) -> None:
+def test_tsv_quote_closed_far_below_rejects_only_its_first_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from feedline.sources import tabular
+
+    monkeypatch.setattr(tabular, "MAX_ROW_LINES", 5)  # 10,000 by default
     lines = ["text\tlabel"] + [f"line {i}\t{i}" for i in range(20)]
-    lines[3] = 'broken "quote\t2'      # opens a field ...
-    lines[9] = 'closing" here\t8'      # ... that a stray quote six lines down closes: 3 fields
+    lines[3] = '"broken quote\t2'      # opens a quoted field at line 4 ...
+    lines[11] = 'closing" here\t10'    # ... that a stray quote eight lines down closes
     p = tmp_path / "t.tsv"
     p.write_text("\n".join(lines) + "\n")
-    recs, _samples, counts = read_all(str(p))
+    recs, samples, counts = read_all(str(p))
     texts = [r["text"] for r in recs]
-    assert "line 3" in texts and "line 7" in texts and len(recs) >= 18
-    assert sum(counts.values()) <= 2
+    assert texts[:2] == ["line 0", "line 1"] and [f"line {i}" for i in range(3, 10)] == texts[2:9]
+    assert texts[-1] == "line 19"
+    assert counts.get("unbalanced_quote") == 1 and f"{p}:4" in samples[0]
+    # A multi-line row whose field count is wrong is cut the same way (only its first line rejected).
+    monkeypatch.setattr(tabular, "MAX_ROW_LINES", 10_000)
+    lines[11] = 'closing" here\t10\textra'
+    p.write_text("\n".join(lines) + "\n")
+    recs, samples, counts = read_all(str(p))
+    assert [f"line {i}" for i in range(3, 10)] == [r["text"] for r in recs][2:9]
+    assert counts.get("bad_row", 0) >= 1 and f"{p}:4" in samples[0]
 
 
 def test_csv_quoted_field_over_the_size_limit_is_too_large(tmp_path: Path) -> None:
