@@ -108,7 +108,7 @@ def nothing_delivered(where: str, counts: Mapping[str, int], samples: list[str],
     """
     total = sum(counts.values())
     if not total:
-        return f"{where} delivered no record: it holds none (empty file?); check its path and format:"
+        return f"{where} delivered no record: none was read (empty files?); check the path and format: of each source"
     head = (f"the first {first} records were all rejected" if first is not None
             else f"every one of the {total} records read was rejected")
     reasons = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))

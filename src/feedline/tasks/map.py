@@ -162,7 +162,8 @@ class TaskMapIterator(DatasetIterator[Example]):
 
     def _nothing(self, first: int | None) -> None:
         counts = add_counts(dict(self.rejections.counts), sum_rejected(self.parent.get_state()))
-        raise SourceError(nothing_delivered(f"task {self.ds.task.kind!r}", counts, self.rejections.samples, first=first))
+        where = f"task {self.ds.task.kind!r}" if self.rejections.counts else "the spec's sources"
+        raise SourceError(nothing_delivered(where, counts, self.rejections.samples, first=first))
 
     def __next__(self) -> Example:
         while self.skip >= len(self.current):
