@@ -60,9 +60,9 @@ def read_rows(directory: Path, fmt: str) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("fmt", ["arrow", "parquet", "jsonl", "msgpack"])
 def test_export_examples_round_trip(tmp_path: Path, corpus: str, small_tokenizer: str, fmt: str) -> None:
     s = clm_spec(corpus, small_tokenizer)
-    manifest = export(s, str(tmp_path), fmt, shard_rows=50, flush_rows=16)
+    manifest = export(s, str(tmp_path / "out"), fmt, shard_rows=50, flush_rows=16)
     assert len(manifest["shards"]) > 1 and all(sh["rows"] <= 50 for sh in manifest["shards"])
-    rows = read_rows(tmp_path, fmt)
+    rows = read_rows(tmp_path / "out", fmt)
     it = iter(Pipeline(s).examples())
     want = list(it)
     it.close()

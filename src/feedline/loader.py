@@ -170,4 +170,6 @@ class Loader:
         self.close()
 
     def __del__(self) -> None:
-        self._stop.set()
+        stop = getattr(self, "_stop", None)  # absent when __init__ refused the spec
+        if stop is not None:
+            stop.set()

@@ -49,7 +49,7 @@ class Pipeline:
         endless = s.mix.stopping == "cycle" or s.epochs is None
         return [
             FileSource(src, i, seed=s.seed, shuffle_splits=bool(s.shuffle and s.shuffle.shards),
-                       epochs=None if endless else s.epochs, on_error=s.on_error)
+                       epochs=None if endless else s.epochs, on_error=s.on_error, reject_limit=s.reject_limit)
             for i, src in enumerate(s.sources)
         ]
 
@@ -91,8 +91,10 @@ class Pipeline:
         if self.spec.engine.kind == "ray":
             from feedline.ray.map import RayTaskMap
 
-            return RayTaskMap(self.records(), self.task, self.spec.engine, on_error=self.spec.on_error)
-        return TaskMap(self.records(), self.task, workers=self.workers, on_error=self.spec.on_error)
+            return RayTaskMap(self.records(), self.task, self.spec.engine, on_error=self.spec.on_error,
+                              reject_limit=self.spec.reject_limit)
+        return TaskMap(self.records(), self.task, workers=self.workers, on_error=self.spec.on_error,
+                       reject_limit=self.spec.reject_limit)
 
     def materialize(self, refs: Sequence[ExampleRef]) -> list[Example]:
         """Rebuild examples from refs by re-reading their records (used to restore buffers)."""

@@ -55,6 +55,8 @@ class SourceSpec:
         header: for ``csv``/``tsv``: whether the first row names the columns.
         namespaces: for ``cirrus``/``wikixml``: the page namespaces to keep (0 = articles).
         split_bytes: uncompressed files larger than this are read as several byte-range splits.
+        max_record_bytes: a record (line, CSV row, JSON document) larger than this is rejected
+            as ``too_large`` while it is read, in bounded memory (default 32 MiB).
         config, split, streaming, data_files, data_dir, revision: ``load_dataset`` arguments for ``hf``.
         iterable: a Python iterable of records or strings (not hashed; Python specs only).
     """
@@ -71,6 +73,7 @@ class SourceSpec:
     header: bool = True
     namespaces: tuple[int, ...] = (0,)
     split_bytes: int = 64 << 20
+    max_record_bytes: int = 32 << 20
     config: str | None = None
     split: str = "train"
     streaming: bool = True
@@ -87,6 +90,8 @@ class SourceSpec:
             raise SpecError(f"weight: {self.weight} must be > 0")
         if self.split_bytes < 1 << 16:
             raise SpecError(f"split_bytes: {self.split_bytes} must be at least 65536")
+        if self.max_record_bytes < 1:
+            raise SpecError(f"max_record_bytes: {self.max_record_bytes} must be >= 1")
 
     @property
     def label(self) -> str:
@@ -158,6 +163,7 @@ class Spec:
     mix: MixSpec = MixSpec()
     shuffle: ShuffleSpec | None = None
     on_error: OnError = "skip"
+    reject_limit: int = 1000
     engine: EngineSpec = EngineSpec()
     workers: int = 0
     prefetch: int = 4
@@ -254,14 +260,22 @@ class Spec:
     def hash(self) -> str:
         """A stable hex digest of everything that determines the batches."""
         d = self.to_dict()
-        for k in ("engine", "workers", "prefetch", "streams"):
+        for k in ("engine", "workers", "prefetch", "streams", "reject_limit"):
             d.pop(k, None)
+        for s in d["sources"]:  # options added later are hashed only when set, so old states still resume
+            for k, default in _HASHED_IF_SET.items():
+                if s.get(k) == default:
+                    s.pop(k, None)
         blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def replace(self, **changes: Any) -> Spec:
         """A copy with some top-level fields changed."""
         return dataclasses.replace(self, **changes)
+
+
+# Source options whose default value is left out of the hash (see Spec.hash).
+_HASHED_IF_SET: dict[str, Any] = {"max_record_bytes": 32 << 20}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -271,6 +285,7 @@ class _Scalars:
     mix: MixSpec = MixSpec()
     tokenizer: str | None = None
     on_error: OnError = "skip"
+    reject_limit: int = 1000
     workers: int = 0
     prefetch: int = 4
     streams: Mapping[str, Any] | None = None
@@ -278,6 +293,8 @@ class _Scalars:
     def __post_init__(self) -> None:
         if self.epochs is not None and self.epochs < 1:
             raise SpecError(f"epochs: {self.epochs} must be >= 1, or null for endless")
+        if self.reject_limit < 0:
+            raise SpecError(f"reject_limit: {self.reject_limit} must be >= 0 (0 turns the check off)")
         if self.workers < 0 or self.prefetch < 1:
             raise SpecError("workers must be >= 0 (0 = automatic) and prefetch >= 1")
 

@@ -124,8 +124,8 @@ class RayTaskMap(TaskMap):
 
     def __init__(self, parent: Dataset[Record], task: Task, engine: EngineSpec | None = None, *,
                  chunk: int = DEFAULT_CHUNK, ahead: int | None = None, retries: int = DEFAULT_RETRIES,
-                 on_error: str = "skip") -> None:
-        super().__init__(parent, task, chunk=chunk, on_error=on_error)
+                 on_error: str = "skip", reject_limit: int = 0) -> None:
+        super().__init__(parent, task, chunk=chunk, on_error=on_error, reject_limit=reject_limit)
         self.engine = engine or EngineSpec(kind="ray")
         self.ahead = ahead
         self.retries = retries

@@ -15,9 +15,10 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-from feedline.errors import SourceError
+from feedline.errors import MissingDependency, SourceError
 
-__all__ = ["ZstdStream", "codec_of", "expand", "is_url", "open_binary", "open_raw", "size_of", "strip_codec"]
+__all__ = ["ZstdStream", "codec_of", "expand", "is_url", "missing_backend", "open_binary", "open_raw", "size_of",
+           "strip_codec"]
 
 _CODECS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
 
@@ -67,11 +68,25 @@ def expand(path: str) -> list[str]:
     return files
 
 
+# What each URL protocol needs beyond fsspec, and how to install it.
+_BACKENDS = {"http": ("aiohttp", "'feedline[text]'"), "https": ("aiohttp", "'feedline[text]'"),
+             "s3": ("s3fs", "s3fs"), "gs": ("gcsfs", "gcsfs"), "gcs": ("gcsfs", "gcsfs"),
+             "hf": ("huggingface_hub", "'feedline[hf]'"), "az": ("adlfs", "adlfs"), "abfs": ("adlfs", "adlfs")}
+
+
+def missing_backend(url: str, error: BaseException) -> MissingDependency:
+    """The one-line error for a URL whose fsspec backend (or fsspec itself) is not installed."""
+    protocol = url.split("://", 1)[0].lower()
+    module, install = _BACKENDS.get(protocol, ("fsspec", "fsspec"))
+    return MissingDependency(f"{url}: reading {protocol}:// URLs needs fsspec and {module} ({error}); "
+                             f"install them with: pip install fsspec {install}")
+
+
 def _expand_url(url: str) -> list[str]:
     try:
         import fsspec
     except ImportError as e:  # pragma: no cover
-        raise SourceError(f"{url}: reading URLs needs fsspec: pip install fsspec") from e
+        raise missing_backend(url, e) from e
     try:
         fs, root = fsspec.core.url_to_fs(url)
         protocol = url.split("://", 1)[0]
@@ -81,7 +96,9 @@ def _expand_url(url: str) -> list[str]:
             found = sorted(fs.find(root))
         else:
             return [url]
-    except (OSError, ValueError, ImportError) as e:
+    except ImportError as e:
+        raise missing_backend(url, e) from e
+    except (OSError, ValueError) as e:
         raise SourceError(f"{url}: cannot list ({e})") from e
     if not found:
         raise SourceError(f"{url}: no files match")

@@ -5,8 +5,11 @@
 
 ``jsonl`` positions are byte offsets of lines. A ``.json`` file holding an array is parsed whole
 (a JSON array cannot be streamed by line) and its positions and reported "lines" are element
-indices (0-based) and numbers (1-based); a ``.json``
-file that does not start with ``[`` is read as JSON Lines.
+indices (0-based) and numbers (1-based). A ``.json`` file holding one object (pretty-printed,
+or alone on its line) is one record, or, when the object lacks the text field and has exactly
+one field holding a list of objects (``{"version": 1, "data": [...]}``), the records of that
+list. Any other ``.json`` file is read as JSON Lines. Whole documents are bounded by
+``max_record_bytes``.
 
 With ``text: null`` a record is any JSON object, kept as is (no text check): the way to read
 chat data, whose conversation sits in ``messages``, ``conversation`` or ``conversations``.
@@ -19,7 +22,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from feedline.core.record import Rejection
-from feedline.errors import SourceError
 from feedline.sources.lines import BOM, LineReader, open_decoded
 from feedline.sources.reader import Item, Reader, Split, get_path
 
@@ -43,7 +45,9 @@ def text_record(obj: Any, field: str | None, path: str, line: int | None) -> dic
     try:
         text = get_path(obj, field)
     except KeyError:
-        return Rejection(path, line, "missing_field", f"no field {field!r}; set the source's text: to the field holding the text")
+        have = ", ".join(sorted(obj)[:12]) or "no fields"
+        return Rejection(path, line, "missing_field",
+                         f"no field {field!r}; records have: {have}; set the source's text: to the field holding the text")
     if not isinstance(text, str):
         return Rejection(path, line, "not_string", f"field {field!r} is {type(text).__name__}")
     if not text.strip():
@@ -82,14 +86,21 @@ class JsonReader(JsonlReader):
 
     name = "json"
 
+    def _whole(self, path: str) -> bool:
+        """True when the file is one JSON document (an array or a single object), not JSON Lines."""
+        cache: dict[str, bool] = self.__dict__.setdefault("_layouts", {})
+        if path not in cache:
+            cache[path] = _is_document(path)
+        return cache[path]
+
     def splits(self, file: int, path: str) -> list[Split]:
-        return [Split(file, path)] if _is_array(path) else super().splits(file, path)
+        return [Split(file, path)] if self._whole(path) else super().splits(file, path)
 
     def read(self, split: Split, position: int, line: int) -> Iterator[Item]:
-        if not _is_array(split.path):
+        if not self._whole(split.path):
             yield from super().read(split, position, line)
             return
-        items = _load_array(split.path)
+        items = self._load(split.path)
         if isinstance(items, Rejection):
             yield 0, 1 << 62, 0, items
             return
@@ -97,35 +108,69 @@ class JsonReader(JsonlReader):
             yield i, i + 1, i + 1, text_record(items[i], self.spec.text, split.path, i + 1)
 
     def fetch(self, path: str, positions: Sequence[int]) -> dict[int, dict[str, Any]]:
-        return Reader.fetch(self, path, positions) if _is_array(path) else super().fetch(path, positions)
+        return Reader.fetch(self, path, positions) if self._whole(path) else super().fetch(path, positions)
+
+    def _load(self, path: str) -> list[Any] | Rejection:
+        """The records of a whole-document file: the array, the object's list field, or the object."""
+        limit = self.max_bytes
+        try:
+            f, _ = open_decoded(path)
+            with f:
+                data = f.read(limit + 1)
+        except (OSError, EOFError, ValueError) as e:
+            return Rejection(path, None, "truncated", f"{type(e).__name__}: {e}")
+        if len(data) > limit:
+            return self.too_large(path, None, len(data))
+        try:
+            doc = json.loads(data.decode("utf-8-sig"))
+        except UnicodeDecodeError as e:
+            return Rejection(path, None, "bad_utf8", str(e))
+        except json.JSONDecodeError as e:
+            return Rejection(path, e.lineno, "bad_json", f"{e.msg} at column {e.colno}; a JSON document is rejected whole")
+        if isinstance(doc, list):
+            return doc
+        if isinstance(doc, dict) and self.spec.text is not None:
+            try:
+                get_path(doc, self.spec.text)
+            except KeyError:
+                lists = [k for k, v in doc.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v[:16])]
+                if len(lists) == 1:
+                    return list(doc[lists[0]])
+        return [doc]
 
 
-def _is_array(path: str) -> bool:
-    """True when the file's first non-blank character is ``[``."""
+def _is_document(path: str) -> bool:
+    """True for an array, a pretty-printed object, or a file holding one object alone.
+
+    JSON Lines (a first line that is a whole JSON value, and more lines after it) is not.
+    """
     f, _ = open_decoded(path)
     with f:
-        head = f.read(4096).lstrip(BOM).lstrip()
+        head = f.read(1 << 16).lstrip(BOM).lstrip()
         while not head:
-            chunk = f.read(4096)
+            chunk = f.read(1 << 16)
             if not chunk:
                 return False
             head = chunk.lstrip()
-    return head[:1] == b"["
-
-
-def _load_array(path: str) -> list[Any] | Rejection:
-    try:
-        f, _ = open_decoded(path)
-        with f:
-            data = f.read()
-    except (OSError, EOFError, ValueError) as e:
-        return Rejection(path, None, "truncated", f"{type(e).__name__}: {e}")
-    try:
-        items = json.loads(data.decode("utf-8-sig") if isinstance(data, bytes) else data)
-    except UnicodeDecodeError as e:
-        return Rejection(path, None, "bad_utf8", str(e))
-    except json.JSONDecodeError as e:
-        return Rejection(path, e.lineno, "bad_json", f"{e.msg} at column {e.colno}; a JSON array is rejected whole")
-    if not isinstance(items, list):
-        raise SourceError(f"{path}: expected a JSON array of records, got {type(items).__name__}")
-    return items
+        if head[:1] == b"[":
+            return True
+        if head[:1] != b"{":
+            return False
+        first, nl, rest = head.partition(b"\n")
+        while not nl:  # a long first line: read on to its end (bounded: a huge line is JSON Lines)
+            chunk = f.read(1 << 16)
+            if not chunk:
+                break
+            if len(first) > 1 << 26:
+                return False
+            more, nl, rest = chunk.partition(b"\n")
+            first += more
+        try:
+            json.loads(first)
+        except ValueError:
+            return True  # the object runs over several lines: pretty-printed
+        while not rest.strip():
+            rest = f.read(1 << 16)
+            if not rest:
+                return True  # one object alone
+        return False

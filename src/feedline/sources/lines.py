@@ -9,6 +9,11 @@ large plain file into byte ranges, aligns each range to the first line starting 
 record belongs to the split holding its first byte), turns a broken compressed stream into a
 ``truncated`` rejection after delivering every good line before it, and re-reads single
 records by seeking.
+
+Lines are read with a bound (the source's ``max_record_bytes``): a longer line is skipped in
+chunks, never held whole, and becomes a ``too_large`` rejection. A plain file that ends before
+the size it had when its splits were planned (truncated by another process) yields a
+``truncated`` rejection after its last line.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from feedline.errors import SourceError
 from feedline.sources.files import DecodingStream, codec_of, is_url, open_binary, size_of
 from feedline.sources.reader import Item, Reader, Split
 
-__all__ = ["BOM", "LineReader", "iter_lines", "open_decoded"]
+__all__ = ["BOM", "LineReader", "Oversized", "iter_lines", "open_decoded"]
 
 BOM = codecs.BOM_UTF8
 _UTF16 = {codecs.BOM_UTF16_LE: "utf-16-le", codecs.BOM_UTF16_BE: "utf-16-be"}
@@ -76,11 +81,53 @@ def _skip(f: IO[bytes], n: int) -> None:
         n -= len(got)
 
 
-def iter_lines(path: str, position: int = 0, *, align: bool = False) -> Generator[tuple[int, bytes], None, None]:
+class Oversized(bytes):
+    """Stands for a line longer than the bound (its bytes were skipped): ``size`` is its length.
+
+        >>> Oversized.of(10**9).size, len(Oversized.of(10**9))
+        (1000000000, 0)
+    """
+
+    size: int
+
+    @classmethod
+    def of(cls, size: int) -> Oversized:
+        o = cls()
+        o.size = size
+        return o
+
+
+def _bounded(f: IO[bytes], limit: int) -> Iterator[bytes]:
+    """The lines of ``f``; one longer than ``limit`` is read in chunks and comes as :class:`Oversized`."""
+    while True:
+        raw = f.readline(limit + 1)
+        if not raw:
+            return
+        if len(raw) > limit and not raw.endswith(b"\n"):
+            n = len(raw)
+            del raw
+            while True:
+                chunk = f.readline(1 << 20)
+                n += len(chunk)
+                if not chunk or chunk.endswith(b"\n"):
+                    break
+            yield Oversized.of(n)
+        else:
+            yield raw
+
+
+def line_size(raw: bytes) -> int:
+    """The length of a line in the file (an :class:`Oversized` line's real size)."""
+    return raw.size if isinstance(raw, Oversized) else len(raw)
+
+
+def iter_lines(path: str, position: int = 0, *, align: bool = False,
+               max_bytes: int | None = None) -> Generator[tuple[int, bytes], None, None]:
     """Yield ``(position, raw_line)`` from ``position`` to the end of the file.
 
     With ``align``, ``position`` may fall inside a line: reading starts at the first line that
-    begins at or after it. Errors of a broken stream propagate (see :class:`LineReader`).
+    begins at or after it. With ``max_bytes``, a longer line is skipped in bounded memory and
+    yielded as :class:`Oversized`. Errors of a broken stream propagate (see :class:`LineReader`).
     """
     f, seekable = open_decoded(path)
     with f:
@@ -93,11 +140,11 @@ def iter_lines(path: str, position: int = 0, *, align: bool = False) -> Generato
             else:
                 _skip(f, pos)
         if align and position > 0:
-            pos += len(f.readline())
-        for raw in f:
+            pos += line_size(next(_bounded(f, 1 << 20), b""))
+        for raw in (f if max_bytes is None else _bounded(f, max_bytes)):
             start = pos
-            pos += len(raw)
-            if start == 0 and raw.startswith(BOM):
+            pos += line_size(raw)
+            if start == 0 and raw.startswith(BOM) and not isinstance(raw, Oversized):
                 raw = raw[len(BOM):]
             yield start, raw
 
@@ -117,9 +164,11 @@ class LineReader(Reader):
     def splits(self, file: int, path: str) -> list[Split]:
         size = size_of(path) if codec_of(path) is None else None
         step = self.spec.split_bytes
-        if not self.splittable or size is None or size <= step or _is_utf16(path):
+        if size is None or _is_utf16(path):
             return [Split(file, path)]
-        return [Split(file, path, s, min(s + step, size)) for s in range(0, size, step)]
+        if not self.splittable or size <= step:
+            return [Split(file, path, size=size)]
+        return [Split(file, path, s, min(s + step, size), size) for s in range(0, size, step)]
 
     def records(self, lines: Iterator[tuple[int, bytes]], path: str, line: int, known: bool,
                 end: int | None) -> Iterator[Item]:
@@ -128,19 +177,31 @@ class LineReader(Reader):
             if end is not None and pos >= end:
                 return
             line += 1
+            if isinstance(raw, Oversized):
+                yield pos, pos + raw.size, line, _locate(self.too_large(path, line if known else None, raw.size), pos, known)
+                continue
             rec = self.parse(raw, path, line if known else None)
             if rec is not None:
                 yield pos, pos + len(raw), line, _locate(rec, pos, known)
 
+    def too_large(self, path: str, line: int | None, size: int) -> Rejection:
+        """The rejection of a record of ``size`` bytes, over the source's ``max_record_bytes``."""
+        return Rejection(path, line, "too_large",
+                         f"{size:,} bytes, over max_record_bytes ({self.max_bytes:,}); raise the source's max_record_bytes to keep it")
+
+    @property
+    def max_bytes(self) -> int:
+        return int(getattr(self.spec, "max_record_bytes", 32 << 20))
+
     def read(self, split: Split, position: int, line: int) -> Iterator[Item]:
         align = position == split.start and split.start > 0
         known = split.start == 0
-        lines = iter_lines(split.path, position, align=align)
-        last = [position, line]
+        lines = iter_lines(split.path, position, align=align, max_bytes=self.max_bytes)
+        last = [position, line, position]  # position of the last line read, its line number, where it ends
 
         def tracked() -> Iterator[tuple[int, bytes]]:
             for pos, raw in lines:
-                last[0] = pos
+                last[0], last[2] = pos, pos + line_size(raw)
                 yield pos, raw
             last[0] = -1
 
@@ -148,6 +209,14 @@ class LineReader(Reader):
             for item in self.records(tracked(), split.path, line, known, split.end):
                 last[1] = item[2]
                 yield item
+            planned = split.end if split.end is not None else split.size
+            if last[0] == -1 and planned is not None and last[2] < planned:
+                now = size_of(split.path)
+                yield last[2], last[2], last[1], Rejection(
+                    split.path, None, "truncated",
+                    f"the file ended at byte {last[2]} but held {planned} bytes when reading was planned (now {now}): "
+                    "it shrank while being read; records before the end were delivered",
+                )
         except SourceError:
             raise
         except Exception as e:

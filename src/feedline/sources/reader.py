@@ -7,12 +7,15 @@ resumes after it, ``line`` its 1-based line (or row) for error reports. ``fetch`
 records by position, which is how buffered records are restored on resume.
 
 Formats register by name in :data:`FORMATS` as ``"module:Class"`` (imported on first use), and
-:func:`detect_format` maps file names to formats.
+:func:`detect_format` maps file names to formats. A name with no format extension (``x.zst``,
+``x.gz``, ``part-00000``: the Pile's convention) is *sniffed*: its first decompressed line is
+JSON Lines when it parses as a JSON object, else text.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
@@ -22,21 +25,24 @@ from typing import Any, ClassVar
 from feedline.core.options import close_match
 from feedline.core.record import Rejection
 from feedline.errors import SourceError, SpecError
-from feedline.sources.files import strip_codec
+from feedline.sources.files import open_binary, strip_codec
 
-__all__ = ["FORMATS", "Item", "Reader", "Split", "detect_format", "get_path", "reader_class", "register_format"]
+__all__ = ["FORMATS", "Item", "Reader", "Split", "detect_format", "get_path", "reader_class", "register_format",
+           "sniff_format"]
 
 Item = tuple[int, int, int, "dict[str, Any] | Rejection"]
 
 
 @dataclass(frozen=True, slots=True)
 class Split:
-    """A unit of reading: ``file`` index and path, and a ``[start, end)`` range of positions."""
+    """A unit of reading: ``file`` index and path, a ``[start, end)`` range of positions, and the
+    file's size in bytes when the split was planned (plain local files; to detect truncation)."""
 
     file: int
     path: str
     start: int = 0
     end: int | None = None
+    size: int | None = None
 
 
 class Reader(ABC):
@@ -119,10 +125,40 @@ def detect_format(path: str) -> str:
         if lower.endswith(suffix):
             return fmt
     if os.path.splitext(lower)[1] == "":
-        return "text"
+        return sniff_format(path)
     raise SourceError(
         f"{path}: cannot tell the format from the name; set the source's format: to one of {', '.join(sorted(FORMATS))}"
     )
+
+
+def sniff_format(path: str) -> str:
+    """``jsonl`` when the first non-blank line of the (decompressed) file is a JSON object, else ``text``.
+
+    Reads at most 1 MiB; a first line longer than that counts as JSON when it starts like an
+    object with a key (``{"``). An unreadable file is ``text`` (reading it reports the error).
+    """
+    try:
+        with open_binary(path) as f:
+            head = f.read(1 << 20)
+    except (OSError, EOFError, ValueError, SourceError):
+        return "text"
+    except Exception as e:  # zstandard's errors are plain Exception subclasses
+        if type(e).__name__ == "ZstdError":
+            return "text"
+        raise
+    for line in head.lstrip(b"\xef\xbb\xbf").splitlines(keepends=True):
+        if not line.strip():
+            continue
+        stripped = line.strip()
+        if not stripped.startswith(b"{"):
+            return "text"
+        if not line.endswith(b"\n") and len(head) >= 1 << 20:
+            return "jsonl" if stripped[1:].lstrip().startswith(b'"') else "text"
+        try:
+            return "jsonl" if isinstance(json.loads(stripped), dict) else "text"
+        except ValueError:
+            return "text"
+    return "text"
 
 
 def reader_class(fmt: str) -> type[Reader]:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from feedline.core.record import Rejection
 from feedline.errors import RecordError
 
-__all__ = ["Rejections"]
+__all__ = ["Rejections", "add_counts", "nothing_delivered", "sum_rejected"]
 
 log = logging.getLogger("feedline")
 
@@ -50,3 +51,69 @@ class Rejections:
     @property
     def total(self) -> int:
         return sum(self.counts.values())
+
+
+def add_counts(into: dict[str, int], counts: Mapping[str, int], sign: int = 1) -> dict[str, int]:
+    """Add (or with ``sign=-1`` subtract) ``counts`` into ``into``, dropping zeros; returns ``into``."""
+    for reason, n in counts.items():
+        v = into.get(reason, 0) + sign * n
+        if v:
+            into[reason] = v
+        else:
+            into.pop(reason, None)
+    return into
+
+
+def sum_rejected(state: Any, into: dict[str, int] | None = None) -> dict[str, int]:
+    """Sum every ``"rejected": {reason: n}`` table of a nested pipeline state.
+
+    Lists are entered only when they hold mappings (a shuffle buffer's key lists are skipped),
+    so this is cheap enough to run once per task chunk.
+
+        >>> sum_rejected({"rejected": {"empty": 1}, "parent": {"sources": [{"rejected": {"empty": 2}}]}})
+        {'empty': 3}
+    """
+    out: dict[str, int] = {} if into is None else into
+    if isinstance(state, Mapping):
+        for k, v in state.items():
+            if k == "rejected" and isinstance(v, Mapping):
+                add_counts(out, {str(r): n for r, n in v.items() if isinstance(n, int)})
+            elif isinstance(v, (Mapping, list)):
+                sum_rejected(v, out)
+    elif isinstance(state, list) and state and isinstance(state[0], Mapping):
+        for v in state:
+            sum_rejected(v, out)
+    return out
+
+
+# The most likely fix for a stream whose records are all rejected for one reason.
+_FIXES = {
+    "missing_field": "set the source's text: to the field holding the text (text: null keeps records whole, for chat data)",
+    "not_string": "set the source's text: to a field holding a string",
+    "not_object": "the records are not JSON objects; check the source's format:",
+    "empty": "the text field is empty in these records; check the source's text: field",
+    "bad_json": "the file is not JSON Lines; check the source's format: (text, csv, json...)",
+    "bad_utf8": "the file is not UTF-8 text; check the source's format:",
+    "bad_row": "the rows do not match the columns; check the source's delimiter:, header: and columns:",
+    "missing_label": "set task.label: to the field holding the label",
+    "unreadable": "check the source's path and permissions",
+}
+
+
+def nothing_delivered(where: str, counts: Mapping[str, int], samples: list[str], *, first: int | None = None) -> str:
+    """The message for a source (or task) that delivered nothing: counts, a sample and the likely fix.
+
+        >>> nothing_delivered("source 'a.jsonl'", {"missing_field": 3}, ["a.jsonl:1: missing_field (no field 'x')"])[:56]
+        "source 'a.jsonl' delivered no record: every one of the 3"
+    """
+    total = sum(counts.values())
+    if not total:
+        return f"{where} delivered no record: none was read (empty files?); check the path and format: of each source"
+    head = (f"the first {first} records were all rejected" if first is not None
+            else f"every one of the {total} records read was rejected")
+    reasons = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+    top = max(counts, key=lambda k: counts[k])
+    sample = next((s for s in samples if f": {top}" in s), samples[0] if samples else "")
+    fix = _FIXES.get(top, "check the spec against the data (feedline scan shows what is read)")
+    return (f"{where} delivered no record: {head} ({reasons})" + (f"; e.g. {sample}" if sample else "")
+            + f"; {fix} (reject_limit: 0 turns this check off)")

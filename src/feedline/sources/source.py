@@ -24,12 +24,13 @@ from feedline.errors import RecordError, SourceError, StateError
 from feedline.sources.arrow import saved_dataset_files
 from feedline.sources.files import expand
 from feedline.sources.reader import Reader, Split, detect_format, reader_class
-from feedline.sources.report import Rejections
+from feedline.sources.report import Rejections, nothing_delivered
 from feedline.spec import SourceSpec
 
 __all__ = ["FileSource", "list_files", "make_reader", "source_format"]
 
 _SALT = 0x5047
+_FILE_LEVEL = frozenset({"unreadable", "truncated"})  # reasons about a file, not a record
 
 
 def source_format(spec: SourceSpec, files: Sequence[str]) -> str:
@@ -64,13 +65,14 @@ class FileSource(Dataset[Record]):
     """The records of one source (index ``index`` in the spec) for ``epochs`` epochs (None: endless)."""
 
     def __init__(self, spec: SourceSpec, index: int, *, seed: int, shuffle_splits: bool,
-                 epochs: int | None, on_error: str = "skip") -> None:
+                 epochs: int | None, on_error: str = "skip", reject_limit: int = 0) -> None:
         self.spec = spec
         self.index = index
         self.seed = seed
         self.shuffle_splits = shuffle_splits
         self.epochs = epochs
         self.on_error = on_error
+        self.reject_limit = reject_limit
         self._files: list[str] | None = None
         self._reader: Reader | None = None
         self._splits: list[Split] | None = None
@@ -136,6 +138,9 @@ class FileSourceIterator(DatasetIterator[Record]):
         self._items: Any = None
         # Records delivered in the current epoch (1 after a restore: unknown, assume some).
         self._delivered = 0
+        # Until the first record is delivered on a fresh read, a source that yields nothing is
+        # an error (reject_limit; see _check_nothing). A restored cursor delivered before.
+        self._watch = source.reject_limit > 0
 
     def _start_split(self) -> bool:
         """Open the current split; False when the epochs are exhausted."""
@@ -150,6 +155,8 @@ class FileSourceIterator(DatasetIterator[Record]):
                     self.pos, self.line = sp.start, 0
                 self._items = self.src.reader.read(sp, self.pos, self.line)
                 return True
+            if self._watch and self.src.epochs is not None:
+                self._check_nothing(at_end=True)
             if self.src.epochs is None and self._delivered == 0:
                 # Endless reading of a source that yields nothing would spin forever.
                 rejected = ", ".join(f"{k}: {v}" for k, v in sorted(self.rejections.counts.items())) or "none"
@@ -184,10 +191,27 @@ class FileSourceIterator(DatasetIterator[Record]):
             self.pos, self.line = nxt, line
             if isinstance(rec, Rejection):
                 self.rejections.add(rec)
+                if self._watch:
+                    self._check_nothing(at_end=False)
                 continue
             sp = self.src.splits[self._order[self.split]]  # type: ignore[index]
             self._delivered += 1
+            self._watch = False
             return Record((self.src.index, sp.file, pos), self.epoch, rec)
+
+    def _check_nothing(self, *, at_end: bool) -> None:
+        """Raise when a fresh read rejected every record: at the end of its first pass, or after ``reject_limit``."""
+        counts = self.rejections.counts
+        # Whole files that cannot be read are counted and the others read (a 404 beside good
+        # files is not a wrong spec); an empty source among others is fine too: a stream with
+        # no example at all is caught by TaskMap.
+        records = sum(n for k, n in counts.items() if k not in _FILE_LEVEL)
+        if at_end and not records:
+            return
+        if at_end or records >= self.src.reject_limit:
+            where = f"source {self.src.spec.label!r}"
+            first = None if at_end else self.src.reject_limit
+            raise SourceError(nothing_delivered(where, counts, self.rejections.samples, first=first))
 
     def get_state(self) -> State:
         return {"epoch": self.epoch, "split": self.split, "pos": self.pos, "line": self.line,
@@ -203,6 +227,7 @@ class FileSourceIterator(DatasetIterator[Record]):
             raise StateError(f"source {self.src.spec.label!r}: malformed state {dict(state)!r} ({e})") from e
         self._order, self._items = None, None
         self._delivered = 1 if (self.split or self.pos) else 0
+        self._watch = False
 
     def close(self) -> None:
         if self._items is not None and hasattr(self._items, "close"):

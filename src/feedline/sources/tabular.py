@@ -8,41 +8,71 @@ file's own header, and ``header: false`` says there is none). Positions are byte
 row's first line, so a row is re-read by seeking. A row with the wrong number of fields is
 rejected as ``bad_row``; a field that is not UTF-8 as ``bad_utf8``. Files are not byte-split: a
 cut could fall inside a quoted multi-line field.
+
+An unbalanced quote must not swallow the rows after it: a quoted field still open at the end of
+the file is rejected as ``unbalanced_quote``, one running over ``max_record_bytes`` (or
+:data:`MAX_ROW_LINES` lines) as ``too_large``, and a multi-line row with the wrong number of
+fields as ``bad_row``; each rejects only the row's first line (file:line), and reading resumes
+on the line after it, so the good rows below are kept.
 """
 
 from __future__ import annotations
 
 import csv
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
 from feedline.core.record import Rejection
 from feedline.errors import SourceError
 from feedline.sources.jsonl import text_record
-from feedline.sources.lines import LineReader, iter_lines
+from feedline.sources.lines import LineReader, Oversized, iter_lines, line_size
 from feedline.sources.reader import Item, Split
 
-__all__ = ["CsvReader", "TsvReader"]
+__all__ = ["MAX_ROW_LINES", "CsvReader", "TsvReader"]
+
+#: A quoted field may span this many lines; a row running longer is taken for an unbalanced quote.
+MAX_ROW_LINES = 10_000
+
+
+class _Overflow(Exception):
+    """The row being read passed the size or line bound."""
 
 # Quoted fields can be long (whole documents); the csv module's default cap is 128 KiB.
 csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))
 
 
 class _Cursor:
-    """Feeds decoded lines to ``csv.reader`` and remembers where the last line handed out ends."""
+    """Feeds decoded lines to ``csv.reader``; remembers where the last line handed out ends and
+    the lines of the row being read (bounded by ``max_bytes`` and :data:`MAX_ROW_LINES`)."""
 
-    def __init__(self, lines: Iterator[tuple[int, bytes]], position: int, line: int) -> None:
+    def __init__(self, lines: Iterator[tuple[int, bytes]], position: int, line: int, max_bytes: int = 1 << 62) -> None:
         self.lines = lines
         self.end = position
         self.line = line
+        self.max_bytes = max_bytes
+        self.taken: list[tuple[int, bytes]] = []
+        self.size = 0
+        self.eof = False
+
+    def start_row(self) -> None:
+        self.taken, self.size, self.eof = [], 0, False
 
     def __iter__(self) -> _Cursor:
         return self
 
     def __next__(self) -> str:
-        pos, raw = next(self.lines)
-        self.end = pos + len(raw)
+        try:
+            pos, raw = next(self.lines)
+        except StopIteration:
+            self.eof = True
+            raise
+        self.end = pos + line_size(raw)
         self.line += 1
+        self.taken.append((pos, raw))
+        self.size += line_size(raw)
+        if isinstance(raw, Oversized) or self.size > self.max_bytes or len(self.taken) > MAX_ROW_LINES:
+            raise _Overflow
         return raw.decode("utf-8", errors="surrogateescape")
 
 
@@ -92,14 +122,39 @@ class CsvReader(LineReader):
         first = next(lines, None)
         if first is None or columns is None:
             return
-        cursor = _Cursor(_chain(first, lines), first[0], line)
+        cursor = _Cursor(_chain(first, lines), first[0], line, self.max_bytes)
         reader = self._reader(cursor)
         while True:
             start, start_line = cursor.end, cursor.line + 1
+            cursor.start_row()
+            bad: Rejection | None = None
             try:
                 row = next(reader, None)
+            except _Overflow:
+                bad = self.too_large(path, start_line, cursor.size)
+                if len(cursor.taken) > MAX_ROW_LINES:
+                    bad = Rejection(path, start_line, "unbalanced_quote",
+                                    f"a quoted field opened here runs over {MAX_ROW_LINES:,} lines")
+                row = None
             except csv.Error as e:
                 yield start, cursor.end, cursor.line, Rejection(path, start_line, "bad_csv", str(e))
+                continue
+            multi = len(cursor.taken) > 1
+            if bad is None and row is not None and multi and cursor.eof:
+                bad = Rejection(path, start_line, "unbalanced_quote",
+                                f"a quoted field opened here is still open at the end of the file ({len(cursor.taken)} lines)")
+            if bad is None and row is not None and multi and len(row) != len(columns):
+                bad = Rejection(path, start_line, "bad_row",
+                                f"{len(row)} fields over {len(cursor.taken)} lines, expected {len(columns)}; "
+                                "an unbalanced quote on this line?")
+            if bad is not None:
+                # Reject the row's first line only and read on from the line after it.
+                first_pos, first_raw = cursor.taken[0]
+                yield first_pos, first_pos + line_size(first_raw), start_line, bad
+                rest = cursor.taken[1:]
+                cursor = _Cursor(itertools.chain(rest, cursor.lines), first_pos + line_size(first_raw), start_line,
+                                 self.max_bytes)
+                reader = self._reader(cursor)
                 continue
             if row is None:
                 return

@@ -20,7 +20,7 @@ from typing import Any
 
 from feedline.core.record import Rejection
 from feedline.errors import SourceError
-from feedline.sources.lines import LineReader, _locate, open_decoded
+from feedline.sources.lines import LineReader, Oversized, _locate, line_size, open_decoded
 from feedline.sources.reader import Item, Split
 
 __all__ = ["BertReader", "TextReader"]
@@ -42,14 +42,15 @@ class _BlockReader(LineReader):
     def records(self, lines: Iterator[tuple[int, bytes]], path: str, line: int, known: bool,
                 end: int | None) -> Iterator[Item]:
         block: list[str] = []
-        start = first_line = 0
+        start = first_line = size = 0
         bad: Rejection | None = None
         nxt = 0
         for pos, raw in lines:
-            if not raw.strip():
+            big = isinstance(raw, Oversized)
+            if not big and not raw.strip():
                 if block or bad:
                     yield start, pos + len(raw), line + 1, _locate(bad or self.make(block), start, known)
-                    block, bad = [], None
+                    block, bad, size = [], None, 0
                 line += 1
                 continue
             if not block and bad is None:
@@ -57,7 +58,12 @@ class _BlockReader(LineReader):
                     return
                 start, first_line = pos, line + 1
             line += 1
-            nxt = pos + len(raw)
+            nxt = pos + line_size(raw)
+            size += line_size(raw)
+            if size > self.max_bytes:  # the block is dropped as it is read: memory stays bounded
+                bad = bad or self.too_large(path, first_line if known else None, size)
+                block = []
+                continue
             text = _decode(raw, path, line if known else None)
             if isinstance(text, Rejection):
                 bad = bad or Rejection(path, first_line if known else None, text.reason, f"line {line}: {text.detail}")
@@ -133,11 +139,14 @@ class TextReader(_BlockReader):
         f, _ = open_decoded(split.path)
         try:
             with f:
-                data = f.read()
+                data = f.read(self.max_bytes + 1)
         except SourceError:
             raise
         except (OSError, EOFError, ValueError) as e:
             yield 0, 0, 0, Rejection(split.path, None, "truncated", f"{type(e).__name__}: {e}")
+            return
+        if len(data) > self.max_bytes:
+            yield 0, 1, 0, self.too_large(split.path, None, split.size or len(data))
             return
         if data.startswith(b"\xef\xbb\xbf"):
             data = data[3:]

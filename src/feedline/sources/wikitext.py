@@ -13,6 +13,9 @@ entities are decoded; runs of blank lines collapse to one.
 from __future__ import annotations
 
 import re
+from typing import Any
+
+from feedline.errors import require
 
 __all__ = ["RESIDUE_PATTERNS", "markup_residue", "wikitext_to_text"]
 
@@ -42,8 +45,7 @@ def markup_residue(text: str) -> dict[str, int]:
 
 def wikitext_to_text(source: str) -> str:
     """Plain text of a wikitext page."""
-    import mwparserfromhell
-
+    mwparserfromhell: Any = require("mwparserfromhell", "text")
     code = mwparserfromhell.parse(source)
     for node in code.filter_tags(recursive=True):
         if str(node.tag).strip().lower() in _DROP_TAGS:

@@ -48,7 +48,7 @@ from typing import Any, Literal
 import numpy as np
 
 from feedline.core.record import Record
-from feedline.errors import SpecError, TaskError
+from feedline.errors import MissingDependency, SpecError, TaskError
 from feedline.tasks.base import Task, TaskOutput
 
 __all__ = ["Chat", "ChatOptions", "normalize_conversation"]
@@ -186,8 +186,11 @@ class Chat(Task):
         return dict(self.tok.hf.special_tokens_map)
 
     def _render(self, msgs: list[dict[str, Any]], tools: Any, *, gen_prompt: bool = False, spans: bool = False) -> tuple[str, list[tuple[int, int]]]:
-        from transformers.utils.chat_template_utils import render_jinja_template
-
+        try:
+            from transformers.utils.chat_template_utils import render_jinja_template
+        except ImportError as e:
+            raise MissingDependency("the chat task renders chat templates with transformers; "
+                                    "install it with: pip install 'feedline[hf]'") from e
         out: Any = render_jinja_template(
             conversations=[msgs], tools=tools, chat_template=self.template,
             return_assistant_tokens_mask=spans, add_generation_prompt=gen_prompt, **self._template_kwargs)
@@ -224,6 +227,8 @@ class Chat(Task):
                 spans.append((len(before), len(through)))
                 ends.append(len(through))
             return text, spans, ends, msgs, tools
+        except MissingDependency:
+            raise
         except Exception as e:  # jinja raises many types (TemplateError, TypeError, raise_exception)
             return f"template_error: {type(e).__name__}: {e}"
 

@@ -8,7 +8,16 @@ examples were already yielded; a restore re-reads and re-processes that one chun
 which gives the same examples because tasks are pure functions of (record, seed, epoch, key).
 The runner never appears in the state, so a state resumes under any runner.
 
-State: ``{"parent": ..., "skip": n, "rejected": {reason: n}}``.
+State: ``{"parent": ..., "skip": n, "rejected": {reason: n}}``. ``rejected`` counts every
+rejection *up to the end of the current chunk* that the parent's state (taken at the chunk's
+start) does not already hold: the task's own rejections so far, plus the parent's rejections
+made while reading the current chunk. Summing every ``rejected`` table in the state therefore
+counts each rejection the moment the chunk holding it is processed (never a chunk late; a
+small corpus is counted at the first example). A restore re-reads the chunk and recovers the
+task's count at its start by subtracting what the chunk re-counts.
+
+A fresh iterator whose task rejects its first ``reject_limit`` records, or whose stream ends
+without one example, raises :class:`~feedline.errors.SourceError` (counts, a sample, the fix).
 """
 
 from __future__ import annotations
@@ -20,8 +29,8 @@ from typing import Any, Protocol
 
 from feedline.core.dataset import Dataset, DatasetIterator, State
 from feedline.core.record import Example, Record, Rejection
-from feedline.errors import StateError
-from feedline.sources.report import Rejections
+from feedline.errors import SourceError, StateError
+from feedline.sources.report import Rejections, add_counts, nothing_delivered, sum_rejected
 from feedline.tasks.base import Task, TaskOutput
 
 __all__ = ["ChunkRunner", "TaskMap", "ThreadRunner"]
@@ -74,7 +83,7 @@ class TaskMap(Dataset[Example]):
     """The examples of ``task`` over ``parent``'s records."""
 
     def __init__(self, parent: Dataset[Record], task: Task, *, chunk: int = DEFAULT_CHUNK, workers: int = 1,
-                 on_error: str = "skip") -> None:
+                 on_error: str = "skip", reject_limit: int = 0) -> None:
         if chunk < 1:
             raise ValueError(f"chunk: {chunk} must be >= 1")
         self.parent = parent
@@ -82,6 +91,7 @@ class TaskMap(Dataset[Example]):
         self.chunk = chunk
         self.workers = max(1, workers)
         self.on_error = on_error
+        self.reject_limit = reject_limit
 
     def runner(self) -> ChunkRunner:
         """A fresh runner for one iterator (override to run chunks elsewhere)."""
@@ -99,17 +109,21 @@ class TaskMapIterator(DatasetIterator[Example]):
         self.runner = ds.runner()
         self.parent = iter(ds.parent)
         self.rejections = Rejections(ds.on_error)
-        self.inflight: collections.deque[tuple[State, Any]] = collections.deque()
+        # (parent state at the chunk's start, runner handle, parent rejections made reading it, state at its end)
+        self.inflight: collections.deque[tuple[State, Any, dict[str, int], State]] = collections.deque()
         self.exhausted = False
         self.current: list[Example] = []
         self.current_state: State | None = None
+        self.current_end: State | None = None
         self.current_rejected: dict[str, int] = {}
         self.skip = 0
+        self._next_start: State | None = None  # parent state where the next chunk starts (cached)
+        self._watch = ds.reject_limit > 0  # fresh and no example yet: see _check_nothing
 
     def _submit(self) -> None:
         """Read chunks until ``runner.ahead`` are in flight or the parent is exhausted."""
         while not self.exhausted and len(self.inflight) < self.runner.ahead:
-            state = self.parent.get_state()
+            state = self._next_start if self._next_start is not None else self.parent.get_state()
             recs: list[Record] = []
             for rec in self.parent:
                 recs.append(rec)
@@ -117,30 +131,45 @@ class TaskMapIterator(DatasetIterator[Example]):
                     break
             if len(recs) < self.ds.chunk:
                 self.exhausted = True
+            self._next_start = end = self.parent.get_state()
+            read = add_counts(sum_rejected(end), sum_rejected(state), -1)
             if not recs:
+                if read:  # rejections after the last record: counted with an empty chunk
+                    self.inflight.append((state, [], read, end))
                 break
-            self.inflight.append((state, self.runner.submit(recs)))
+            self.inflight.append((state, self.runner.submit(recs), read, end))
 
     def _advance(self) -> bool:
         self._submit()
         if not self.inflight:
             return False
-        state, handle = self.inflight.popleft()
-        outputs = self.runner.result(handle, state)
+        state, handle, read, self.current_end = self.inflight.popleft()
+        outputs = self.runner.result(handle, state) if handle != [] else []
         self.current_state = state
-        self.current_rejected = self.rejections.get_state()
         examples: list[Example] = []
         for out in outputs:
             if isinstance(out, Rejection):
                 self.rejections.add(out)
+                if self._watch and not examples and self.rejections.total >= self.ds.reject_limit:
+                    self._nothing(first=self.ds.reject_limit)
             else:
                 examples.extend(out)
+        if examples:
+            self._watch = False
+        self.current_rejected = add_counts(self.rejections.get_state(), read)
         self.current, self.skip = examples, 0
         return True
+
+    def _nothing(self, first: int | None) -> None:
+        counts = add_counts(dict(self.rejections.counts), sum_rejected(self.parent.get_state()))
+        where = f"task {self.ds.task.kind!r}" if self.rejections.counts else "the spec's sources"
+        raise SourceError(nothing_delivered(where, counts, self.rejections.samples, first=first))
 
     def __next__(self) -> Example:
         while self.skip >= len(self.current):
             if not self._advance():
+                if self._watch:
+                    self._nothing(first=None)
                 raise StopIteration
         ex = self.current[self.skip]
         self.skip += 1
@@ -149,6 +178,8 @@ class TaskMapIterator(DatasetIterator[Example]):
     def get_state(self) -> State:
         if self.current_state is None:
             return {"parent": self.parent.get_state(), "skip": 0, "rejected": self.rejections.get_state()}
+        if self.skip == 0:  # a chunk that gave no example (the end of the stream): stand after it
+            return {"parent": self.current_end, "skip": 0, "rejected": self.rejections.get_state()}
         return {"parent": self.current_state, "skip": self.skip, "rejected": self.current_rejected}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -159,21 +190,31 @@ class TaskMapIterator(DatasetIterator[Example]):
         self._drop_inflight()
         self.parent.set_state(parent)
         self.rejections.set_state(rejected)
-        self.exhausted, self.current, self.current_state, self.skip = False, [], None, 0
+        self.exhausted, self.current, self.current_state, self.current_end, self.skip = False, [], None, None, 0
+        self._next_start, self._watch = None, False
         if skip:
+            # ``rejected`` includes the current chunk, which _advance counts again: start from
+            # the count before it (the chunk re-counts the same rejections: tasks are pure).
+            self.rejections.set_state({})
             if not self._advance():
                 raise StateError("task map: the state points past the end of the stream")
+            base = add_counts({str(k): int(v) for k, v in rejected.items()}, self.current_rejected, -1)
+            if any(v < 0 for v in base.values()):
+                raise StateError(f"task map: rejected counts {dict(rejected)} are fewer than the chunk re-counts")
+            self.rejections.set_state(add_counts(base, self.rejections.counts))
+            self.current_rejected = {str(k): int(v) for k, v in rejected.items()}
             self.skip = skip
 
     def _drop_inflight(self) -> None:
-        for _state, handle in self.inflight:
+        for _state, handle, _read, _end in self.inflight:
             if isinstance(handle, cf.Future):
                 handle.cancel()
         self.inflight.clear()  # other handles (Ray refs) are freed when dropped
 
     @property
     def rejected(self) -> dict[str, int]:
-        return dict(self.rejections.counts)
+        """Every rejection counted so far (the parent's and the task's), as the state reports them."""
+        return sum_rejected(self.get_state())
 
     def close(self) -> None:
         self._drop_inflight()

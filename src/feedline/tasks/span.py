@@ -17,7 +17,8 @@ noise (T5's ``random_spans_noise_mask``). With sentinel ``<X_k>`` = ``sentinel_s
     labels   <X0> c d <X1> g h </s>
     decoder  <pad> <X0> c d <X1> g h  (labels shifted right, decoder_start_token_id first)
 
-``sentinel_start`` defaults to the id of ``<extra_id_0>`` (32099 for T5), else the highest id.
+``sentinel_start`` defaults to the id of ``<extra_id_0>`` (32099 for T5); a tokenizer without
+``<extra_id_N>`` tokens (GPT-2) is refused with a SpecError unless ``sentinel_start`` is set.
 Fields: ``input_ids``, ``labels``, ``decoder_input_ids`` (int32); the last two have their own
 length (:attr:`Task.target_fields`), and rows are never packed::
 
@@ -148,9 +149,11 @@ class SpanCorruption(Task):
                 available = 0
                 while available in named and named[available] == first - available:
                     available += 1
-            else:
-                first = tok.vocab_size - 1
-                available = tok.vocab_size
+            else:  # ordinary vocabulary ids would silently stand in for sentinels
+                raise SpecError(
+                    f"task span: tokenizer {tok.name!r} has no sentinel tokens <extra_id_0>, <extra_id_1>, ...; "
+                    "use a T5-style tokenizer (e.g. t5-base), add them as special tokens, or set "
+                    "task.sentinel_start to the id of the first of a run of reserved ids (later ones count down)")
         spans = _lengths(self.raw_length, self.options.noise_density, self.options.mean_noise_span_length)[1]
         if spans > available:
             raise TaskError(

@@ -64,13 +64,30 @@ def _from_transformers(name: str) -> Tokenizer:
         from transformers import AutoTokenizer
     except ImportError as e:
         raise TokenizerError(f"{name}: loading by hub name needs transformers: pip install 'feedline[hf]', or pass a tokenizer.json path") from e
+    offline = _offline()
+    if not offline and not os.path.exists(name):  # a hub name, not a local directory
+        unreachable = _hub_unreachable()
+        if unreachable:
+            # Without network the hub client retries for about a minute: use the cache or say so now.
+            try:
+                hf = AutoTokenizer.from_pretrained(name, local_files_only=True)
+            except Exception as e:
+                raise TokenizerError(
+                    f"{name}: not a local path, not in the Hugging Face cache, and the hub cannot be reached "
+                    f"({unreachable}); pass a local tokenizer.json or directory, or check the network "
+                    "(HF_ENDPOINT, HTTPS_PROXY)") from e
+            return _wrap(name, hf)
     try:
-        hf = AutoTokenizer.from_pretrained(name, local_files_only=_offline())
+        hf = AutoTokenizer.from_pretrained(name, local_files_only=offline)
     except Exception as e:  # transformers raises OSError, ValueError, HTTP errors...
         raise TokenizerError(
             f"{name}: could not load this tokenizer from the Hugging Face hub or cache ({type(e).__name__}); "
             "offline, pass a local tokenizer.json or directory instead"
         ) from e
+    return _wrap(name, hf)
+
+
+def _wrap(name: str, hf: Any) -> Tokenizer:
     backend = getattr(hf, "backend_tokenizer", None)
     if backend is None:
         raise TokenizerError(f"{name}: only fast (Rust) tokenizers are supported; this one is slow-only")
@@ -79,6 +96,23 @@ def _from_transformers(name: str) -> Tokenizer:
     if getattr(hf, "chat_template", None):
         cfg["chat_template"] = hf.chat_template
     return Tokenizer(backend, name, cfg)
+
+
+def _hub_unreachable(timeout: float = 3.0) -> str:
+    """Why the hub (or the HTTPS proxy in front of it) cannot be reached within ``timeout`` s; ``""`` when it can."""
+    import socket
+    from urllib.parse import urlsplit
+
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
+    target = urlsplit(proxy if proxy and endpoint.startswith("https") else endpoint)
+    host = target.hostname or "huggingface.co"
+    port = target.port or (443 if target.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as e:
+        return f"{host}:{port}: {e.strerror or type(e).__name__}"
+    return ""
 
 
 def _offline() -> bool:

@@ -10,12 +10,15 @@ each global batch with its ``step``. A new shard starts every ``shard_rows`` row
 every ``flush_rows`` rows, so memory stays bounded whatever the corpus size. ``manifest.json``
 records the format, the spec and its hash, each shard's path and row count, the columns, the
 real tokens written and the records rejected by reason.
+
+Output is atomic (:class:`~feedline.tools.output.AtomicOutput`): shards are written under
+temporary names and renamed into place when the run is complete, the manifest last; a
+non-empty ``out_dir`` needs ``overwrite=True``, which removes the previous run's shards.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
@@ -24,6 +27,7 @@ import numpy as np
 from feedline.errors import SpecError
 from feedline.pipeline import GlobalStream, Pipeline
 from feedline.spec import Spec
+from feedline.tools.output import AtomicOutput
 from feedline.tools.writers import FORMATS, Format, RowWriter
 
 __all__ = ["export"]
@@ -70,20 +74,23 @@ def _real_tokens(row: Mapping[str, Any]) -> int:
 
 
 def export(spec: Spec | Mapping[str, Any] | str, out_dir: str, fmt: Format = "arrow", *, what: What = "examples",
-           shard_rows: int = 100_000, flush_rows: int = 1000, limit: int | None = None) -> dict[str, Any]:
+           shard_rows: int = 100_000, flush_rows: int = 1000, limit: int | None = None,
+           overwrite: bool = False) -> dict[str, Any]:
     """Write ``spec``'s examples or batches under ``out_dir``; returns the manifest (also written).
 
     Args:
         spec: the pipeline.
-        out_dir: created if needed; existing shards of the same name are overwritten.
+        out_dir: created if needed; must be empty unless ``overwrite``.
         fmt: ``arrow``, ``parquet``, ``jsonl`` or ``msgpack``.
         what: ``examples`` or ``batches``.
         shard_rows: rows per shard.
         flush_rows: rows buffered before a write.
         limit: stop after this many examples (or global steps).
+        overwrite: replace a previous output in ``out_dir`` (its stale shards are removed).
 
     Raises:
-        SpecError: for an unknown format or ``what``, or a non-positive size.
+        SpecError: for an unknown format or ``what``, a non-positive size, an ``out_dir`` that
+            is a file, or one that is not empty without ``overwrite``.
     """
     if fmt not in FORMATS:
         raise SpecError(f"export format {fmt!r} is not supported; choose one of {', '.join(FORMATS)}")
@@ -92,34 +99,35 @@ def export(spec: Spec | Mapping[str, Any] | str, out_dir: str, fmt: Format = "ar
     if shard_rows < 1 or flush_rows < 1:
         raise SpecError(f"export: shard_rows ({shard_rows}) and flush_rows ({flush_rows}) must be >= 1")
     pipeline = Pipeline(spec)
-    os.makedirs(out_dir, exist_ok=True)
-    report: dict[str, Any] = {}
-    rows = (_example_rows if what == "examples" else _batch_rows)(pipeline, limit, report)
-    shards: list[dict[str, Any]] = []
-    columns: list[str] = []
-    tokens = 0
-    writer: RowWriter | None = None
-    try:
-        for row in rows:
-            if writer is None or writer.rows >= shard_rows:
-                if writer is not None:
-                    writer.close()
-                    shards[-1]["rows"] = writer.rows
-                name = f"{what}-{len(shards):05d}{FORMATS[fmt]}"
-                writer = RowWriter(os.path.join(out_dir, name), fmt, flush_rows=flush_rows)
-                shards.append({"path": name, "rows": 0})
-                columns = columns or list(row)
-            writer.write(row)
-            tokens += _real_tokens(row)
-    finally:
-        if writer is not None:
-            writer.close()
-            shards[-1]["rows"] = writer.rows
-    manifest = {
-        "format": fmt, "what": what, "spec_hash": pipeline.spec.hash(), "spec": pipeline.spec.to_dict(),
-        "rows": sum(s["rows"] for s in shards), "tokens": tokens, "columns": columns, "shards": shards, **report,
-    }
-    with open(os.path.join(out_dir, MANIFEST), "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2, default=str)
-        f.write("\n")
+    with AtomicOutput(out_dir, overwrite=overwrite, patterns=("examples-*", "batches-*", MANIFEST), what="export") as out:
+        report: dict[str, Any] = {}
+        rows = (_example_rows if what == "examples" else _batch_rows)(pipeline, limit, report)
+        shards: list[dict[str, Any]] = []
+        columns: list[str] = []
+        tokens = 0
+        writer: RowWriter | None = None
+        try:
+            for row in rows:
+                if writer is None or writer.rows >= shard_rows:
+                    if writer is not None:
+                        writer.close()
+                        shards[-1]["rows"] = writer.rows
+                    name = f"{what}-{len(shards):05d}{FORMATS[fmt]}"
+                    writer = RowWriter(out.temp(name), fmt, flush_rows=flush_rows)
+                    shards.append({"path": name, "rows": 0})
+                    columns = columns or list(row)
+                writer.write(row)
+                tokens += _real_tokens(row)
+        finally:
+            if writer is not None:
+                writer.close()
+                shards[-1]["rows"] = writer.rows
+        manifest = {
+            "format": fmt, "what": what, "spec_hash": pipeline.spec.hash(), "spec": pipeline.spec.to_dict(),
+            "rows": sum(s["rows"] for s in shards), "tokens": tokens, "columns": columns, "shards": shards, **report,
+        }
+        with open(out.temp(MANIFEST), "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=2, default=str)
+            f.write("\n")
+        out.publish([s["path"] for s in shards] + [MANIFEST], manifest=MANIFEST)
     return manifest

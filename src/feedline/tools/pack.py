@@ -16,7 +16,9 @@ up to ``workers`` (default: all cores). Each output row holds, without padding:
 * ``seq_lens``: the length of each conversation in the row (``cu_seqlens`` = 0 + their cumsum).
 
 Arrow output opens with ``datasets.Dataset.from_file``, Parquet with
-``datasets.load_dataset("parquet", data_files=...)``.
+``datasets.load_dataset("parquet", data_files=...)``. Output is atomic
+(:class:`~feedline.tools.output.AtomicOutput`): files are renamed into place when every input is
+packed; an output that is an input is refused, and existing output needs ``overwrite=True``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 from feedline.batching.base import FillStats
 from feedline.errors import SourceError, SpecError
 from feedline.pipeline import GlobalStream, Pipeline
+from feedline.tools.output import AtomicOutput
 from feedline.tools.writers import FORMATS, Format, RowWriter
 
 __all__ = ["input_files", "pack", "pack_file"]
@@ -108,38 +111,46 @@ def _quiet_worker() -> None:
 
 
 def pack(input_path: str, output: str, tokenizer: str, max_length: int, fmt: Format = "arrow", *,
-         workers: int | None = None, window: int = 1000, task: Mapping[str, Any] | None = None) -> dict[str, Any]:
+         workers: int | None = None, window: int = 1000, task: Mapping[str, Any] | None = None,
+         overwrite: bool = False) -> dict[str, Any]:
     """Pack every input file into its own output file, files in parallel; returns a summary report.
 
     ``output`` is a folder (created) receiving ``<input stem>.<format>`` per input; for a single
     input file, an ``output`` ending in the format's suffix is the output file itself.
 
     Raises:
-        SpecError: for a bad format or length; SourceError for missing inputs.
+        SpecError: for a bad format or length, an output that is an input, or existing output
+            without ``overwrite``; SourceError for missing inputs.
     """
     if fmt not in FORMATS:
         raise SpecError(f"format {fmt!r} is not supported; choose one of {', '.join(FORMATS)}")
     if max_length < 2:
         raise SpecError(f"max_length {max_length} must be >= 2")
     files = input_files(input_path)
-    if len(files) == 1 and output.endswith(FORMATS[fmt]):
-        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-        targets = [output]
+    if len(files) == 1 and output.endswith(FORMATS[fmt]) and not os.path.isdir(output):
+        out = AtomicOutput(os.path.dirname(os.path.abspath(output)), overwrite=overwrite,
+                           files=[os.path.basename(output)], inputs=files, what="pack")
+        names = [os.path.basename(output)]
     else:
-        os.makedirs(output, exist_ok=True)
-        targets = [os.path.join(output, _stem(f) + FORMATS[fmt]) for f in files]
-        if len(set(targets)) != len(targets):
+        names = [_stem(f) + FORMATS[fmt] for f in files]
+        if len(set(names)) != len(names):
             raise SpecError(f"{input_path}: several inputs share a name stem; their outputs would collide")
-    procs = max(1, min(len(files), workers or os.cpu_count() or 1))
-    if procs == 1:
-        reports = [pack_file(f, t, tokenizer, max_length, fmt, window=window, task=task, workers=workers or 0)
-                   for f, t in zip(files, targets)]
-    else:
-        ctx = multiprocessing.get_context("spawn")
-        with cf.ProcessPoolExecutor(procs, mp_context=ctx, initializer=_quiet_worker) as pool:
-            futures = [pool.submit(pack_file, f, t, tokenizer, max_length, fmt, window=window, task=task, workers=1)
+        out = AtomicOutput(output, overwrite=overwrite, inputs=files, what="pack", patterns=(f"*{FORMATS[fmt]}",))
+    with out:
+        targets = [out.temp(n) for n in names]
+        procs = max(1, min(len(files), workers or os.cpu_count() or 1))
+        if procs == 1:
+            reports = [pack_file(f, t, tokenizer, max_length, fmt, window=window, task=task, workers=workers or 0)
                        for f, t in zip(files, targets)]
-            reports = [f.result() for f in futures]
+        else:
+            ctx = multiprocessing.get_context("spawn")
+            with cf.ProcessPoolExecutor(procs, mp_context=ctx, initializer=_quiet_worker) as pool:
+                futures = [pool.submit(pack_file, f, t, tokenizer, max_length, fmt, window=window, task=task, workers=1)
+                           for f, t in zip(files, targets)]
+                reports = [f.result() for f in futures]
+        out.publish(names)
+    for r, n in zip(reports, names):
+        r["output"] = os.path.join(out.directory, n)
     rows = sum(r["rows"] for r in reports)
     tokens = sum(r["tokens"] for r in reports)
     rejected: dict[str, int] = {}

@@ -24,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import math
 
+    from feedline.errors import require
+
+    require("torch", "torch")  # the demo trains tiny torch models: say so in one line when it is missing
     from feedline.demo.run import run_demo
 
     summary = run_demo(task=args.task, steps=args.steps, source=args.source, tokenizer=args.tokenizer,

@@ -14,13 +14,15 @@ EXAMPLE = "feedline export spec.yaml -o out/ -f parquet --what batches --shard-r
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_spec_argument(p)
-    p.add_argument("-o", "--output", required=True, help="output directory (created if needed)")
+    p.add_argument("-o", "--output", required=True, help="output directory (created if needed; must be empty unless --overwrite)")
     p.add_argument("-f", "--format", choices=["arrow", "parquet", "jsonl", "msgpack"], default="arrow",
                    help="output format (default: arrow, readable with datasets.Dataset.from_file)")
     p.add_argument("--what", choices=["examples", "batches"], default="examples",
                    help="write task examples (default) or the rows of each global batch")
     p.add_argument("--shard-rows", type=int, default=100_000, help="rows per shard (default: 100000)")
     p.add_argument("--limit", type=int, default=None, help="stop after this many examples (or steps)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a previous output in a non-empty directory (its stale shards are removed)")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
 
 
@@ -28,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from feedline.tools.export import export
 
     manifest = export(load_spec(args.spec), args.output, args.format, what=args.what, shard_rows=args.shard_rows,
-                      limit=args.limit)
+                      limit=args.limit, overwrite=args.overwrite)
     if args.json:
         print(json.dumps({k: v for k, v in manifest.items() if k != "spec"}, default=str))
     else:

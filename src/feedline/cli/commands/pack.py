@@ -24,6 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system", default=None, help="system prompt for conversations that have none")
     p.add_argument("--truncation", choices=["turns", "reject", "cut"], default=None,
                    help="conversations longer than MAX_LENGTH: keep whole turns (default), reject, or cut")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace existing output (an output folder loses its other files of the format); never an input")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -32,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
     task = {k: v for k, v in (("system", args.system), ("truncation", args.truncation)) if v is not None}
     report = pack(args.input, args.output, args.tokenizer, args.max_length, args.format, workers=args.workers,
-                  window=args.window, task=task)
+                  window=args.window, task=task, overwrite=args.overwrite)
     if args.json:
         print(json.dumps(report))
     else:

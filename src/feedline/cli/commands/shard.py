@@ -12,13 +12,15 @@ EXAMPLE = "feedline shard 'wiki/*.xml.bz2' books/ -o shards/ -n 64 --seed 1"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="+", help="input paths, globs, directories or URLs")
-    p.add_argument("-o", "--output", required=True, help="output directory")
+    p.add_argument("-o", "--output", required=True, help="output directory (must be empty unless --overwrite)")
     p.add_argument("-n", "--num-shards", type=int, required=True, help="number of shards to write")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed (default: 0)")
     p.add_argument("--format", default="auto", help="input format (default: detected from names)")
     p.add_argument("--text", default="text", help="field holding the text (default: text)")
     p.add_argument("--prefix", default="shard", help="shard file name prefix (default: shard)")
     p.add_argument("--on-error", choices=["skip", "raise"], default="skip", help="bad records: skip and count, or fail")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a previous output in a non-empty directory (its stale shards are removed)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -26,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from feedline.tools.shard import shard
 
     report = shard(args.inputs, args.output, num_shards=args.num_shards, seed=args.seed, format=args.format,
-                   text=args.text, prefix=args.prefix, on_error=args.on_error)
+                   text=args.text, prefix=args.prefix, on_error=args.on_error, overwrite=args.overwrite)
     if args.json:
         print(json.dumps(report.to_dict()))
     else:
