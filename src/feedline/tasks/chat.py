@@ -142,7 +142,7 @@ def normalize_conversation(data: dict[str, Any], field: str | None = None, tools
             raise ValueError(f"message {i} has unknown role {role_raw!r}")
         content = m.get("content", m.get("value"))
         if role == "function_call":
-            out.append({"role": "assistant", "content": "", "tool_calls": [_tool_call(content)]})
+            out.append({"role": "assistant", "content": None, "tool_calls": [_tool_call(content)]})
             continue
         msg = {k: v for k, v in m.items() if k not in ("from", "value") and v is not None}
         msg["role"] = role
@@ -194,7 +194,7 @@ class Chat(Task):
         rendered, indices = out
         return rendered[0], [(int(a), int(b)) for a, b in indices[0]] if spans else []
 
-    def _prepare(self, rec: Record) -> tuple[str, list[tuple[int, int]], list[int] | None, list[dict[str, Any]], Any] | str:
+    def _prepare(self, rec: Record) -> tuple[str, list[Any], list[int] | None, list[dict[str, Any]], Any] | str:
         """Rendered text, assistant char spans, assistant-turn end chars (prefix mode), or a rejection."""
         opts: ChatOptions = self.options
         try:
@@ -209,23 +209,110 @@ class Chat(Task):
         if not any(m["role"] == "assistant" for m in msgs):
             return "no_assistant: the conversation has no assistant turn"
         try:
-            if self.mode == "generation":
-                text, spans = self._render(msgs, tools, spans=True)
-                return text, spans, None, msgs, tools
-            text, _ = self._render(msgs, tools)
-            spans, ends = [], []
-            for i, m in enumerate(msgs):
-                if m["role"] != "assistant":
-                    continue
-                before, _ = self._render(msgs[:i], tools, gen_prompt=True) if i else ("", [])
-                through, _ = self._render(msgs[:i + 1], tools)
-                if not (text.startswith(before) and text.startswith(through) and len(before) <= len(through)):
-                    return "template_not_prefix: renders of the first turns are not prefixes of the whole conversation; use a template with {% generation %} blocks"
-                spans.append((len(before), len(through)))
-                ends.append(len(through))
-            return text, spans, ends, msgs, tools
+            return self._spans(msgs, tools)
         except Exception as e:  # jinja raises many types (TemplateError, TypeError, raise_exception)
-            return f"template_error: {type(e).__name__}: {e}"
+            if not _has_object_arguments(msgs):
+                return f"template_error: {type(e).__name__}: {e}"
+            first = e
+        try:  # templates such as DeepSeek-R1's concatenate tool-call arguments as a JSON string
+            return self._spans(_string_arguments(msgs), tools)
+        except Exception:
+            return f"template_error: {type(first).__name__}: {first}"
+
+    def _spans(self, msgs: list[dict[str, Any]], tools: Any) -> tuple[str, list[Any], list[int] | None, list[dict[str, Any]], Any] | str:
+        """The render, the assistant spans (``(s, e)`` from generation blocks, ``(h, s, e)`` located), turn ends."""
+        if self.mode == "generation":
+            text, spans = self._render(msgs, tools, spans=True)
+            return text, spans, None, msgs, tools
+        text, _ = self._render(msgs, tools)
+        located: list[tuple[int, int, int]] = []
+        cursor = 0
+        for i, m in enumerate(msgs):
+            if m["role"] != "assistant":
+                continue
+            span = self._locate_turn(text, cursor, msgs, i, tools)
+            if span is None:
+                return (f"turn_not_located: assistant turn {i} (message {i + 1} of {len(msgs)}) was not found "
+                        "in the rendered conversation; give the template {% generation %} blocks")
+            located.append(span)
+            cursor = span[2]
+        return text, located, [e for *_, e in located], msgs, tools
+
+    def _render_or_none(self, msgs: list[dict[str, Any]], tools: Any, gen_prompt: bool = False) -> str | None:
+        """The render of a partial conversation, or ``None`` when the template refuses it."""
+        if not msgs:
+            return ""
+        try:
+            return self._render(msgs, tools, gen_prompt=gen_prompt)[0]
+        except Exception:  # e.g. "No user query found in messages." for a system-only prefix
+            return None
+
+    def _locate_turn(self, text: str, cursor: int, msgs: list[dict[str, Any]], i: int, tools: Any) -> tuple[int, int, int] | None:
+        """The characters of assistant turn ``i`` in ``text`` (the whole conversation), at or after ``cursor``.
+
+        The turn as the template renders it when it is the last message (``turn``: the render of
+        turns ``<= i`` after the render of turns ``< i``) splits into the header the generation
+        prompt also writes (``<|im_start|>assistant\n``, plus ``<think>\n`` for Qwen3) and what
+        the model writes: the reply and the end-of-turn text. That part is looked up in order in
+        the whole conversation, after the same header. Templates that render earlier turns
+        differently (Qwen3 adds an empty think block to the latest turns only, R1 drops earlier
+        reasoning) are found by the longest tail of the turn that follows a shorter header, as
+        long as the tail holds the reply itself (its content and tool call names).
+        """
+        before = self._render_or_none(msgs[:i], tools)
+        prompt = self._render_or_none(msgs[:i], tools, gen_prompt=True)
+        last = self._render_or_none(msgs[:i + 1], tools)
+        if before is None or last is None or not last.startswith(before):
+            return None
+        gen = prompt[len(before):] if prompt is not None and prompt.startswith(before) else ""
+        turn = last[len(before):]
+        cuts = self._token_boundaries(gen)
+        k = max((c for c in cuts if turn.startswith(gen[:c])), default=0)
+        header, body = turn[:k], turn[k:]
+        at = self._find_after(text, header, body, cursor)
+        if at is not None:
+            return at - len(header), at, at + len(body)
+        needed = self._reply_pieces(msgs[i])
+        for c in sorted((c for c in cuts if 0 < c <= k), reverse=True):
+            head = header[:c]
+            pos = text.find(head, cursor)
+            while pos >= 0:
+                start = pos + len(head)
+                for j in range(len(body)):
+                    tail = body[j:]
+                    if text.startswith(tail, start):
+                        if all(piece in tail for piece in needed):
+                            return pos, start, start + len(tail)
+                        break
+                pos = text.find(head, pos + 1)
+        return None
+
+    @staticmethod
+    def _find_after(text: str, header: str, body: str, cursor: int) -> int | None:
+        pos = text.find(header + body, cursor)
+        return None if pos < 0 else pos + len(header)
+
+    def _token_boundaries(self, s: str) -> list[int]:
+        """Character offsets in ``s`` where its tokens end (so a header is never cut inside a token)."""
+        if not s:
+            return [0]
+        enc = self.tok.backend.encode(s, add_special_tokens=False)
+        return [0, *sorted({int(e) for _, e in enc.offsets})]
+
+    @staticmethod
+    def _reply_pieces(m: dict[str, Any]) -> list[str]:
+        """Strings every render of an assistant message contains: its final answer and tool names."""
+        content = m.get("content")
+        pieces = []
+        if isinstance(content, str):
+            answer = content.split("</think>")[-1].strip()
+            if answer:
+                pieces.append(answer)
+        for call in m.get("tool_calls") or []:
+            name = call.get("function", {}).get("name")
+            if isinstance(name, str):
+                pieces.append(name)
+        return pieces
 
     def _turn_ends(self, text: str, msgs: list[dict[str, Any]], tools: Any) -> list[int] | None:
         ends = []
@@ -255,7 +342,12 @@ class Chat(Task):
         opts: ChatOptions = self.options
         text, spans, ends, msgs, tools = prep
         ids = np.asarray(enc.ids, dtype=np.int32)
-        mask = token_mask(enc, spans, len(ids)) if opts.assistant_only else np.ones(len(ids), bool)
+        if not opts.assistant_only:
+            mask = np.ones(len(ids), bool)
+        elif self.mode == "generation":
+            mask = token_mask(enc, spans, len(ids))
+        else:
+            mask = tokens_within(enc, spans, len(ids))
         n = len(ids)
         if opts.max_length is not None and n > opts.max_length:
             if opts.truncation == "reject":
@@ -283,10 +375,43 @@ class Chat(Task):
         return self.example(rec, 0, input_ids=ids, labels=labels)
 
 
+def _has_object_arguments(msgs: list[dict[str, Any]]) -> bool:
+    return any(not isinstance(c["function"].get("arguments", ""), str) for m in msgs for c in m.get("tool_calls") or [])
+
+
+def _string_arguments(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with every tool call's ``arguments`` as a JSON string (OpenAI's wire form)."""
+    out = []
+    for m in msgs:
+        if m.get("tool_calls"):
+            calls = [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"].get("arguments", {}), ensure_ascii=False)}}
+                     if not isinstance(c["function"].get("arguments", ""), str) else c for c in m["tool_calls"]]
+            m = {**m, "tool_calls": calls}
+        out.append(m)
+    return out
+
+
 def _tokens_before(enc: Any, char: int, n: int) -> int:
     """Number of tokens that start before character ``char``."""
     offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
     return int(np.searchsorted(offsets[:, 0], char, side="left")) if n else 0
+
+
+def tokens_within(enc: Any, spans: Sequence[tuple[int, int, int]], n: int) -> np.ndarray:
+    """Tokens that overlap a turn's characters ``[s, e)`` and lie inside ``[h, e)``.
+
+    ``h`` is where the turn's header starts: a token that also covers header characters is
+    trained (ChatML's ``"\n\n"`` after ``<think>``), one that reaches into the previous or the
+    next message's text is not (the loss never touches other roles' text).
+    """
+    mask = np.zeros(n, dtype=bool)
+    if not n:
+        return mask
+    offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+    starts, ends = offsets[:, 0], offsets[:, 1]
+    for h, s, e in spans:
+        mask |= (starts >= h) & (ends <= e) & (ends > s) & (starts < e)
+    return mask
 
 
 def token_mask(enc: Any, spans: Sequence[tuple[int, int]], n: int) -> np.ndarray:
