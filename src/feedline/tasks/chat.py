@@ -220,12 +220,12 @@ class Chat(Task):
             return f"template_error: {type(first).__name__}: {first}"
 
     def _spans(self, msgs: list[dict[str, Any]], tools: Any) -> tuple[str, list[Any], list[int] | None, list[dict[str, Any]], Any] | str:
-        """The render, the assistant spans (``(s, e)`` from generation blocks, ``(h, s, e)`` located), turn ends."""
+        """The render, the assistant spans (``(s, e)`` from generation blocks, ``(lo, s, e, hi)`` located), turn ends."""
         if self.mode == "generation":
             text, spans = self._render(msgs, tools, spans=True)
             return text, spans, None, msgs, tools
         text, _ = self._render(msgs, tools)
-        located: list[tuple[int, int, int]] = []
+        located: list[tuple[int, int, int, int]] = []
         cursor = 0
         for i, m in enumerate(msgs):
             if m["role"] != "assistant":
@@ -234,9 +234,30 @@ class Chat(Task):
             if span is None:
                 return (f"turn_not_located: assistant turn {i} (message {i + 1} of {len(msgs)}) was not found "
                         "in the rendered conversation; give the template {% generation %} blocks")
-            located.append(span)
-            cursor = span[2]
-        return text, located, [e for *_, e in located], msgs, tools
+            h, start, end = span
+            located.append((self._free_before(text, h, msgs, i), start, end, self._free_after(text, end, msgs, i)))
+            cursor = end
+        return text, located, [e for _, _, e, _ in located], msgs, tools
+
+    @staticmethod
+    def _free_before(text: str, h: int, msgs: list[dict[str, Any]], i: int) -> int:
+        """Where the text before turn ``i``'s header stops being the previous message's content.
+
+        A token that straddles the turn's start may also cover template markup (``>`` of R1's
+        ``<｜tool▁outputs▁end｜>``), never the previous message's own text.
+        """
+        prev = str(msgs[i - 1].get("content") or "").strip() if i and msgs[i - 1]["role"] != "assistant" else ""
+        at = text.rfind(prev, 0, h) if prev else -1
+        return at + len(prev) if at >= 0 else h
+
+    @staticmethod
+    def _free_after(text: str, end: int, msgs: list[dict[str, Any]], i: int) -> int:
+        """Where the next message's content starts after turn ``i`` (a straddling token stops there)."""
+        if i + 1 >= len(msgs):
+            return len(text)
+        nxt = str(msgs[i + 1].get("content") or "").strip() if msgs[i + 1]["role"] != "assistant" else ""
+        at = text.find(nxt, end) if nxt else -1
+        return at if at >= 0 else end
 
     def _render_or_none(self, msgs: list[dict[str, Any]], tools: Any, gen_prompt: bool = False) -> str | None:
         """The render of a partial conversation, or ``None`` when the template refuses it."""
@@ -294,10 +315,13 @@ class Chat(Task):
 
     def _token_boundaries(self, s: str) -> list[int]:
         """Character offsets in ``s`` where its tokens end (so a header is never cut inside a token)."""
-        if not s:
-            return [0]
-        enc = self.tok.backend.encode(s, add_special_tokens=False)
-        return [0, *sorted({int(e) for _, e in enc.offsets})]
+        cache: dict[str, list[int]] = self.__dict__.setdefault("_boundaries", {})
+        if s not in cache:
+            enc = self.tok.backend.encode(s, add_special_tokens=False) if s else None
+            cache[s] = [0, *sorted({int(e) for _, e in enc.offsets})] if enc is not None else [0]
+            if len(cache) > 256:
+                cache.pop(next(iter(cache)))
+        return cache[s]
 
     @staticmethod
     def _reply_pieces(m: dict[str, Any]) -> list[str]:
@@ -397,20 +421,21 @@ def _tokens_before(enc: Any, char: int, n: int) -> int:
     return int(np.searchsorted(offsets[:, 0], char, side="left")) if n else 0
 
 
-def tokens_within(enc: Any, spans: Sequence[tuple[int, int, int]], n: int) -> np.ndarray:
-    """Tokens that overlap a turn's characters ``[s, e)`` and lie inside ``[h, e)``.
+def tokens_within(enc: Any, spans: Sequence[tuple[int, int, int, int]], n: int) -> np.ndarray:
+    """Tokens that overlap a turn's characters ``[s, e)`` and lie inside ``[lo, hi)``.
 
-    ``h`` is where the turn's header starts: a token that also covers header characters is
-    trained (ChatML's ``"\n\n"`` after ``<think>``), one that reaches into the previous or the
-    next message's text is not (the loss never touches other roles' text).
+    Like ``apply_chat_template``'s mask, a token holding the turn's first or last character is
+    trained even when it also covers template text around the turn (ChatML's ``"\n\n"`` after
+    ``<think>``); ``lo``/``hi`` bound it by the neighbouring messages' own text, which is never
+    trained.
     """
     mask = np.zeros(n, dtype=bool)
     if not n:
         return mask
     offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
     starts, ends = offsets[:, 0], offsets[:, 1]
-    for h, s, e in spans:
-        mask |= (starts >= h) & (ends <= e) & (ends > s) & (starts < e)
+    for lo, s, e, hi in spans:
+        mask |= (starts >= lo) & (ends <= hi) & (ends > s) & (starts < e)
     return mask
 
 
