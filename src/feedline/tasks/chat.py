@@ -15,11 +15,24 @@ elsewhere. Which characters are "assistant":
 
 * ``generation`` (templates with ``{% generation %}`` blocks): exactly the blocks, mapped to
   tokens as ``apply_chat_template(..., return_assistant_tokens_mask=True)`` does;
-* ``prefix`` (any other template): for assistant turn *i*, the characters between the render
-  of turns ``< i`` with ``add_generation_prompt=True`` and the render of turns ``≤ i``: the
-  reply and everything the template closes it with (``<|im_end|>\\n`` for ChatML), never the
-  role header. A template whose renders are not prefixes of each other is reported
-  (``template_not_prefix``) rather than guessed.
+* ``prefix`` (any other template): the whole conversation is rendered once and each
+  assistant turn is located in it, in order. The turn as the template writes it when it is the
+  last message (the render of turns ``<= i`` after the render of turns ``< i``) splits into the
+  header that the generation prompt also writes (``<|im_start|>assistant\\n``; Qwen3's prompt
+  adds ``<think>\\n``) and what the model writes: reasoning where the template renders it, the
+  reply, tool calls and the end-of-turn text (``<|im_end|>\\n`` for ChatML). That part is
+  found after the same header; where the template writes earlier turns differently (Qwen3 and
+  Qwen3.5 give only the latest turns a think block, DeepSeek-R1 drops earlier reasoning), the
+  longest tail of it that follows a shorter header and still holds the reply and its tool-call
+  names. A turn found neither way rejects the conversation (``turn_not_located``, counted and
+  logged). Tokens are those the characters map to; one that straddles the turn's edge is
+  trained if its other part is template text, never if it holds a neighbour message's text.
+
+Reasoning follows the template: trained where the template renders it (Qwen3.5: the think
+block of turns after the last user query, the opening ``<think>\\n`` being the generation
+prompt), absent and untrained where it does not (R1; Qwen3.5's earlier turns). Tool-call
+arguments are passed as objects (the Hugging Face convention) and, for templates that
+concatenate them as strings (DeepSeek-R1), as JSON strings.
 
 ``loss_mask: auto`` picks ``generation`` when the template has the tags. ``assistant_only:
 false`` trains on every token.
@@ -30,7 +43,7 @@ Truncation to ``max_length`` (``truncation``): ``turns`` keeps the longest run o
 ending on an assistant turn (rejects ``too_long`` when the first reply does not fit),
 ``reject`` rejects long conversations, ``cut`` cuts mid-turn (logged once: the kept part of the
 last turn is trained on). Differences from TRL: no bundled training templates are swapped in
-(use ``loss_mask: prefix``, which works with any prefix-stable template); a generation span
+(``loss_mask: prefix`` works with the model's own template); a generation span
 whose first character maps to no token is narrowed to the characters that do, instead of
 ending the mask.
 """
@@ -50,6 +63,15 @@ import numpy as np
 from feedline.core.record import Record
 from feedline.errors import SpecError, TaskError
 from feedline.tasks.base import Task, TaskOutput
+from feedline.tasks.chat_turns import (
+    free_after,
+    free_before,
+    locate_turn,
+    reply_pieces,
+    token_mask,
+    tokens_before,
+    tokens_within,
+)
 
 __all__ = ["Chat", "ChatOptions", "normalize_conversation"]
 
@@ -235,29 +257,9 @@ class Chat(Task):
                 return (f"turn_not_located: assistant turn {i} (message {i + 1} of {len(msgs)}) was not found "
                         "in the rendered conversation; give the template {% generation %} blocks")
             h, start, end = span
-            located.append((self._free_before(text, h, msgs, i), start, end, self._free_after(text, end, msgs, i)))
+            located.append((free_before(text, h, msgs, i), start, end, free_after(text, end, msgs, i)))
             cursor = end
         return text, located, [e for _, _, e, _ in located], msgs, tools
-
-    @staticmethod
-    def _free_before(text: str, h: int, msgs: list[dict[str, Any]], i: int) -> int:
-        """Where the text before turn ``i``'s header stops being the previous message's content.
-
-        A token that straddles the turn's start may also cover template markup (``>`` of R1's
-        ``<｜tool▁outputs▁end｜>``), never the previous message's own text.
-        """
-        prev = str(msgs[i - 1].get("content") or "").strip() if i and msgs[i - 1]["role"] != "assistant" else ""
-        at = text.rfind(prev, 0, h) if prev else -1
-        return at + len(prev) if at >= 0 else h
-
-    @staticmethod
-    def _free_after(text: str, end: int, msgs: list[dict[str, Any]], i: int) -> int:
-        """Where the next message's content starts after turn ``i`` (a straddling token stops there)."""
-        if i + 1 >= len(msgs):
-            return len(text)
-        nxt = str(msgs[i + 1].get("content") or "").strip() if msgs[i + 1]["role"] != "assistant" else ""
-        at = text.find(nxt, end) if nxt else -1
-        return at if at >= 0 else end
 
     def _render_or_none(self, msgs: list[dict[str, Any]], tools: Any, gen_prompt: bool = False) -> str | None:
         """The render of a partial conversation, or ``None`` when the template refuses it."""
@@ -269,49 +271,14 @@ class Chat(Task):
             return None
 
     def _locate_turn(self, text: str, cursor: int, msgs: list[dict[str, Any]], i: int, tools: Any) -> tuple[int, int, int] | None:
-        """The characters of assistant turn ``i`` in ``text`` (the whole conversation), at or after ``cursor``.
-
-        The turn as the template renders it when it is the last message (``turn``: the render of
-        turns ``<= i`` after the render of turns ``< i``) splits into the header the generation
-        prompt also writes (``<|im_start|>assistant\n``, plus ``<think>\n`` for Qwen3) and what
-        the model writes: the reply and the end-of-turn text. That part is looked up in order in
-        the whole conversation, after the same header. Templates that render earlier turns
-        differently (Qwen3 adds an empty think block to the latest turns only, R1 drops earlier
-        reasoning) are found by the longest tail of the turn that follows a shorter header, as
-        long as the tail holds the reply itself (its content and tool call names).
-        """
+        """Assistant turn ``i`` in ``text`` at or after ``cursor`` (see :func:`~feedline.tasks.chat_turns.locate_turn`)."""
         before = self._render_or_none(msgs[:i], tools)
-        prompt = self._render_or_none(msgs[:i], tools, gen_prompt=True)
         last = self._render_or_none(msgs[:i + 1], tools)
-        if before is None or last is None or not last.startswith(before):
+        if before is None or last is None:
             return None
-        gen = prompt[len(before):] if prompt is not None and prompt.startswith(before) else ""
-        turn = last[len(before):]
-        cuts = self._token_boundaries(gen)
-        k = max((c for c in cuts if turn.startswith(gen[:c])), default=0)
-        header, body = turn[:k], turn[k:]
-        at = self._find_after(text, header, body, cursor)
-        if at is not None:
-            return at - len(header), at, at + len(body)
-        needed = self._reply_pieces(msgs[i])
-        for c in sorted((c for c in cuts if 0 < c <= k), reverse=True):
-            head = header[:c]
-            pos = text.find(head, cursor)
-            while pos >= 0:
-                start = pos + len(head)
-                for j in range(len(body)):
-                    tail = body[j:]
-                    if text.startswith(tail, start):
-                        if all(piece in tail for piece in needed):
-                            return pos, start, start + len(tail)
-                        break
-                pos = text.find(head, pos + 1)
-        return None
-
-    @staticmethod
-    def _find_after(text: str, header: str, body: str, cursor: int) -> int | None:
-        pos = text.find(header + body, cursor)
-        return None if pos < 0 else pos + len(header)
+        prompt = self._render_or_none(msgs[:i], tools, gen_prompt=True)
+        return locate_turn(text, cursor, before=before, prompt=prompt, last=last,
+                           token_ends=self._token_boundaries, needed=reply_pieces(msgs[i]))
 
     def _token_boundaries(self, s: str) -> list[int]:
         """Character offsets in ``s`` where its tokens end (so a header is never cut inside a token)."""
@@ -322,21 +289,6 @@ class Chat(Task):
             if len(cache) > 256:
                 cache.pop(next(iter(cache)))
         return cache[s]
-
-    @staticmethod
-    def _reply_pieces(m: dict[str, Any]) -> list[str]:
-        """Strings every render of an assistant message contains: its final answer and tool names."""
-        content = m.get("content")
-        pieces = []
-        if isinstance(content, str):
-            answer = content.split("</think>")[-1].strip()
-            if answer:
-                pieces.append(answer)
-        for call in m.get("tool_calls") or []:
-            name = call.get("function", {}).get("name")
-            if isinstance(name, str):
-                pieces.append(name)
-        return pieces
 
     def _turn_ends(self, text: str, msgs: list[dict[str, Any]], tools: Any) -> list[int] | None:
         ends = []
@@ -385,7 +337,7 @@ class Chat(Task):
                 ends = ends if ends is not None else self._turn_ends(text, msgs, tools)
                 cut = 0
                 for end in ends or []:
-                    t = _tokens_before(enc, end, len(ids))
+                    t = tokens_before(enc, end, len(ids))
                     if t > opts.max_length:
                         break
                     cut = t
@@ -413,43 +365,3 @@ def _string_arguments(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             m = {**m, "tool_calls": calls}
         out.append(m)
     return out
-
-
-def _tokens_before(enc: Any, char: int, n: int) -> int:
-    """Number of tokens that start before character ``char``."""
-    offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
-    return int(np.searchsorted(offsets[:, 0], char, side="left")) if n else 0
-
-
-def tokens_within(enc: Any, spans: Sequence[tuple[int, int, int, int]], n: int) -> np.ndarray:
-    """Tokens that overlap a turn's characters ``[s, e)`` and lie inside ``[lo, hi)``.
-
-    Like ``apply_chat_template``'s mask, a token holding the turn's first or last character is
-    trained even when it also covers template text around the turn (ChatML's ``"\n\n"`` after
-    ``<think>``); ``lo``/``hi`` bound it by the neighbouring messages' own text, which is never
-    trained.
-    """
-    mask = np.zeros(n, dtype=bool)
-    if not n:
-        return mask
-    offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
-    starts, ends = offsets[:, 0], offsets[:, 1]
-    for lo, s, e, hi in spans:
-        mask |= (starts >= lo) & (ends <= hi) & (ends > s) & (starts < e)
-    return mask
-
-
-def token_mask(enc: Any, spans: Sequence[tuple[int, int]], n: int) -> np.ndarray:
-    """Tokens covering each character span ``[s, e)``, as ``apply_chat_template`` maps them.
-
-    A span's first and last tokens are those holding its first and last characters (characters
-    that map to no token, such as ones a normalizer dropped, are skipped).
-    """
-    mask = np.zeros(n, dtype=bool)
-    for s, e in spans:
-        ts = next((t for c in range(s, e) if (t := enc.char_to_token(c)) is not None), None)
-        if ts is None:
-            continue
-        te = next(t for c in range(e - 1, s - 1, -1) if (t := enc.char_to_token(c)) is not None)
-        mask[ts:te + 1] = True
-    return mask
