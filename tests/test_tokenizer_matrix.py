@@ -34,6 +34,7 @@ class Reference:
     """The family's own encoder: ids of a text (no specials), its bos/eos ids, and a chat renderer."""
 
     encode: Callable[[list[str]], list[list[int]]]
+    framed: Callable[[list[str]], list[list[int]]]  # with the family's own BOS/EOS
     bos: int | None
     eos: int | None
     chat: Callable[[list[dict[str, Any]]], list[int]] | None = None
@@ -51,14 +52,16 @@ def _hf(path: Path, **roles: str) -> Reference:
         def chat(msgs: list[dict[str, Any]]) -> list[int]:
             out = tok.apply_chat_template(msgs, tokenize=True, return_dict=True)
             return list(out["input_ids"])
-    return Reference(lambda texts: tok(texts, add_special_tokens=False)["input_ids"], tok.bos_token_id, eos, chat)
+    return Reference(lambda texts: tok(texts, add_special_tokens=False)["input_ids"],
+                     lambda texts: tok(texts)["input_ids"], tok.bos_token_id, eos, chat)
 
 
 def _sentencepiece(path: Path) -> Reference:
     spm = pytest.importorskip("sentencepiece")
     sp = spm.SentencePieceProcessor(model_file=str(path))
-    return Reference(lambda texts: sp.encode(texts), sp.bos_id() if sp.bos_id() >= 0 else None,
-                     sp.eos_id() if sp.eos_id() >= 0 else None)
+    bos = sp.bos_id() >= 0  # documented convention: BOS in front when the model has one, else EOS at the end
+    return Reference(lambda texts: sp.encode(texts), lambda texts: sp.encode(texts, add_bos=bos, add_eos=not bos),
+                     sp.bos_id() if bos else None, sp.eos_id() if sp.eos_id() >= 0 else None)
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,14 @@ def test_clm_ids_equal_the_reference(row: Row) -> None:
     outs = task.process([Record((0, 0, i), 0, {"text": t}) for i, t in enumerate(texts)])
     for out, ids in zip(outs, expected, strict=True):
         assert out[0].fields["input_ids"].tolist() == [ref.bos] * bos + list(ids) + [ref.eos]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=IDS)
+def test_framing_with_special_tokens_equals_the_reference(row: Row) -> None:
+    """``add_special_tokens=True`` (classify, infer) frames as the family's reference does."""
+    texts = list(_texts())[:20]
+    got = [x.tolist() for x in _tokenizer(row).encode_batch(texts, add_special_tokens=True)]
+    assert got == [list(x) for x in _reference(row).framed(texts)]
 
 
 @pytest.mark.parametrize("row", ROWS, ids=IDS)
