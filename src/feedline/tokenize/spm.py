@@ -5,12 +5,13 @@ trainer spec (algorithm, byte fallback, special ids) and the normalizer spec. It
 with a small wire-format reader (no protobuf or sentencepiece package needed) and turned into
 the ``tokenizers`` components that reproduce ``SentencePieceProcessor.encode``::
 
-    normalizer      Precompiled(charsmap)            the trained normalization (nmt_nfkc, ...)
-                    " +" -> " ", strip " " at ends   remove_extra_whitespaces
-    pre-tokenizer   Metaspace(prepend "first")       escape spaces as "▁", one dummy prefix
-                    (split on "▁" only when no piece has an inner "▁": exact and faster)
-    model           Unigram(scores) | BPE(merges)    BPE merges ranked by the merged piece's score
-    added tokens    control/unknown pieces special, user-defined pieces matched in the raw text
+    normalizer      Precompiled(charsmap)              the trained normalization (nmt_nfkc, ...)
+                    " {2,}" -> " ", strip " " at ends  remove_extra_whitespaces
+                    Prepend("▁"), " " -> "▁"           add_dummy_prefix, escape_whitespaces
+    pre-tokenizer   split before each "▁"              only when no piece has an inner "▁" (exact, and
+                                                       words are cached); else none (Mistral's "▁▁")
+    model           Unigram(scores) | BPE(merges)      BPE merges ranked by the merged piece's score
+    added tokens    control, unknown, user-defined     matched in the raw text; control ones special
 
     >>> backend, roles = convert("tokenizer.model")      # doctest: +SKIP
     >>> roles                                             # doctest: +SKIP
@@ -27,15 +28,15 @@ real prose of ``../shared/data/prose`` (5,364 documents, 0.5 M tokens per model)
 BPE model encodes identically to sentencepiece and T5's Unigram model differs in one document,
 by such a tie (``python bench/bench_spm.py``).
 
-BOS/EOS (``add_special_tokens=True``): a model with a BOS piece (Llama, Mistral, Gemma) gets
-``<s>`` in front, one without (T5) gets ``</s>`` at the end, as ``transformers``' Llama and T5
+BOS/EOS (``add_special_tokens=True``): a model with a BOS piece (Llama, Mistral, Gemma) gets it
+in front, one without (T5) gets its EOS piece at the end, as ``transformers``' Llama and T5
 tokenizers do; ``sentencepiece.encode`` adds neither unless asked (``add_bos``/``add_eos``).
 """
 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
@@ -70,7 +71,6 @@ class SpmModel:
     add_dummy_prefix: bool = True
     remove_extra_whitespaces: bool = True
     escape_whitespaces: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def algorithm(self) -> str:
