@@ -15,11 +15,24 @@ elsewhere. Which characters are "assistant":
 
 * ``generation`` (templates with ``{% generation %}`` blocks): exactly the blocks, mapped to
   tokens as ``apply_chat_template(..., return_assistant_tokens_mask=True)`` does;
-* ``prefix`` (any other template): for assistant turn *i*, the characters between the render
-  of turns ``< i`` with ``add_generation_prompt=True`` and the render of turns ``≤ i``: the
-  reply and everything the template closes it with (``<|im_end|>\\n`` for ChatML), never the
-  role header. A template whose renders are not prefixes of each other is reported
-  (``template_not_prefix``) rather than guessed.
+* ``prefix`` (any other template): the whole conversation is rendered once and each
+  assistant turn is located in it, in order. The turn as the template writes it when it is the
+  last message (the render of turns ``<= i`` after the render of turns ``< i``) splits into the
+  header that the generation prompt also writes (``<|im_start|>assistant\\n``; Qwen3's prompt
+  adds ``<think>\\n``) and what the model writes: reasoning where the template renders it, the
+  reply, tool calls and the end-of-turn text (``<|im_end|>\\n`` for ChatML). That part is
+  found after the same header; where the template writes earlier turns differently (Qwen3 and
+  Qwen3.5 give only the latest turns a think block, DeepSeek-R1 drops earlier reasoning), the
+  longest tail of it that follows a shorter header and still holds the reply and its tool-call
+  names. A turn found neither way rejects the conversation (``turn_not_located``, counted and
+  logged). Tokens are those the characters map to; one that straddles the turn's edge is
+  trained if its other part is template text, never if it holds a neighbour message's text.
+
+Reasoning follows the template: trained where the template renders it (Qwen3.5: the think
+block of turns after the last user query, the opening ``<think>\\n`` being the generation
+prompt), absent and untrained where it does not (R1; Qwen3.5's earlier turns). Tool-call
+arguments are passed as objects (the Hugging Face convention) and, for templates that
+concatenate them as strings (DeepSeek-R1), as JSON strings.
 
 ``loss_mask: auto`` picks ``generation`` when the template has the tags. ``assistant_only:
 false`` trains on every token.
@@ -30,7 +43,7 @@ Truncation to ``max_length`` (``truncation``): ``turns`` keeps the longest run o
 ending on an assistant turn (rejects ``too_long`` when the first reply does not fit),
 ``reject`` rejects long conversations, ``cut`` cuts mid-turn (logged once: the kept part of the
 last turn is trained on). Differences from TRL: no bundled training templates are swapped in
-(use ``loss_mask: prefix``, which works with any prefix-stable template); a generation span
+(``loss_mask: prefix`` works with the model's own template); a generation span
 whose first character maps to no token is narrowed to the characters that do, instead of
 ending the mask.
 """
@@ -50,6 +63,15 @@ import numpy as np
 from feedline.core.record import Record
 from feedline.errors import MissingDependency, SpecError, TaskError
 from feedline.tasks.base import Task, TaskOutput
+from feedline.tasks.chat_turns import (
+    free_after,
+    free_before,
+    locate_turn,
+    reply_pieces,
+    token_mask,
+    tokens_before,
+    tokens_within,
+)
 
 __all__ = ["Chat", "ChatOptions", "normalize_conversation"]
 
@@ -142,7 +164,7 @@ def normalize_conversation(data: dict[str, Any], field: str | None = None, tools
             raise ValueError(f"message {i} has unknown role {role_raw!r}")
         content = m.get("content", m.get("value"))
         if role == "function_call":
-            out.append({"role": "assistant", "content": "", "tool_calls": [_tool_call(content)]})
+            out.append({"role": "assistant", "content": None, "tool_calls": [_tool_call(content)]})
             continue
         msg = {k: v for k, v in m.items() if k not in ("from", "value") and v is not None}
         msg["role"] = role
@@ -197,7 +219,7 @@ class Chat(Task):
         rendered, indices = out
         return rendered[0], [(int(a), int(b)) for a, b in indices[0]] if spans else []
 
-    def _prepare(self, rec: Record) -> tuple[str, list[tuple[int, int]], list[int] | None, list[dict[str, Any]], Any] | str:
+    def _prepare(self, rec: Record) -> tuple[str, list[Any], list[int] | None, list[dict[str, Any]], Any] | str:
         """Rendered text, assistant char spans, assistant-turn end chars (prefix mode), or a rejection."""
         opts: ChatOptions = self.options
         try:
@@ -212,25 +234,66 @@ class Chat(Task):
         if not any(m["role"] == "assistant" for m in msgs):
             return "no_assistant: the conversation has no assistant turn"
         try:
-            if self.mode == "generation":
-                text, spans = self._render(msgs, tools, spans=True)
-                return text, spans, None, msgs, tools
-            text, _ = self._render(msgs, tools)
-            spans, ends = [], []
-            for i, m in enumerate(msgs):
-                if m["role"] != "assistant":
-                    continue
-                before, _ = self._render(msgs[:i], tools, gen_prompt=True) if i else ("", [])
-                through, _ = self._render(msgs[:i + 1], tools)
-                if not (text.startswith(before) and text.startswith(through) and len(before) <= len(through)):
-                    return "template_not_prefix: renders of the first turns are not prefixes of the whole conversation; use a template with {% generation %} blocks"
-                spans.append((len(before), len(through)))
-                ends.append(len(through))
-            return text, spans, ends, msgs, tools
+            return self._spans(msgs, tools)
         except MissingDependency:
             raise
         except Exception as e:  # jinja raises many types (TemplateError, TypeError, raise_exception)
-            return f"template_error: {type(e).__name__}: {e}"
+            if not _has_object_arguments(msgs):
+                return f"template_error: {type(e).__name__}: {e}"
+            first = e
+        try:  # templates such as DeepSeek-R1's concatenate tool-call arguments as a JSON string
+            return self._spans(_string_arguments(msgs), tools)
+        except Exception:
+            return f"template_error: {type(first).__name__}: {first}"
+
+    def _spans(self, msgs: list[dict[str, Any]], tools: Any) -> tuple[str, list[Any], list[int] | None, list[dict[str, Any]], Any] | str:
+        """The render, the assistant spans (``(s, e)`` from generation blocks, ``(lo, s, e, hi)`` located), turn ends."""
+        if self.mode == "generation":
+            text, spans = self._render(msgs, tools, spans=True)
+            return text, spans, None, msgs, tools
+        text, _ = self._render(msgs, tools)
+        located: list[tuple[int, int, int, int]] = []
+        cursor = 0
+        for i, m in enumerate(msgs):
+            if m["role"] != "assistant":
+                continue
+            span = self._locate_turn(text, cursor, msgs, i, tools)
+            if span is None:
+                return (f"turn_not_located: assistant turn {i} (message {i + 1} of {len(msgs)}) was not found "
+                        "in the rendered conversation; give the template {% generation %} blocks")
+            h, start, end = span
+            located.append((free_before(text, h, msgs, i), start, end, free_after(text, end, msgs, i)))
+            cursor = end
+        return text, located, [e for _, _, e, _ in located], msgs, tools
+
+    def _render_or_none(self, msgs: list[dict[str, Any]], tools: Any, gen_prompt: bool = False) -> str | None:
+        """The render of a partial conversation, or ``None`` when the template refuses it."""
+        if not msgs:
+            return ""
+        try:
+            return self._render(msgs, tools, gen_prompt=gen_prompt)[0]
+        except Exception:  # e.g. "No user query found in messages." for a system-only prefix
+            return None
+
+    def _locate_turn(self, text: str, cursor: int, msgs: list[dict[str, Any]], i: int, tools: Any) -> tuple[int, int, int] | None:
+        """Assistant turn ``i`` in ``text`` at or after ``cursor`` (see :func:`~feedline.tasks.chat_turns.locate_turn`)."""
+        before = self._render_or_none(msgs[:i], tools)
+        last = self._render_or_none(msgs[:i + 1], tools)
+        if before is None or last is None:
+            return None
+        prompt = self._render_or_none(msgs[:i], tools, gen_prompt=True)
+        return locate_turn(text, cursor, before=before, prompt=prompt, last=last,
+                           token_ends=self._token_boundaries, needed=reply_pieces(msgs[i]))
+
+    def _token_boundaries(self, s: str) -> list[int]:
+        """Character offsets in ``s`` where its tokens end (so a header is never cut inside a token)."""
+        cache: dict[str, list[int]] = self.__dict__.setdefault("_boundaries", {})
+        if s not in cache:
+            enc = self.tok.backend.encode(s, add_special_tokens=False) if s else None
+            cache[s] = [0, *sorted({int(e) for _, e in enc.offsets})] if enc is not None else [0]
+            if len(cache) > 256:
+                cache.pop(next(iter(cache)))
+        return cache[s]
 
     def _turn_ends(self, text: str, msgs: list[dict[str, Any]], tools: Any) -> list[int] | None:
         ends = []
@@ -260,7 +323,12 @@ class Chat(Task):
         opts: ChatOptions = self.options
         text, spans, ends, msgs, tools = prep
         ids = np.asarray(enc.ids, dtype=np.int32)
-        mask = token_mask(enc, spans, len(ids)) if opts.assistant_only else np.ones(len(ids), bool)
+        if not opts.assistant_only:
+            mask = np.ones(len(ids), bool)
+        elif self.mode == "generation":
+            mask = token_mask(enc, spans, len(ids))
+        else:
+            mask = tokens_within(enc, spans, len(ids))
         n = len(ids)
         if opts.max_length is not None and n > opts.max_length:
             if opts.truncation == "reject":
@@ -274,7 +342,7 @@ class Chat(Task):
                 ends = ends if ends is not None else self._turn_ends(text, msgs, tools)
                 cut = 0
                 for end in ends or []:
-                    t = _tokens_before(enc, end, len(ids))
+                    t = tokens_before(enc, end, len(ids))
                     if t > opts.max_length:
                         break
                     cut = t
@@ -288,23 +356,17 @@ class Chat(Task):
         return self.example(rec, 0, input_ids=ids, labels=labels)
 
 
-def _tokens_before(enc: Any, char: int, n: int) -> int:
-    """Number of tokens that start before character ``char``."""
-    offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
-    return int(np.searchsorted(offsets[:, 0], char, side="left")) if n else 0
+def _has_object_arguments(msgs: list[dict[str, Any]]) -> bool:
+    return any(not isinstance(c["function"].get("arguments", ""), str) for m in msgs for c in m.get("tool_calls") or [])
 
 
-def token_mask(enc: Any, spans: Sequence[tuple[int, int]], n: int) -> np.ndarray:
-    """Tokens covering each character span ``[s, e)``, as ``apply_chat_template`` maps them.
-
-    A span's first and last tokens are those holding its first and last characters (characters
-    that map to no token, such as ones a normalizer dropped, are skipped).
-    """
-    mask = np.zeros(n, dtype=bool)
-    for s, e in spans:
-        ts = next((t for c in range(s, e) if (t := enc.char_to_token(c)) is not None), None)
-        if ts is None:
-            continue
-        te = next(t for c in range(e - 1, s - 1, -1) if (t := enc.char_to_token(c)) is not None)
-        mask[ts:te + 1] = True
-    return mask
+def _string_arguments(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with every tool call's ``arguments`` as a JSON string (OpenAI's wire form)."""
+    out = []
+    for m in msgs:
+        if m.get("tool_calls"):
+            calls = [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"].get("arguments", {}), ensure_ascii=False)}}
+                     if not isinstance(c["function"].get("arguments", ""), str) else c for c in m["tool_calls"]]
+            m = {**m, "tool_calls": calls}
+        out.append(m)
+    return out

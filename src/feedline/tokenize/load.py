@@ -121,20 +121,11 @@ def _offline() -> bool:
 
 
 def _from_sentencepiece(path: str, config: dict[str, Any] | None = None) -> Tokenizer:
-    try:
-        import sys
+    """A SentencePiece ``.model`` (Unigram or BPE, with or without byte fallback), converted so
+    its ids equal ``sentencepiece.encode`` (see :mod:`feedline.tokenize.spm`); roles (bos, eos,
+    pad, unk) come from the model's trainer spec unless a ``tokenizer_config.json`` beside it
+    names them."""
+    from feedline.tokenize.spm import convert
 
-        from tokenizers.implementations import SentencePieceUnigramTokenizer
-
-        # tokenizers looks for the protobuf schema under a top-level name; sentencepiece ships it.
-        if "sentencepiece_model_pb2" not in sys.modules:
-            from sentencepiece import sentencepiece_model_pb2
-
-            sys.modules["sentencepiece_model_pb2"] = sentencepiece_model_pb2
-
-        impl = SentencePieceUnigramTokenizer.from_spm(path)
-    except Exception as e:
-        raise TokenizerError(
-            f"{path}: cannot convert this SentencePiece model ({e}); it needs the protobuf and sentencepiece packages"
-        ) from e
-    return Tokenizer(impl._tokenizer, path, config)
+    backend, roles = convert(path)
+    return Tokenizer(backend, path, {**roles, **(config or {})})
