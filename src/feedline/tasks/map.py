@@ -27,6 +27,11 @@ from feedline.tasks.base import Task, TaskOutput
 __all__ = ["ChunkRunner", "TaskMap", "ThreadRunner"]
 
 DEFAULT_CHUNK = 256
+#: The first chunk after a start or restore holds this many records; each next one twice as many,
+#: up to ``chunk``. Long documents (Wikipedia articles) then reach the first batch without waiting
+#: for 256 of them. Output never depends on chunking (tasks are pure per record), so neither
+#: determinism nor resume is affected.
+FIRST_CHUNK = 8
 
 
 class ChunkRunner(Protocol):
@@ -105,17 +110,21 @@ class TaskMapIterator(DatasetIterator[Example]):
         self.current_state: State | None = None
         self.current_rejected: dict[str, int] = {}
         self.skip = 0
+        self.chunk = min(FIRST_CHUNK, ds.chunk)  # the next chunk's size (ramps up to ds.chunk)
 
     def _submit(self) -> None:
-        """Read chunks until ``runner.ahead`` are in flight or the parent is exhausted."""
-        while not self.exhausted and len(self.inflight) < self.runner.ahead:
+        """Read chunks until ``runner.ahead`` are in flight or the parent is exhausted; only one
+        before the first chunk's examples are out (the first batch waits for nothing else)."""
+        ahead = self.runner.ahead if self.current_state is not None else 1
+        while not self.exhausted and len(self.inflight) < ahead:
             state = self.parent.get_state()
+            size, self.chunk = self.chunk, min(2 * self.chunk, self.ds.chunk)
             recs: list[Record] = []
             for rec in self.parent:
                 recs.append(rec)
-                if len(recs) == self.ds.chunk:
+                if len(recs) == size:
                     break
-            if len(recs) < self.ds.chunk:
+            if len(recs) < size:
                 self.exhausted = True
             if not recs:
                 break
@@ -160,6 +169,8 @@ class TaskMapIterator(DatasetIterator[Example]):
         self.parent.set_state(parent)
         self.rejections.set_state(rejected)
         self.exhausted, self.current, self.current_state, self.skip = False, [], None, 0
+        # a restored chunk is read whole: the saved chunk (<= ds.chunk records) held the skipped examples
+        self.chunk = self.ds.chunk if skip else min(FIRST_CHUNK, self.ds.chunk)
         if skip:
             if not self._advance():
                 raise StateError("task map: the state points past the end of the stream")
