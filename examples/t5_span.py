@@ -4,8 +4,8 @@
     python examples/t5_span.py --data 'c4/*.json.gz' --tokenizer t5-base-dir --seq-len 512 \\
         --batch-size 128 --d-model 768 --layers 12 --steps 100000 --device cuda
 
-The ``span`` task cuts each document into raw chunks sized so the corrupted inputs are exactly
-``--seq-len`` tokens (T5's ``random_spans_helper``), replaces 15% of the tokens in spans of mean
+The ``span`` task lays the documents end to end (EOS after each) and cuts them into raw pieces
+sized so the corrupted inputs are exactly ``--seq-len`` tokens (T5's ``random_spans_helper``), replaces 15% of the tokens in spans of mean
 length 3 with ``<extra_id_N>`` sentinels, and spells the spans out in ``labels``, with
 ``decoder_input_ids`` shifted right: the fields ``T5ForConditionalGeneration`` takes. Without
 ``--data``, the Wikipedia articles in ``../shared/data`` (or the demo corpus) are used; the

@@ -1,15 +1,23 @@
-"""T5 span corruption on real text with the real T5 tokenizer: lengths, sentinels, reconstruction."""
+"""T5 span corruption on real text with the real T5 tokenizer: lengths, sentinels, reconstruction,
+documents concatenated into full rows (the default) and per document."""
 
 from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import feedline
 from conftest import shared
+from feedline import Loader
 from feedline.core.options import build
 from feedline.core.record import Record
 from feedline.tasks.base import TaskContext
 from feedline.tasks.span import SpanCorruption, noise_mask, span_lengths
+from feedline.testing import assert_resumes_exactly, collect
 from feedline.tokenize.load import load_tokenizer
 
 
@@ -35,9 +43,10 @@ def _docs() -> list[str]:
 
 
 @pytest.mark.parametrize("max_length", [128, 512, 1024])
-def test_real_text_rows(max_length: int) -> None:
+def test_per_document_rows(max_length: int) -> None:
     tok = load_tokenizer(str(shared("tokenizers", "t5")))
-    task = SpanCorruption(build(SpanCorruption.Options, {"max_length": max_length}, "task"), TaskContext(tok, 7))
+    opts = build(SpanCorruption.Options, {"max_length": max_length, "concat_documents": False}, "task")
+    task = SpanCorruption(opts, TaskContext(tok, 7))
     raw, targets_len = span_lengths(max_length)
     docs = _docs()
     outs = task.process([Record((0, 0, i), 0, {"text": t}) for i, t in enumerate(docs)])
@@ -76,3 +85,82 @@ def test_too_many_spans_for_the_sentinels() -> None:
     task = SpanCorruption(build(SpanCorruption.Options, {"max_length": 4096}, "task"), TaskContext(tok, 0))
     with pytest.raises(TaskError, match="sentinels"):
         task.process([Record((0, 0, 0), 0, {"text": "hello world"})])
+
+
+def _reference_counts(length: int, density: float = 0.15, mean: float = 3.0) -> tuple[int, int]:
+    """Noise tokens and spans of T5's ``random_spans_noise_mask(length)`` (written from the reference)."""
+    num_noise = int(np.round(float(length) * density))
+    num_noise = min(max(num_noise, 1), length - 1)
+    num_spans = max(int(np.round(float(num_noise) / mean)), 1)
+    return num_noise, num_spans
+
+
+def _rebuild(inp: np.ndarray, lab: np.ndarray, first: int = 32000) -> np.ndarray:
+    """The raw piece again: the inputs' kept runs interleaved with the targets' noise runs."""
+    kept = np.split(inp[:-1], np.flatnonzero(inp[:-1] >= first))
+    noise = [r[1:] for r in np.split(lab[:-1], np.flatnonzero(lab[:-1] >= first))[1:]]
+    return np.concatenate([kept[0]] + [x for pair in zip(noise, [r[1:] for r in kept[1:]], strict=True) for x in pair])
+
+
+def _verses(tmp: Path, n: int) -> str:
+    """The first ``n`` King James verses, one short document each (~30 tokens)."""
+    with gzip.open(shared("prose", "kjv_bible_verses.txt.gz"), "rt") as f:
+        lines = f.read().splitlines()
+    verses = [ln.strip().split(" ", 1)[1] for ln in lines if ln.startswith("  ") and " " in ln.strip()][:n]
+    (tmp / "verses.jsonl").write_text("".join(json.dumps({"text": v}) + "\n" for v in verses))
+    return str(tmp / "verses.jsonl")
+
+
+@pytest.mark.parametrize("max_length", [128, 512])
+def test_concatenated_rows_are_full_on_short_documents(max_length: int, tmp_path: Path) -> None:
+    tok_path = str(shared("tokenizers", "t5"))
+    spec = {"sources": [{"path": _verses(tmp_path, 400)}], "tokenizer": tok_path, "seed": 5,
+            "task": {"kind": "span", "max_length": max_length},
+            "batching": {"strategy": "pad", "batch_size": 8, "remainder": "keep"}}
+    tok = load_tokenizer(tok_path)
+    eos = tok.special("eos")
+    docs = [tok.encode(r["text"]) for r in feedline.records(spec)]
+    assert np.mean([len(d) for d in docs]) < 45  # a short-document corpus
+    stream = np.concatenate([np.append(d, eos) for d in docs])
+    raw, targets_len = span_lengths(max_length)
+    noise, spans = _reference_counts(raw)
+    rows = [(b["input_ids"][i], b["labels"][i], b["attention_mask"][i]) for b in collect(Loader(spec))
+            for i in range(len(b["input_ids"])) if b["attention_mask"][i].any()]
+    assert len(rows) == -(-len(stream) // raw) and len(rows) > 10
+    rebuilt = []
+    for n, (inp, lab, att) in enumerate(rows):
+        assert inp.shape == (max_length,) or (n == len(rows) - 1 and len(inp) < max_length)
+        real_lab = lab[lab != -100]
+        if n < len(rows) - 1:  # every row but the stream's last is full
+            assert att.all() and len(real_lab) == targets_len
+            assert (inp >= 32000).sum() == (real_lab >= 32000).sum() == spans
+            assert (real_lab[:-1] < 32000).sum() == noise
+        real_in = inp[att.astype(bool)]
+        assert real_in[-1] == eos and real_lab[-1] == eos
+        rebuilt.append(_rebuild(real_in, real_lab))
+        assert len(rebuilt[-1]) == (raw if n < len(rows) - 1 else len(stream) - n * raw)
+    assert np.array_equal(np.concatenate(rebuilt), stream)  # documents + EOS, in order, every token once
+
+
+@pytest.mark.parametrize(("max_length", "docs"), [(128, 120), (32, 24)])
+def test_concatenated_rows_resume_exactly(max_length: int, docs: int, tmp_path: Path) -> None:
+    """Rows of many short documents (128), and long documents cut over many rows (32)."""
+    from feedline.testing import make_corpus
+
+    make_corpus(tmp_path / "prose", files=2, docs=docs // 2, max_words=30 if max_length == 128 else 200)
+    spec = {"sources": [{"path": str(tmp_path / "prose")}], "tokenizer": str(shared("tokenizers", "t5")), "seed": 3,
+            "task": {"kind": "span", "max_length": max_length}, "shuffle": {"buffer": 8}, "epochs": 2,
+            "batching": {"strategy": "pad", "batch_size": 4, "remainder": "keep"}}
+    states = collect(Loader(spec), with_states=True)[1]
+    carries = [s["pipeline"]["parent"]["carry"] for s in states]
+    assert sum(c is not None for c in carries) > len(carries) // 2  # most boundaries fall inside a document
+    assert assert_resumes_exactly(spec, every=2, check=2) >= 4
+
+
+def test_concatenated_rows_refuse_bucketing(tmp_path: Path) -> None:
+    from feedline.errors import SpecError
+
+    spec = {"sources": [{"path": _verses(tmp_path, 10)}], "tokenizer": str(shared("tokenizers", "t5")),
+            "task": {"kind": "span", "max_length": 64}, "batching": {"strategy": "bucket", "batch_size": 4}}
+    with pytest.raises(SpecError, match="concat_documents"):
+        collect(Loader(spec))

@@ -87,14 +87,17 @@ class Pipeline:
         return self.spec.workers or 1
 
     def examples(self) -> Dataset[Example]:
-        """Task examples, in order."""
+        """Task examples, in order (through the task's own stream stage, if it has one)."""
+        mapped: Dataset[Example]
         if self.spec.engine.kind == "ray":
             from feedline.ray.map import RayTaskMap
 
-            return RayTaskMap(self.records(), self.task, self.spec.engine, on_error=self.spec.on_error,
-                              reject_limit=self.spec.reject_limit)
-        return TaskMap(self.records(), self.task, workers=self.workers, on_error=self.spec.on_error,
-                       reject_limit=self.spec.reject_limit)
+            mapped = RayTaskMap(self.records(), self.task, self.spec.engine, on_error=self.spec.on_error,
+                                reject_limit=self.spec.reject_limit)
+        else:
+            mapped = TaskMap(self.records(), self.task, workers=self.workers, on_error=self.spec.on_error,
+                             reject_limit=self.spec.reject_limit)
+        return self.task.stream(mapped, self.materialize)
 
     def materialize(self, refs: Sequence[ExampleRef]) -> list[Example]:
         """Rebuild examples from refs by re-reading their records (used to restore buffers)."""

@@ -9,6 +9,7 @@ See :mod:`feedline.adapters.torch` for the data path and the resume guarantees.
 
 from __future__ import annotations
 
+from feedline.adapters.hf import PackedLayout
 from feedline.adapters.torch import TorchBatch, TorchLoader, passthrough_collate, to_torch
 
-__all__ = ["TorchBatch", "TorchLoader", "passthrough_collate", "to_torch"]
+__all__ = ["PackedLayout", "TorchBatch", "TorchLoader", "passthrough_collate", "to_torch"]

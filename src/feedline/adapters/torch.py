@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from feedline.adapters.common import is_loader, resolve_loader, resolve_rank
+from feedline.adapters.hf import PackedLayout, PackedMode
 from feedline.errors import FeedlineError, MissingDependency
 
 try:
@@ -150,6 +151,9 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
         state: a :meth:`state_dict` to resume from.
         stream: the service stream name (remote sources).
         int64: cast integer fields to ``torch.int64`` (on the device, after the copy).
+        packed: how packed batches (``pack``/``concat``) reach the model: ``position_ids`` (default:
+            no 2-D mask, so Hugging Face models keep documents apart), ``mask4d``, ``flat``, ``keep``,
+            or a :class:`~feedline.adapters.hf.PackedLayout` (see :mod:`feedline.adapters.hf`).
 
     Example:
         >>> loader = TorchLoader({"sources": ["c.jsonl"], "tokenizer": "tok.json"})  # doctest: +SKIP
@@ -159,7 +163,8 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
 
     def __init__(self, source: Any, device: str | torch.device | None = None, pin_memory: bool = True,
                  prefetch: int = 2, *, rank: int | None = None, world_size: int | None = None,
-                 state: Mapping[str, Any] | None = None, stream: str = "train", int64: bool = True) -> None:
+                 state: Mapping[str, Any] | None = None, stream: str = "train", int64: bool = True,
+                 packed: PackedMode | PackedLayout = "position_ids") -> None:
         super().__init__()
         if prefetch < 0:
             raise FeedlineError(f"prefetch={prefetch} must be >= 0")
@@ -171,6 +176,7 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
         self.pin = bool(pin_memory and self.cuda)
         self.prefetch = prefetch
         self.int64 = int64
+        self.packed = packed if isinstance(packed, PackedLayout) else PackedLayout(packed)
         self._source = source
         self._stream_name = stream
         self._resume = state
@@ -259,7 +265,7 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
                 tensors = {k: v.to(self.device, non_blocking=self.pin) for k, v in tensors.items()}
             self._state = state
             self._given += 1
-            yield tensors
+            yield self.packed(tensors)
 
     def dataloader(self) -> torch.utils.data.DataLoader[TorchBatch]:
         """A ``DataLoader`` that passes batches through (``batch_size=None``, no workers).

@@ -1,40 +1,79 @@
-"""Wikitext to clean plain text, with ``mwparserfromhell``; and a markup-residue measure.
+"""Wikitext to clean plain text, in a few linear passes; and a markup-residue measure.
 
     >>> wikitext_to_text("'''Bold''' [[Paris|city]] {{cite web|x}}<ref>note</ref> end.")
     'Bold city end.'
+    >>> wikitext_to_text("[[File:A.jpg|thumb|A [[map]] of it]]Text in [[de:Paris]]<blockquote>quoted</blockquote>")
+    'Text in quoted'
     >>> markup_residue("plain [[link]] text")["[["]
     1
 
-Templates, references, tables, galleries, math, file/image/category links and HTML comments
-are removed; links keep their label; bold/italic quotes and heading ``=`` marks are stripped;
+What goes, in order: comments; elements whose content is not prose (``<ref>``,
+``<references/>``, ``<gallery>``, ``<math>``, ``<table>``, ... see ``DROP_TAGS``); templates
+``{{...}}`` and parameters ``{{{...}}}`` (nested, by bracket depth); tables ``{| ... |}``
+(nested); file/image/media, category and interlanguage links (with their captions); other
+HTML tags (their content stays: ``<blockquote>``, ``<span>``, ``<small>``, ...); bold/italic
+quotes, heading ``=`` marks, list markers, behaviour switches (``__TOC__``). Links keep their
+label (``[[Paris|city]]`` -> ``city``, ``[[bus]]es`` -> ``buses``), external links theirs;
 entities are decoded; runs of blank lines collapse to one.
+
+It is written for speed (regular expressions and bracket scans, no parse tree): the 106
+articles of a real 206-page dump clean in well under a second per core (``bench/wikixml.py``),
+and :data:`RESIDUE_PATTERNS` finds nothing in them (``tests/test_wikixml.py``).
 """
 
 from __future__ import annotations
 
+import html
 import re
-from typing import Any
 
-from feedline.errors import require
+__all__ = ["DROP_TAGS", "RESIDUE_PATTERNS", "markup_residue", "wikitext_to_text"]
 
-__all__ = ["RESIDUE_PATTERNS", "markup_residue", "wikitext_to_text"]
-
-_DROP_TAGS = frozenset({
+#: Elements removed with their content.
+DROP_TAGS = frozenset({
     "ref", "references", "gallery", "imagemap", "timeline", "math", "chem", "ce", "score", "graph",
     "syntaxhighlight", "source", "templatedata", "mapframe", "maplink", "hiero", "table", "noinclude",
-    "includeonly", "indicator", "categorytree", "inputbox",
+    "includeonly", "indicator", "categorytree", "inputbox", "templatestyles", "charinsert", "section",
 })
-_DROP_LINK = re.compile(r"^\s*:?\s*(file|image|category|media)\s*:", re.IGNORECASE)
+_TAG_ALT = "|".join(sorted(DROP_TAGS))
+_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
+_DROP_EMPTY = re.compile(rf"<\s*(?:{_TAG_ALT})\b[^<>]*/\s*>", re.IGNORECASE)
+_DROP_PAIRED = re.compile(rf"<\s*({_TAG_ALT})\b[^<>]*>.*?<\s*/\s*\1\s*>", re.IGNORECASE | re.DOTALL)
+_DROP_OPEN = re.compile(rf"<\s*/?\s*(?:{_TAG_ALT})\b[^<>]*>", re.IGNORECASE)  # unpaired left-overs
+_PARAM = re.compile(r"\{\{\{[^{}]*\}\}\}")  # template parameters {{{1|default}}}
+_BRACES = re.compile(r"\{\{|\}\}")
+_TABLE = re.compile(r"^[ \t]*(\{\||\|\})", re.MULTILINE)
+_LINK = re.compile(r"\[\[((?:[^\[\]]|\[(?!\[)|\](?!\]))*)\]\]")  # innermost: single brackets allowed inside
+_HIDDEN_LINK = re.compile(
+    r"^\s*(?:file|image|media|category|datei|bild|fichier|imagen|archivo|kategorie|catégorie|categoría)\s*:"
+    r"|^\s*[a-z]{2,3}(?:-[a-z0-9]+)*\s*:(?!\s)",  # interlanguage: [[de:Paris]], [[zh-min-nan:...]]
+    re.IGNORECASE)
+_EXT_LINK = re.compile(r"\[(?:https?:|ftp:|mailto:|//)[^\s\]]*[ \t]*([^\]\n]*)\]")
+_QUOTES = re.compile(r"'{2,}")
+_HEADING = re.compile(r"^[ \t]*(=+)[ \t]*(.*?)[ \t]*\1[ \t]*$", re.MULTILINE)
+_BR = re.compile(r"<\s*br\s*/?\s*>", re.IGNORECASE)
+_TAG = re.compile(r"<\s*/?\s*[a-zA-Z][a-zA-Z0-9]*\b[^<>]*>")
+_MAGIC = re.compile(r"__[A-Z]{3,}__")
+_LIST = re.compile(r"^[ \t]*[*#:;]+[ \t]*", re.MULTILINE)
+_RULE = re.compile(r"^[ \t]*-{4,}[ \t]*$", re.MULTILINE)
+_SPACES = re.compile(r"[ \t\u00a0]+")
+_SPACE_PUNCT = re.compile(r" +([,.;:!?)])")
 _BLANKS = re.compile(r"\n\s*\n(\s*\n)+")
-_SPACES = re.compile(r"[ \t]+")
 
-# What must not survive cleaning, by kind: link/template/table brackets, quote markup, tags,
-# escaped entities, heading marks.
+# What must not survive cleaning, by kind (the test lists them): references, templates, tables,
+# files/images/galleries, categories, interlanguage links, HTML tags, bold/italic quotes,
+# entities, heading marks, behaviour switches.
 RESIDUE_PATTERNS: dict[str, re.Pattern[str]] = {
     "[[": re.compile(r"\[\["), "]]": re.compile(r"\]\]"), "{{": re.compile(r"\{\{"), "}}": re.compile(r"\}\}"),
-    "{|": re.compile(r"\{\|"), "|-": re.compile(r"^\|-", re.MULTILINE), "''": re.compile(r"''"),
-    "<tag>": re.compile(r"</?(ref|references|div|span|small|br|table|td|tr|gallery|math|sup|sub)\b[^>]*>", re.IGNORECASE),
-    "&entity;": re.compile(r"&(lt|gt|amp|quot|nbsp|#\d+);"), "==": re.compile(r"^=+.*=+\s*$", re.MULTILINE),
+    "{|": re.compile(r"\{\|"), "|}": re.compile(r"^\s*\|\}", re.MULTILINE),
+    "|-": re.compile(r"^\s*\|[-+]", re.MULTILINE), "table cell": re.compile(r"^\s*[!|]\s*\S.*\|\|", re.MULTILINE),
+    "''": re.compile(r"''"),
+    "<ref>": re.compile(r"<\s*/?\s*(ref|references)\b", re.IGNORECASE),
+    "<tag>": re.compile(r"<\s*/?\s*[a-zA-Z][a-zA-Z0-9]*\b[^<>\n]{0,200}>"),
+    "file:": re.compile(r"\b(File|Image|Media|Category):\S", re.IGNORECASE),
+    "thumb|": re.compile(r"\|\s*(thumb|thumbnail|frameless|upright|left|right|center)\s*\||\b\d+px\b"),
+    "interlanguage": re.compile(r"^[a-z]{2,3}(-[a-z0-9]+)*:\S", re.MULTILINE),
+    "&entity;": re.compile(r"&(lt|gt|amp|quot|nbsp|ndash|mdash|#\d+|#x[0-9a-fA-F]+);"),
+    "==": re.compile(r"^=+.*=+\s*$", re.MULTILINE), "__SWITCH__": re.compile(r"__[A-Z]{3,}__"),
 }
 
 
@@ -44,30 +83,75 @@ def markup_residue(text: str) -> dict[str, int]:
 
 
 def wikitext_to_text(source: str) -> str:
-    """Plain text of a wikitext page."""
-    mwparserfromhell: Any = require("mwparserfromhell", "text")
-    code = mwparserfromhell.parse(source)
-    for node in code.filter_tags(recursive=True):
-        if str(node.tag).strip().lower() in _DROP_TAGS:
-            _remove(code, node)
-    for link in code.filter_wikilinks(recursive=True):
-        if _DROP_LINK.match(str(link.title)):
-            _remove(code, link)
-    for template in code.filter_templates(recursive=False):
-        _remove(code, template)
-    for comment in code.filter_comments(recursive=True):
-        _remove(code, comment)
-    text = code.strip_code(normalize=True, collapse=True)
-    lines = [_SPACES.sub(" ", ln).strip() for ln in text.split("\n")]
-    text = "\n".join(ln for ln in lines if not _is_debris(ln))
-    return _BLANKS.sub("\n\n", text).strip()
+    """Plain text of a wikitext page (see the module docstring for what is removed)."""
+    s = _COMMENT.sub("", source)
+    s = _DROP_EMPTY.sub("", s)
+    s = _DROP_PAIRED.sub("", s)
+    s = _DROP_OPEN.sub("", s)
+    s = _PARAM.sub("", s)
+    s = _remove_nested(s, _BRACES)
+    s = _remove_nested(s, _TABLE)
+    s = _links(s)
+    s = _EXT_LINK.sub(lambda m: m.group(1), s)
+    s = _QUOTES.sub("", s)
+    s = _HEADING.sub(lambda m: m.group(2), s)
+    s = _BR.sub("\n", s)
+    s = _TAG.sub("", s)
+    s = _MAGIC.sub("", s)
+    s = _RULE.sub("", s)
+    s = _LIST.sub("", s)
+    s = html.unescape(s)
+    lines = [_SPACE_PUNCT.sub(r"\1", _SPACES.sub(" ", ln)).strip() for ln in s.split("\n")]
+    s = "\n".join(ln for ln in lines if not _is_debris(ln))
+    return _BLANKS.sub("\n\n", s).strip()
 
 
-def _remove(code: object, node: object) -> None:
-    try:
-        code.remove(node)  # type: ignore[attr-defined]
-    except ValueError:  # already gone with a removed parent
-        pass
+def _remove_nested(s: str, tokens: re.Pattern[str]) -> str:
+    """Drop every span between an opener (a token starting with ``{``) and its matching closer,
+    nesting counted; an opener never closed loses only itself, a stray closer is dropped."""
+    out: list[str] = []
+    depth, at, start = 0, 0, 0
+    opens: list[int] = []
+    for m in tokens.finditer(s):
+        tok = m.group(m.lastindex or 0)
+        if tok[0] == "{":
+            if depth == 0:
+                out.append(s[at:m.start()])
+                start = m.start()
+            depth += 1
+            opens.append(m.end())
+        elif depth:
+            depth -= 1
+            opens.pop()
+            if depth == 0:
+                at = m.end()
+        else:
+            out.append(s[at:m.start()])
+            at = m.end()
+    if depth:  # unclosed: keep the text after the outermost opener, without the opener
+        tail = s[opens[0]:] if opens else s[start:]
+        return "".join(out) + _remove_nested(tail, tokens)
+    out.append(s[at:])
+    return "".join(out)
+
+
+def _link_text(m: re.Match[str]) -> str:
+    inner = m.group(1)
+    target, bar, label = inner.partition("|")
+    if _HIDDEN_LINK.match(target):
+        return ""
+    if bar:
+        return label if label.strip() else re.sub(r"\s*\(.*\)\s*$", "", target).split(":", 1)[-1]
+    return target.lstrip(":").strip()
+
+
+def _links(s: str) -> str:
+    """Wikilinks innermost first (a file caption's links before the file link)."""
+    while True:
+        new = _LINK.sub(_link_text, s)
+        if new == s:
+            return new
+        s = new
 
 
 def _is_debris(line: str) -> bool:

@@ -29,24 +29,31 @@ packers read them; both default to empty, so older tasks are unaffected):
 
 :attr:`Task.packable` is ``False`` for tasks whose rows must not be packed (classification,
 inference, encoder-decoder).
+
+A task whose examples join several records (``span`` concatenates documents into full rows)
+overrides :meth:`Task.stream` to put a stage of its own after the task map; that stage keeps the
+refs of the examples it holds in its state and rebuilds them with ``materialize``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
-from feedline.core.record import Example, Record, Rejection
+from feedline.core.dataset import Dataset
+from feedline.core.record import Example, ExampleRef, Record, Rejection
 from feedline.core.rng import sample_rng
 from feedline.tokenize.tokenizer import Tokenizer
 
-__all__ = ["PAD_VALUES", "Task", "TaskContext", "TaskOutput"]
+__all__ = ["PAD_VALUES", "Materialize", "Task", "TaskContext", "TaskOutput"]
 
 TaskOutput = list[Example] | Rejection
+#: Rebuilds examples from their refs by re-reading and re-processing their records.
+Materialize = Callable[[Sequence[ExampleRef]], list[Example]]
 
 #: How batchers pad the conventional token fields; ``"pad_id"`` means the tokenizer's pad id.
 PAD_VALUES: dict[str, Any] = {
@@ -110,6 +117,14 @@ class Task(ABC):
     @abstractmethod
     def process(self, records: Sequence[Record]) -> list[TaskOutput]:
         """Turn records into examples; one entry per record, in order."""
+
+    def stream(self, examples: Dataset[Example], materialize: Materialize) -> Dataset[Example]:
+        """The example stream the batcher reads: ``examples`` (the task map's output) by default.
+
+        Override to add a stage that joins examples across records; ``materialize`` rebuilds
+        the examples named in that stage's state on resume.
+        """
+        return examples
 
     # ----------------------------------------------------------------- helpers
     def rng(self, record: Record, sub: int = 0, stream: int = 0) -> np.random.Generator:

@@ -8,7 +8,9 @@ examples were already yielded; a restore re-reads and re-processes that one chun
 which gives the same examples because tasks are pure functions of (record, seed, epoch, key).
 The runner never appears in the state, so a state resumes under any runner.
 
-State: ``{"parent": ..., "skip": n, "rejected": {reason: n}}``. ``rejected`` counts every
+State: ``{"parent": ..., "skip": n, "rejected": {reason: n}, "chunk": n}``, where ``chunk`` is
+the size of the chunk the state points into (chunks ramp up from :data:`FIRST_CHUNK`, so the
+first batch waits for few records). ``rejected`` counts every
 rejection *up to the end of the current chunk* that the parent's state (taken at the chunk's
 start) does not already hold: the task's own rejections so far, plus the parent's rejections
 made while reading the current chunk. Summing every ``rejected`` table in the state therefore
@@ -37,6 +39,13 @@ __all__ = ["ChunkRunner", "TaskMap", "ThreadRunner"]
 
 DEFAULT_CHUNK = 256
 
+
+#: The first chunk after a start or restore holds this many records; each next one twice as many,
+#: up to ``chunk``. Long documents (Wikipedia articles) then reach the first batch without waiting
+#: for 256 of them. Output never depends on chunking (tasks are pure per record); the state
+#: names the size of the chunk it points into, so a restore re-reads exactly that chunk (and
+#: re-counts exactly its rejections).
+FIRST_CHUNK = 8
 
 class ChunkRunner(Protocol):
     """Where chunks are processed: ``submit`` returns a handle, ``result`` waits for it."""
@@ -109,8 +118,9 @@ class TaskMapIterator(DatasetIterator[Example]):
         self.runner = ds.runner()
         self.parent = iter(ds.parent)
         self.rejections = Rejections(ds.on_error)
-        # (parent state at the chunk's start, runner handle, parent rejections made reading it, state at its end)
-        self.inflight: collections.deque[tuple[State, Any, dict[str, int], State]] = collections.deque()
+        # (parent state at the chunk's start, its size, runner handle, parent rejections made reading it,
+        #  state at its end)
+        self.inflight: collections.deque[tuple[State, int, Any, dict[str, int], State]] = collections.deque()
         self.exhausted = False
         self.current: list[Example] = []
         self.current_state: State | None = None
@@ -119,31 +129,36 @@ class TaskMapIterator(DatasetIterator[Example]):
         self.skip = 0
         self._next_start: State | None = None  # parent state where the next chunk starts (cached)
         self._watch = ds.reject_limit > 0  # fresh and no example yet: see _check_nothing
+        self.chunk = min(FIRST_CHUNK, ds.chunk)  # the next chunk's size (ramps up to ds.chunk)
+        self.current_size = self.chunk  # the size of the chunk current_state points into
 
     def _submit(self) -> None:
-        """Read chunks until ``runner.ahead`` are in flight or the parent is exhausted."""
-        while not self.exhausted and len(self.inflight) < self.runner.ahead:
+        """Read chunks until ``runner.ahead`` are in flight or the parent is exhausted; only one
+        before the first chunk's examples are out (the first batch waits for nothing else)."""
+        ahead = self.runner.ahead if self.current_state is not None else 1
+        while not self.exhausted and len(self.inflight) < ahead:
             state = self._next_start if self._next_start is not None else self.parent.get_state()
+            size, self.chunk = self.chunk, min(2 * self.chunk, self.ds.chunk)
             recs: list[Record] = []
             for rec in self.parent:
                 recs.append(rec)
-                if len(recs) == self.ds.chunk:
+                if len(recs) == size:
                     break
-            if len(recs) < self.ds.chunk:
+            if len(recs) < size:
                 self.exhausted = True
             self._next_start = end = self.parent.get_state()
             read = add_counts(sum_rejected(end), sum_rejected(state), -1)
             if not recs:
                 if read:  # rejections after the last record: counted with an empty chunk
-                    self.inflight.append((state, [], read, end))
+                    self.inflight.append((state, size, [], read, end))
                 break
-            self.inflight.append((state, self.runner.submit(recs), read, end))
+            self.inflight.append((state, size, self.runner.submit(recs), read, end))
 
     def _advance(self) -> bool:
         self._submit()
         if not self.inflight:
             return False
-        state, handle, read, self.current_end = self.inflight.popleft()
+        state, self.current_size, handle, read, self.current_end = self.inflight.popleft()
         outputs = self.runner.result(handle, state) if handle != [] else []
         self.current_state = state
         examples: list[Example] = []
@@ -177,14 +192,18 @@ class TaskMapIterator(DatasetIterator[Example]):
 
     def get_state(self) -> State:
         if self.current_state is None:
-            return {"parent": self.parent.get_state(), "skip": 0, "rejected": self.rejections.get_state()}
+            return {"parent": self.parent.get_state(), "skip": 0, "rejected": self.rejections.get_state(),
+                    "chunk": self.chunk}
         if self.skip == 0:  # a chunk that gave no example (the end of the stream): stand after it
-            return {"parent": self.current_end, "skip": 0, "rejected": self.rejections.get_state()}
-        return {"parent": self.current_state, "skip": self.skip, "rejected": self.current_rejected}
+            return {"parent": self.current_end, "skip": 0, "rejected": self.rejections.get_state(),
+                    "chunk": min(2 * self.current_size, self.ds.chunk)}
+        return {"parent": self.current_state, "skip": self.skip, "rejected": self.current_rejected,
+                "chunk": self.current_size}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         try:
             parent, skip, rejected = state["parent"], int(state["skip"]), state["rejected"]
+            chunk = int(state.get("chunk", self.ds.chunk))  # states written before the ramp: whole chunks
         except (KeyError, TypeError, ValueError) as e:
             raise StateError(f"task map: malformed state ({e})") from e
         self._drop_inflight()
@@ -192,6 +211,7 @@ class TaskMapIterator(DatasetIterator[Example]):
         self.rejections.set_state(rejected)
         self.exhausted, self.current, self.current_state, self.current_end, self.skip = False, [], None, None, 0
         self._next_start, self._watch = None, False
+        self.chunk = self.current_size = max(1, min(chunk, self.ds.chunk))
         if skip:
             # ``rejected`` includes the current chunk, which _advance counts again: start from
             # the count before it (the chunk re-counts the same rejections: tasks are pure).
@@ -206,7 +226,7 @@ class TaskMapIterator(DatasetIterator[Example]):
             self.skip = skip
 
     def _drop_inflight(self) -> None:
-        for _state, handle, _read, _end in self.inflight:
+        for _state, _size, handle, _read, _end in self.inflight:
             if isinstance(handle, cf.Future):
                 handle.cancel()
         self.inflight.clear()  # other handles (Ray refs) are freed when dropped

@@ -22,13 +22,22 @@ noise (T5's ``random_spans_noise_mask``). With sentinel ``<X_k>`` = ``sentinel_s
 Fields: ``input_ids``, ``labels``, ``decoder_input_ids`` (int32); the last two have their own
 length (:attr:`Task.target_fields`), and rows are never packed::
 
-    task: {kind: span, max_length: 512}
+    task: {kind: span, max_length: 512}                            # documents concatenated (T5)
+    task: {kind: span, max_length: 512, concat_documents: false}   # each document on its own
 
-Differences from T5: documents are not concatenated before chunking (T5's
-``reduce_concat_tokens`` joins 128 documents), because an example must depend on its own record
-only; a document's last chunk is shorter, so its inputs are shorter than ``max_length`` and
-padded by the batcher (a last chunk of one token is dropped). No random ≤65536-token chunk is
-selected per document: every token is used (``overflow: split``).
+**Concatenated (default, as T5 and HF ``run_t5_mlm_flax``).** Each document's tokens end with
+EOS (as the T5 tokenizer's ``</s>`` does in HF's example); documents are laid end to end and cut
+into ``raw_length`` pieces by :class:`~feedline.tasks.span_stream.SpanStream`, a stage after the
+task map, so every row is exactly ``max_length`` inputs and ``targets_length`` targets except the
+last row of the stream. A row's noise mask is drawn from ``sample_rng(seed, epoch, key, start)``
+of the document where it starts (``start``: its token offset there). Unlike T5's
+``reduce_concat_tokens`` (128 documents, then a short segment), no row is short mid-stream, and
+no random ≤65536-token chunk is selected per document: every token is used.
+
+**Per document** (``concat_documents: false``): each document is cut into raw chunks on its
+own, so an example depends on its record only; a document's last chunk is shorter, so its inputs
+are shorter than ``max_length`` and padded by the batcher (a last chunk of one token is
+dropped). ``overflow: truncate`` keeps only a document's first chunk.
 """
 
 from __future__ import annotations
@@ -41,9 +50,10 @@ from typing import Literal
 
 import numpy as np
 
-from feedline.core.record import Record
+from feedline.core.dataset import Dataset
+from feedline.core.record import Example, Record
 from feedline.errors import SpecError, TaskError
-from feedline.tasks.base import Task, TaskOutput
+from feedline.tasks.base import Materialize, Task, TaskContext, TaskOutput
 
 __all__ = ["SpanCorruption", "SpanCorruptionOptions", "noise_mask", "span_lengths"]
 
@@ -58,7 +68,10 @@ class SpanCorruptionOptions:
         mean_noise_span_length: mean length of a noise span.
         sentinel_start: id of the first sentinel ``<extra_id_0>``; later ones count down.
         decoder_start_token_id: first decoder input (default: the pad id, 0 for T5).
-        overflow: ``split`` long documents into raw chunks, or ``truncate`` to the first.
+        concat_documents: lay documents end to end (each ending with EOS) and cut the stream into
+            full rows (T5); ``False``: corrupt each document on its own (short rows padded).
+        overflow: per-document mode: ``split`` long documents into raw chunks, or ``truncate`` to
+            the first (ignored when ``concat_documents``).
     """
 
     max_length: int = 512
@@ -66,6 +79,7 @@ class SpanCorruptionOptions:
     mean_noise_span_length: float = 3.0
     sentinel_start: int | None = None
     decoder_start_token_id: int | None = None
+    concat_documents: bool = True
     overflow: Literal["split", "truncate"] = "split"
 
     def __post_init__(self) -> None:
@@ -162,25 +176,55 @@ class SpanCorruption(Task):
             )
         return first, available
 
+    def __init__(self, options: SpanCorruptionOptions, ctx: TaskContext) -> None:
+        super().__init__(options, ctx)
+        spec = ctx.spec
+        if options.concat_documents and spec is not None and spec.batching.strategy == "bucket":
+            raise SpecError(
+                "batching.strategy: 'bucket' cannot hold span rows of concatenated documents (every row is already "
+                "max_length wide); use strategy 'pad', or set task.concat_documents: false"
+            )
+
+    def stream(self, examples: Dataset[Example], materialize: Materialize) -> Dataset[Example]:
+        """Concatenate documents into full rows (default), or pass per-document rows through."""
+        if not self.options.concat_documents:
+            return examples
+        from feedline.tasks.span_stream import SpanStream
+
+        return SpanStream(examples, self, materialize)
+
     def process(self, records: Sequence[Record]) -> list[TaskOutput]:
         opts: SpanCorruptionOptions = self.options
-        first, _ = self.sentinels
+        _ = self.sentinels  # fail early when the tokenizer has too few sentinels
         eos = self.tok.special("eos")
-        start = opts.decoder_start_token_id if opts.decoder_start_token_id is not None else self.tok.pad_id
         raw = self.raw_length
         out: list[TaskOutput] = []
         for rec, ids in zip(records, self.tok.encode_batch([r.data["text"] for r in records]), strict=True):
+            if opts.concat_documents:  # the document's tokens and EOS; SpanStream cuts and corrupts
+                if len(ids) == 0:
+                    out.append(self.reject(rec, "too_short", "span corruption needs at least 1 token"))
+                    continue
+                doc = ids if ids[-1] == eos else np.append(ids, eos)
+                out.append([self.example(rec, 0, input_ids=doc.astype(np.int32))])
+                continue
             exs = []
             for j, s in enumerate(range(0, len(ids), raw)):
                 chunk = ids[s:s + raw]
                 if len(chunk) < 2 or (opts.overflow == "truncate" and j > 0):
                     break
-                mask = noise_mask(len(chunk), opts.noise_density, opts.mean_noise_span_length, self.rng(rec, j))
-                inputs, labels = _corrupt(chunk, mask, first, eos)
-                dec = np.concatenate([[start], labels[:-1]]).astype(np.int32)
-                exs.append(self.example(rec, j, input_ids=inputs, labels=labels, decoder_input_ids=dec))
+                exs.append(self.example(rec, j, **self.corrupt(chunk, self.rng(rec, j))))
             out.append(exs if exs else self.reject(rec, "too_short", "span corruption needs at least 2 tokens"))
         return out
+
+    def corrupt(self, chunk: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """The fields of one raw chunk: ``input_ids``, ``labels``, ``decoder_input_ids``."""
+        opts: SpanCorruptionOptions = self.options
+        first, _ = self.sentinels
+        start = opts.decoder_start_token_id if opts.decoder_start_token_id is not None else self.tok.pad_id
+        mask = noise_mask(len(chunk), opts.noise_density, opts.mean_noise_span_length, rng)
+        inputs, labels = _corrupt(chunk, mask, first, self.tok.special("eos"))
+        dec = np.concatenate([[start], labels[:-1]]).astype(np.int32)
+        return {"input_ids": inputs, "labels": labels, "decoder_input_ids": dec}
 
 
 def _corrupt(chunk: np.ndarray, mask: np.ndarray, first: int, eos: int) -> tuple[np.ndarray, np.ndarray]:
