@@ -392,11 +392,11 @@ class HttpGateway:
         except Exception:
             feed.giveback(delivery)
             raise
-        resp = web.StreamResponse(status=200, headers={"Content-Type": fmt, "X-Feedline-Step": str(delivery.step)})
-        resp.content_length = len(body)
+        # a Response sends its headers with the body (one segment: no Nagle/delayed-ACK stall);
+        # preparing and finishing it here, not after the handler returns, lets a failed write give the batch back
+        resp = web.Response(body=body, headers={"Content-Type": fmt, "X-Feedline-Step": str(delivery.step)})
         try:
             await resp.prepare(request)
-            await resp.write(body)
             await resp.write_eof()
         except (ConnectionError, asyncio.CancelledError):
             feed.giveback(delivery)
