@@ -62,3 +62,17 @@ def test_demo_trains_with_falling_loss(tmp_path: Path) -> None:
     first, last = (float(x) for x in summary.split("loss ")[1].split(",")[0].split(" -> "))
     assert last < first - 0.5, summary
     assert "waited for data" in summary
+
+
+def test_version_prints_the_package_version() -> None:
+    import feedline
+
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"feedline {feedline.__version__}"
+
+
+def test_serve_help_shows_the_defaults() -> None:
+    out = " ".join(run("serve", "--help").stdout.split())
+    for option, default in (("--window", "8"), ("--heartbeat", "1.0"), ("--timeout", "10.0")):
+        after = out.split(option, 2)[-1]
+        assert f"(default: {default})" in after.split("--", 1)[0] or f"default: {default})" in after[:200], option

@@ -142,7 +142,8 @@ def open_url(url: str, *, retries: int = 5, backoff: float = 0.2) -> IO[bytes]:
     try:
         raw = ResumingStream(url, retries=retries, backoff=backoff)
     except ImportError as e:
-        raise SourceError(f"{url}: reading URLs needs fsspec (and aiohttp for http): pip install fsspec aiohttp") from e
+        raise SourceError(f"{url}: reading URLs needs fsspec and aiohttp (both in the base install; "
+                          "reinstall with: pip install 'aiohttp>=3.9' 'fsspec>=2023.6')") from e
     except ValueError as e:
         raise SourceError(f"{url}: unsupported URL ({e})") from e
     return io.BufferedReader(raw, buffer_size=_CHUNK)
