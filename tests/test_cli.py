@@ -76,3 +76,20 @@ def test_serve_help_shows_the_defaults() -> None:
     for option, default in (("--window", "8"), ("--heartbeat", "1.0"), ("--timeout", "10.0")):
         after = out.split(option, 2)[-1]
         assert f"(default: {default})" in after.split("--", 1)[0] or f"default: {default})" in after[:200], option
+
+
+def test_inspect_highlighting_keeps_the_spaces_between_words(corpus: str, bert_path: str) -> None:
+    from feedline.tokenize import load_tokenizer
+
+    spec = {"sources": [corpus], "tokenizer": bert_path, "seed": 5,
+            "task": {"kind": "mlm", "max_length": 64, "mlm_probability": 0.3},
+            "batching": {"strategy": "pad", "batch_size": 2}}
+    r = run("inspect", "-", "--json", "-n", "1", stdin=json.dumps(spec))
+    assert r.returncode == 0, r.stderr
+    tok = load_tokenizer(bert_path)
+    batch = next(iter(__import__("feedline").Loader(spec)))
+    for i, row in enumerate(json.loads(r.stdout)["batches"][0]["rows"]):
+        assert row["loss_tokens"] > 0 and "[[" in row["text"]
+        ids = batch["input_ids"][i][batch["attention_mask"][i].astype(bool)]
+        # removing the markers gives exactly the decoded row: no word glued to a highlighted one
+        assert row["text"].replace("[[", "").replace("]]", "") == tok.decode(ids.tolist())
