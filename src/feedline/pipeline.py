@@ -91,8 +91,11 @@ class Pipeline:
         if self.spec.engine.kind == "ray":
             from feedline.ray.map import RayTaskMap
 
-            return RayTaskMap(self.records(), self.task, self.spec.engine, on_error=self.spec.on_error)
-        return TaskMap(self.records(), self.task, workers=self.workers, on_error=self.spec.on_error)
+            tm: TaskMap = RayTaskMap(self.records(), self.task, self.spec.engine, on_error=self.spec.on_error)
+        else:
+            tm = TaskMap(self.records(), self.task, workers=self.workers, on_error=self.spec.on_error)
+        tm.locate = self.mixture.locate
+        return tm
 
     def materialize(self, refs: Sequence[ExampleRef]) -> list[Example]:
         """Rebuild examples from refs by re-reading their records (used to restore buffers)."""

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from feedline.core.dataset import Dataset, DatasetIterator, State
-from feedline.core.record import Example, Record, Rejection
+from feedline.core.record import Example, Key, Record, Rejection
 from feedline.errors import StateError
 from feedline.sources.report import Rejections
 from feedline.tasks.base import Task, TaskOutput
@@ -83,6 +83,9 @@ class TaskMap(Dataset[Example]):
         self.workers = max(1, workers)
         self.on_error = on_error
 
+    #: key -> (file, line) for reports of rejected records; set by the pipeline.
+    locate: Callable[[Key], tuple[str, int | None]] | None = None
+
     def runner(self) -> ChunkRunner:
         """A fresh runner for one iterator (override to run chunks elsewhere)."""
         return ThreadRunner(self.task, self.workers)
@@ -98,7 +101,7 @@ class TaskMapIterator(DatasetIterator[Example]):
         self.ds = ds
         self.runner = ds.runner()
         self.parent = iter(ds.parent)
-        self.rejections = Rejections(ds.on_error)
+        self.rejections = Rejections(ds.on_error, locate=getattr(ds, "locate", None))
         self.inflight: collections.deque[tuple[State, Any]] = collections.deque()
         self.exhausted = False
         self.current: list[Example] = []

@@ -23,6 +23,7 @@ import numpy as np
 
 from feedline.errors import SpecError
 from feedline.pipeline import GlobalStream, Pipeline
+from feedline.sources.report import rejected_along
 from feedline.spec import Spec
 from feedline.tools.writers import FORMATS, Format, RowWriter
 
@@ -41,7 +42,7 @@ def _example_rows(pipeline: Pipeline, limit: int | None, report: dict[str, Any])
             s, f, p = ex.key
             yield {"source": s, "file": f, "position": p, "epoch": ex.epoch, "sub": ex.sub, **ex.fields}
     finally:
-        report["rejected"] = dict(getattr(it, "rejected", {}) or {})
+        report["rejected"] = rejected_along(it)  # the task's and its sources'
         it.close()
 
 
@@ -54,7 +55,7 @@ def _batch_rows(pipeline: Pipeline, limit: int | None, report: dict[str, Any]) -
             for i in range(len(batch["input_ids"])):
                 yield {"step": step, **{k: v[i] for k, v in batch.items()}}
     finally:
-        report["rejected"] = dict(getattr(getattr(it.it, "parent", None), "rejected", {}) or {})
+        report["rejected"] = rejected_along(getattr(it.it, "parent", None))
         report["batcher_stats"] = stats.as_dict() if (stats := getattr(it.it, "stats", None)) is not None else None
         it.close()
 

@@ -31,6 +31,7 @@ from typing import Any
 from feedline.batching.base import FillStats
 from feedline.errors import SourceError, SpecError
 from feedline.pipeline import GlobalStream, Pipeline
+from feedline.sources.report import rejected_along
 from feedline.tools.writers import FORMATS, Format, RowWriter
 
 __all__ = ["input_files", "pack", "pack_file"]
@@ -95,7 +96,7 @@ def pack_file(input_path: str, output_path: str, tokenizer: str, max_length: int
                         writer.write({"input_ids": ids[r, :n], "labels": labels[r, :n], "position_ids": pos[r, :n],
                                       "seq_lens": lens[r][lens[r] > 0]})
         stats: FillStats = getattr(it.it, "stats")  # noqa: B009 - the pack batcher's iterator
-        rejected = dict(getattr(getattr(it.it, "parent", None), "rejected", {}) or {})
+        rejected = rejected_along(getattr(it.it, "parent", None))  # the task's and its sources'
     finally:
         it.close()
     return {"input": input_path, "output": output_path, "rows": writer.rows, "conversations": stats.documents,
