@@ -149,7 +149,7 @@ class Server:
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._wake_sock, zmq.POLLIN)
         if o.metrics_port is not None:
-            self._metrics = MetricsEndpoint(o.metrics_port, lambda: self.snapshot, o.metrics_host)
+            self._metrics = MetricsEndpoint(o.metrics_port, lambda: self.snapshot, o.metrics_host, window=o.window)
         self.snapshot = self.stats()
         return self.address
 
@@ -394,7 +394,7 @@ class Server:
         counters.steps = max(counters.steps, item.step)
         counters.last_state = item.state
         counters.record(len(next(iter(item.slices[part].values()))), item.slice_tokens[part],
-                        item.slice_slots[part], sum(a.nbytes for a in arrays))
+                        item.slice_slots[part], sum(a.nbytes for a in arrays), time.monotonic() - item.produced_at)
         return True
 
     # --------------------------------------------------------------- periodic
