@@ -152,11 +152,11 @@ def _append_sentinels(model: Path, n: int) -> None:
     """Append ``<extra_id_{n-1}> .. <extra_id_0>`` as user-defined pieces (T5: extra_id_0 has the highest id)."""
     from sentencepiece import sentencepiece_model_pb2 as pb
 
-    proto = pb.ModelProto()
+    proto = pb.ModelProto()  # type: ignore[attr-defined]
     proto.ParseFromString(model.read_bytes())
     for i in reversed(range(n)):
         piece = proto.pieces.add()
-        piece.piece, piece.score, piece.type = f"<extra_id_{i}>", 0.0, pb.ModelProto.SentencePiece.USER_DEFINED
+        piece.piece, piece.score, piece.type = f"<extra_id_{i}>", 0.0, pb.ModelProto.SentencePiece.USER_DEFINED  # type: ignore[attr-defined]
     model.write_bytes(proto.SerializeToString())
     with open(model.with_suffix(".vocab"), "a", encoding="utf-8") as f:
         for i in reversed(range(n)):
