@@ -25,6 +25,7 @@ from feedline.errors import SpecError
 from feedline.pipeline import GlobalStream, Pipeline
 from feedline.sources.report import rejected_along
 from feedline.spec import Spec
+from feedline.tools.progress import track
 from feedline.tools.writers import FORMATS, Format, RowWriter
 
 __all__ = ["export"]
@@ -101,7 +102,7 @@ def export(spec: Spec | Mapping[str, Any] | str, out_dir: str, fmt: Format = "ar
     tokens = 0
     writer: RowWriter | None = None
     try:
-        for row in rows:
+        for row in track(rows, "export", unit="rows"):
             if writer is None or writer.rows >= shard_rows:
                 if writer is not None:
                     writer.close()

@@ -32,6 +32,7 @@ from feedline.batching.base import FillStats
 from feedline.errors import SourceError, SpecError
 from feedline.pipeline import GlobalStream, Pipeline
 from feedline.sources.report import rejected_along
+from feedline.tools.progress import track
 from feedline.tools.writers import FORMATS, Format, RowWriter
 
 __all__ = ["input_files", "pack", "pack_file"]
@@ -88,7 +89,7 @@ def pack_file(input_path: str, output_path: str, tokenizer: str, max_length: int
     it = iter(GlobalStream(Pipeline(spec)))
     try:
         with RowWriter(output_path, fmt) as writer:
-            for _step, batch, _state in it:
+            for _step, batch, _state in track(it, f"pack {os.path.basename(input_path)}", unit="batches"):
                 ids, labels, pos, lens = batch["input_ids"], batch["labels"], batch["position_ids"], batch["seq_lens"]
                 for r in range(len(ids)):
                     n = int(lens[r].sum())

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from feedline.errors import MissingDependency, SourceError, SpecError
+from feedline.tools.progress import enabled, track
 
 __all__ = ["SPM_FAMILIES", "train_sentencepiece"]
 
@@ -121,14 +122,15 @@ def train_sentencepiece(inputs: Sequence[str], output: str, *, kind: str = "unig
     options.update(model_prefix=prefix, model_type=kind, vocab_size=vocab_size - n_sentinels,
                    character_coverage=character_coverage, num_threads=threads or os.cpu_count() or 1,
                    normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
-                   hard_vocab_limit=False, minloglevel=2)
+                   hard_vocab_limit=False, minloglevel=0 if enabled() else 2)
     with tempfile.TemporaryDirectory(prefix="feedline-spm-") as tmp:
         try:
             if tsv:
                 spm.SentencePieceTrainer.train(input=",".join(_plain_tsv(p, tmp) for p in tsv), input_format="tsv",
                                                **options)
             else:
-                spm.SentencePieceTrainer.train(sentence_iterator=_sentences(inputs, text_field),
+                spm.SentencePieceTrainer.train(sentence_iterator=track(_sentences(inputs, text_field), "reading",
+                                                                       unit="lines"),
                                                input_sentence_size=max_sentences, shuffle_input_sentence=True,
                                                max_sentence_length=1 << 16, **options)
         except RuntimeError as e:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from feedline.cli._common import add_progress_argument, setup_progress
 from feedline.errors import SpecError
 
 NAME = "train-tokenizer"
@@ -17,6 +18,7 @@ EXAMPLE = ("feedline train-tokenizer corpus/*.jsonl.zst -o tok/ --kind wordpiece
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_progress_argument(p)
     p.add_argument("inputs", nargs="+", help="files, globs or directories (any source format), or .tsv word counts")
     p.add_argument("-o", "--output", required=True,
                    help="output directory (tokenizer.json, or the .model + .vocab, and tokenizer_config.json)")
@@ -34,6 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    setup_progress(args)
     if args.format == "sentencepiece":
         from feedline.tools.train_sentencepiece import train_sentencepiece
 
