@@ -96,14 +96,14 @@ def test_inspect_highlighting_keeps_the_spaces_between_words(corpus: str, bert_p
 
 
 def test_demo_all_prints_a_line_per_task_and_a_table() -> None:
-    r = run("demo", "--all", "--tasks", "clm,mlm", "--steps", "40", "--seq-len", "64", "--batch-size", "8",
+    r = run("demo", "--all", "--tasks", "clm,chat", "--steps", "30", "--seq-len", "64", "--batch-size", "8",
             "--in-process", "--no-progress")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0].startswith("clm: 40 steps, loss ") and lines[0].endswith("ok") and "tokens/s" in lines[0]
-    assert lines[1].startswith("mlm: 40 steps") and "data wait" in lines[1]
+    assert lines[0].startswith("clm: 30 steps, loss ") and lines[0].endswith("ok") and "tokens/s" in lines[0]
+    assert lines[1].startswith("chat: 30 steps") and "data wait" in lines[1]
     table = lines[lines.index("") + 1:]
-    assert table[0].split()[:2] == ["task", "steps"] and [t.split()[0] for t in table[1:]] == ["clm", "mlm"]
+    assert table[0].split()[:2] == ["task", "steps"] and [t.split()[0] for t in table[1:]] == ["clm", "chat"]
     # one step cannot lower the loss: the run fails with a reason
     r = run("demo", "--all", "--tasks", "clm", "--steps", "1", "--seq-len", "32", "--batch-size", "4", "--in-process")
     assert r.returncode == 1 and "FAILED" in r.stdout and "did not fall for clm" in r.stderr
