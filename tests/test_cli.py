@@ -107,3 +107,22 @@ def test_demo_all_prints_a_line_per_task_and_a_table() -> None:
     # one step cannot lower the loss: the run fails with a reason
     r = run("demo", "--all", "--tasks", "clm", "--steps", "1", "--seq-len", "32", "--batch-size", "4", "--in-process")
     assert r.returncode == 1 and "FAILED" in r.stdout and "did not fall for clm" in r.stderr
+
+
+@pytest.mark.parametrize("command", ["count-tokens", "export"])
+def test_progress_bars_only_when_asked_or_on_a_terminal(command: str, corpus: str, small_tokenizer: str,
+                                                        tmp_path: Path) -> None:
+    if command == "count-tokens":
+        args = [corpus, "-o", str(tmp_path / "c.tsv")]
+    else:
+        spec = {"sources": [corpus], "tokenizer": small_tokenizer, "task": {"kind": "clm", "max_length": 16}}
+        (tmp_path / "s.json").write_text(json.dumps(spec))
+        args = [str(tmp_path / "s.json"), "-o", str(tmp_path / "out"), "--format", "jsonl"]
+    bar = f"{command}: "
+    piped = run(command, *args)                      # standard error is a pipe here: no bar
+    assert piped.returncode == 0, piped.stderr
+    assert bar not in piped.stderr and "/s]" not in piped.stderr
+    forced = run(command, *args, "--progress")
+    assert forced.returncode == 0, forced.stderr
+    assert bar in forced.stderr and "/s]" in forced.stderr   # tqdm's bar, on standard error
+    assert bar not in run(command, *args, "--no-progress").stderr
