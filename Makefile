@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.feedline-installed
+BENCH_STAMP := $(VENV)/.feedline-bench-installed
 TORCH := torch==2.13.0
 
 .PHONY: demo test lint bench clean
@@ -24,7 +25,11 @@ lint: $(STAMP)
 	@$(BIN)/ruff check src tests bench
 	@$(BIN)/mypy
 
-bench: $(STAMP)
+$(BENCH_STAMP): $(STAMP)
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[bench]"
+	@touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	@$(BIN)/python bench/run.py $(ARGS)
 
 clean:

@@ -62,3 +62,67 @@ def test_demo_trains_with_falling_loss(tmp_path: Path) -> None:
     first, last = (float(x) for x in summary.split("loss ")[1].split(",")[0].split(" -> "))
     assert last < first - 0.5, summary
     assert "waited for data" in summary
+
+
+def test_version_prints_the_package_version() -> None:
+    import feedline
+
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"feedline {feedline.__version__}"
+
+
+def test_serve_help_shows_the_defaults() -> None:
+    out = " ".join(run("serve", "--help").stdout.split())
+    for option, default in (("--window", "8"), ("--heartbeat", "1.0"), ("--timeout", "10.0")):
+        after = out.split(option, 2)[-1]
+        assert f"(default: {default})" in after.split("--", 1)[0] or f"default: {default})" in after[:200], option
+
+
+def test_inspect_highlighting_keeps_the_spaces_between_words(corpus: str, bert_path: str) -> None:
+    from feedline.tokenize import load_tokenizer
+
+    spec = {"sources": [corpus], "tokenizer": bert_path, "seed": 5,
+            "task": {"kind": "mlm", "max_length": 64, "mlm_probability": 0.3},
+            "batching": {"strategy": "pad", "batch_size": 2}}
+    r = run("inspect", "-", "--json", "-n", "1", stdin=json.dumps(spec))
+    assert r.returncode == 0, r.stderr
+    tok = load_tokenizer(bert_path)
+    batch = next(iter(__import__("feedline").Loader(spec)))
+    for i, row in enumerate(json.loads(r.stdout)["batches"][0]["rows"]):
+        assert row["loss_tokens"] > 0 and "[[" in row["text"]
+        ids = batch["input_ids"][i][batch["attention_mask"][i].astype(bool)]
+        # removing the markers gives exactly the decoded row: no word glued to a highlighted one
+        assert row["text"].replace("[[", "").replace("]]", "") == tok.decode(ids.tolist())
+
+
+def test_demo_all_prints_a_line_per_task_and_a_table() -> None:
+    r = run("demo", "--all", "--tasks", "clm,chat", "--steps", "30", "--seq-len", "64", "--batch-size", "8",
+            "--in-process", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("clm: 30 steps, loss ") and lines[0].endswith("ok") and "tokens/s" in lines[0]
+    assert lines[1].startswith("chat: 30 steps") and "data wait" in lines[1]
+    table = lines[lines.index("") + 1:]
+    assert table[0].split()[:2] == ["task", "steps"] and [t.split()[0] for t in table[1:]] == ["clm", "chat"]
+    # one step cannot lower the loss: the run fails with a reason
+    r = run("demo", "--all", "--tasks", "clm", "--steps", "1", "--seq-len", "32", "--batch-size", "4", "--in-process")
+    assert r.returncode == 1 and "FAILED" in r.stdout and "did not fall for clm" in r.stderr
+
+
+@pytest.mark.parametrize("command", ["count-tokens", "export"])
+def test_progress_bars_only_when_asked_or_on_a_terminal(command: str, corpus: str, small_tokenizer: str,
+                                                        tmp_path: Path) -> None:
+    if command == "count-tokens":
+        args = [corpus, "-o", str(tmp_path / "c.tsv")]
+    else:
+        spec = {"sources": [corpus], "tokenizer": small_tokenizer, "task": {"kind": "clm", "max_length": 16}}
+        (tmp_path / "s.json").write_text(json.dumps(spec))
+        args = [str(tmp_path / "s.json"), "-o", str(tmp_path / "out"), "--format", "jsonl"]
+    bar = f"{command}: "
+    piped = run(command, *args)                      # standard error is a pipe here: no bar
+    assert piped.returncode == 0, piped.stderr
+    assert bar not in piped.stderr and "/s]" not in piped.stderr
+    forced = run(command, *args, "--progress")
+    assert forced.returncode == 0, forced.stderr
+    assert bar in forced.stderr and "/s]" in forced.stderr   # tqdm's bar, on standard error
+    assert bar not in run(command, *args, "--no-progress").stderr

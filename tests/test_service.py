@@ -193,7 +193,7 @@ def test_stats_command_and_prometheus_endpoint(server: Any) -> None:
     assert port is not None
     time.sleep(1.2)  # the endpoint serves the snapshot taken once a second
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    assert 'feedline_batches{stream="train"}' in body and "feedline_tokens_per_s" in body
+    assert 'feedline_batches_total{stream="train"}' in body and "feedline_tokens_per_s" in body
 
 
 def test_malformed_frames_leave_the_server_serving_with_flat_memory(env: dict, server: Any) -> None:

@@ -20,6 +20,7 @@ from feedline.errors import (
     TransportError,
     TransportTimeout,
 )
+from feedline.hf_datasets import load_dataset
 from feedline.loader import Loader
 from feedline.pipeline import Pipeline
 from feedline.records import records
@@ -48,6 +49,7 @@ __all__ = [
     "TokenizerError",
     "TransportError",
     "TransportTimeout",
+    "load_dataset",
     "load_tokenizer",
     "records",
 ]

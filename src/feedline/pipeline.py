@@ -97,6 +97,7 @@ class Pipeline:
         else:
             mapped = TaskMap(self.records(), self.task, workers=self.workers, on_error=self.spec.on_error,
                              reject_limit=self.spec.reject_limit)
+        mapped.locate = self.mixture.locate
         return self.task.stream(mapped, self.materialize)
 
     def materialize(self, refs: Sequence[ExampleRef]) -> list[Example]:

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from feedline import __version__
 from feedline.errors import FeedlineError, MissingDependency, SpecError
 
 __all__ = ["main"]
@@ -40,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run 'feedline COMMAND --help' for a command's options and an example.",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    parser.add_argument("--version", action="version", version=f"feedline {__version__}",
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, mod in _commands().items():
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP,

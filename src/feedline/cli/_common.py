@@ -6,7 +6,7 @@ import argparse
 
 from feedline.spec import Spec, read_spec_file
 
-__all__ = ["add_spec_argument", "load_spec"]
+__all__ = ["add_progress_argument", "add_spec_argument", "load_spec", "setup_progress"]
 
 
 def add_spec_argument(parser: argparse.ArgumentParser) -> None:
@@ -17,3 +17,15 @@ def load_spec(arg: str) -> Spec:
     if arg == "-":
         return Spec.from_mapping(read_spec_file("-"))
     return Spec.load(arg)
+
+
+def add_progress_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="show a progress bar (default: when standard error is a terminal)")
+
+
+def setup_progress(args: argparse.Namespace) -> None:
+    """Turn progress bars on or off for this command from ``--progress/--no-progress``."""
+    from feedline.tools.progress import configure
+
+    configure(getattr(args, "progress", None))

@@ -34,12 +34,17 @@ class Record:
 
 @dataclass(frozen=True, slots=True)
 class Rejection:
-    """Why a record was not delivered: file, 1-based line (or row), reason code, detail."""
+    """Why a record was not delivered: file, 1-based line (or row), reason code, detail.
+
+    A stage past the reader (a task) knows only the record's ``key``; the accounting
+    (:class:`~feedline.sources.report.Rejections`) turns it into file and line before reporting.
+    """
 
     path: str
     line: int | None
     reason: str
     detail: str = ""
+    key: Key | None = None
 
     def describe(self) -> str:
         where = f"{self.path}:{self.line}" if self.line is not None else self.path

@@ -52,8 +52,10 @@ def train(model: Any, batches: Iterable[Mapping[str, np.ndarray]], *, steps: int
 
     # The loader (a service process, or the in-process thread) tokenizes on the other cores.
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+    from feedline.tools.progress import enabled
+
     out = out or sys.stderr
-    tty = out.isatty()
+    tty = out.isatty() and enabled()  # a live line on a terminal (off with --no-progress: ten lines instead)
     torch.manual_seed(0)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20))

@@ -280,7 +280,7 @@ class Dispatcher:
         counters.steps = max(counters.steps, item.step)
         counters.last_state = item.state
         counters.record(len(next(iter(item.slices[part].values()))), item.slice_tokens[part],
-                        item.slice_slots[part], sum(a.nbytes for a in arrays))
+                        item.slice_slots[part], sum(a.nbytes for a in arrays), time.monotonic() - item.produced_at)
         return True
 
     # --------------------------------------------------------------- periodic

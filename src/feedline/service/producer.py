@@ -17,8 +17,9 @@ import json
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,7 @@ class Produced:
     slices: list[Batch]
     slice_tokens: list[int]
     slice_slots: list[int]
+    produced_at: float = field(default_factory=time.monotonic)
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,7 +103,7 @@ class Server:
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._wake_sock, zmq.POLLIN)
         if o.metrics_port is not None:
-            self._metrics = MetricsEndpoint(o.metrics_port, lambda: self.snapshot, o.metrics_host)
+            self._metrics = MetricsEndpoint(o.metrics_port, lambda: self.snapshot, o.metrics_host, window=o.window)
         self.snapshot = self.stats()
         return self.address
 

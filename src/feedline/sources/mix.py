@@ -51,6 +51,13 @@ class Mixture(Dataset[Record]):
             out.update(self.sources[s].fetch(ks))
         return out
 
+    def locate(self, key: Key) -> tuple[str, int | None]:
+        """The file and 1-based line (or row) of the record ``key`` (scans that file; for reports)."""
+        source = self.sources[key[0]]
+        if hasattr(source, "locate"):
+            return source.locate(key)  # type: ignore[no-any-return]
+        return f"source {key[0]} record {tuple(key)}", None
+
     def __iter__(self) -> MixtureIterator:
         return MixtureIterator(self)
 

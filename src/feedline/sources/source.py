@@ -117,6 +117,16 @@ class FileSource(Dataset[Record]):
                 out[(self.index, f, p)] = rec
         return out
 
+    def locate(self, key: Key) -> tuple[str, int | None]:
+        """The file and 1-based line (or row) of the record at ``key`` (reads that file up to it)."""
+        path = self.files[key[1]]
+        for position, _next, line, _item in self.reader.read(Split(key[1], path), 0, 0):
+            if position == key[2]:
+                return path, line
+            if position > key[2]:
+                break
+        return path, None
+
     def __iter__(self) -> FileSourceIterator:
         return FileSourceIterator(self)
 

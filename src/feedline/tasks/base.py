@@ -142,7 +142,7 @@ class Task(ABC):
     @staticmethod
     def reject(record: Record, reason: str, detail: str = "") -> Rejection:
         """A :class:`Rejection` for a record this task cannot use (counted and reported by reason)."""
-        return Rejection(f"record {tuple(record.key)}", None, reason, detail)
+        return Rejection(f"record {tuple(record.key)}", None, reason, detail, key=record.key)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.options!r})"

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from feedline.core.dataset import Dataset, DatasetIterator, State
-from feedline.core.record import Example, Record, Rejection
+from feedline.core.record import Example, Key, Record, Rejection
 from feedline.errors import SourceError, StateError
 from feedline.sources.report import Rejections, add_counts, nothing_delivered, sum_rejected
 from feedline.tasks.base import Task, TaskOutput
@@ -102,6 +102,9 @@ class TaskMap(Dataset[Example]):
         self.on_error = on_error
         self.reject_limit = reject_limit
 
+    #: key -> (file, line) for reports of rejected records; set by the pipeline.
+    locate: Callable[[Key], tuple[str, int | None]] | None = None
+
     def runner(self) -> ChunkRunner:
         """A fresh runner for one iterator (override to run chunks elsewhere)."""
         return ThreadRunner(self.task, self.workers)
@@ -117,7 +120,7 @@ class TaskMapIterator(DatasetIterator[Example]):
         self.ds = ds
         self.runner = ds.runner()
         self.parent = iter(ds.parent)
-        self.rejections = Rejections(ds.on_error)
+        self.rejections = Rejections(ds.on_error, locate=getattr(ds, "locate", None))
         # (parent state at the chunk's start, its size, runner handle, parent rejections made reading it,
         #  state at its end)
         self.inflight: collections.deque[tuple[State, int, Any, dict[str, int], State]] = collections.deque()

@@ -20,6 +20,7 @@ from feedline.errors import SourceError
 from feedline.sources.files import open_binary, strip_codec
 from feedline.sources.inputs import read_inputs
 from feedline.sources.report import Rejections
+from feedline.tools.progress import track
 
 __all__ = ["count_tokens", "is_count_file", "write_counts"]
 
@@ -43,7 +44,7 @@ def count_tokens(inputs: Sequence[str], *, lowercase: bool = False, format: str 
             _merge(path, counts)
         else:
             sources.append(path)
-    for rec in read_inputs(sources, format=format, text=text, rejections=rejections):
+    for rec in track(read_inputs(sources, format=format, text=text, rejections=rejections), "count-tokens"):
         t = rec.data["text"]
         counts.update((t.lower() if lowercase else t).split())
     return counts

@@ -26,8 +26,10 @@ import numpy as np
 
 from feedline.errors import SpecError
 from feedline.pipeline import GlobalStream, Pipeline
+from feedline.sources.report import rejected_along
 from feedline.spec import Spec
 from feedline.tools.output import AtomicOutput
+from feedline.tools.progress import track
 from feedline.tools.writers import FORMATS, Format, RowWriter
 
 __all__ = ["export"]
@@ -45,7 +47,7 @@ def _example_rows(pipeline: Pipeline, limit: int | None, report: dict[str, Any])
             s, f, p = ex.key
             yield {"source": s, "file": f, "position": p, "epoch": ex.epoch, "sub": ex.sub, **ex.fields}
     finally:
-        report["rejected"] = dict(getattr(it, "rejected", {}) or {})
+        report["rejected"] = rejected_along(it)  # the task's and its sources'
         it.close()
 
 
@@ -58,7 +60,7 @@ def _batch_rows(pipeline: Pipeline, limit: int | None, report: dict[str, Any]) -
             for i in range(len(batch["input_ids"])):
                 yield {"step": step, **{k: v[i] for k, v in batch.items()}}
     finally:
-        report["rejected"] = dict(getattr(getattr(it.it, "parent", None), "rejected", {}) or {})
+        report["rejected"] = rejected_along(getattr(it.it, "parent", None))
         report["batcher_stats"] = stats.as_dict() if (stats := getattr(it.it, "stats", None)) is not None else None
         it.close()
 
@@ -107,7 +109,7 @@ def export(spec: Spec | Mapping[str, Any] | str, out_dir: str, fmt: Format = "ar
         tokens = 0
         writer: RowWriter | None = None
         try:
-            for row in rows:
+            for row in track(rows, "export", unit="rows"):
                 if writer is None or writer.rows >= shard_rows:
                     if writer is not None:
                         writer.close()

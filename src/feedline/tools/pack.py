@@ -33,7 +33,9 @@ from typing import Any
 from feedline.batching.base import FillStats
 from feedline.errors import SourceError, SpecError
 from feedline.pipeline import GlobalStream, Pipeline
+from feedline.sources.report import rejected_along
 from feedline.tools.output import AtomicOutput
+from feedline.tools.progress import track
 from feedline.tools.writers import FORMATS, Format, RowWriter
 
 __all__ = ["input_files", "pack", "pack_file"]
@@ -90,7 +92,7 @@ def pack_file(input_path: str, output_path: str, tokenizer: str, max_length: int
     it = iter(GlobalStream(Pipeline(spec)))
     try:
         with RowWriter(output_path, fmt) as writer:
-            for _step, batch, _state in it:
+            for _step, batch, _state in track(it, f"pack {os.path.basename(input_path)}", unit="batches"):
                 ids, labels, pos, lens = batch["input_ids"], batch["labels"], batch["position_ids"], batch["seq_lens"]
                 for r in range(len(ids)):
                     n = int(lens[r].sum())
@@ -98,7 +100,7 @@ def pack_file(input_path: str, output_path: str, tokenizer: str, max_length: int
                         writer.write({"input_ids": ids[r, :n], "labels": labels[r, :n], "position_ids": pos[r, :n],
                                       "seq_lens": lens[r][lens[r] > 0]})
         stats: FillStats = getattr(it.it, "stats")  # noqa: B009 - the pack batcher's iterator
-        rejected = dict(getattr(getattr(it.it, "parent", None), "rejected", {}) or {})
+        rejected = rejected_along(getattr(it.it, "parent", None))  # the task's and its sources'
     finally:
         it.close()
     return {"input": input_path, "output": output_path, "rows": writer.rows, "conversations": stats.documents,

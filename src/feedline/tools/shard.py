@@ -31,6 +31,7 @@ from feedline.sources.files import open_binary
 from feedline.sources.inputs import read_inputs
 from feedline.sources.report import Rejections
 from feedline.tools.output import AtomicOutput
+from feedline.tools.progress import track
 
 __all__ = ["ShardReport", "shard"]
 
@@ -73,7 +74,8 @@ def shard(inputs: Sequence[str], output_dir: str, *, num_shards: int, seed: int 
                 # One compressor per writer: a compression context serves one stream at a time.
                 cctx = zstandard.ZstdCompressor(level=1)
                 writers.append(cctx.stream_writer(open(p, "wb"), closefd=True))  # noqa: SIM115 - closed below
-            for rec in read_inputs(inputs, format=format, text=text, on_error=on_error, rejections=rejections):
+            for rec in track(read_inputs(inputs, format=format, text=text, on_error=on_error, rejections=rejections),
+                             "shard: scatter"):
                 line = json.dumps(rec.data, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
                 writers[mix64(seed, *rec.key) % num_shards].write(line)
         finally:
@@ -82,7 +84,7 @@ def shard(inputs: Sequence[str], output_dir: str, *, num_shards: int, seed: int 
         names, counts = [], []
         out_ctx = zstandard.ZstdCompressor(level=level)
         try:
-            for i, p in enumerate(tmp):
+            for i, p in track(list(enumerate(tmp)), "shard: write", unit="shards"):
                 with open_binary(p) as f:
                     lines = f.read().splitlines(keepends=True)
                 order = permutation(len(lines), seed, 0x5A4D, i)

@@ -31,6 +31,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from feedline.errors import SourceError, SpecError
 from feedline.tokenize.tokenizer import Tokenizer
+from feedline.tools.progress import enabled, track
 
 __all__ = ["FAMILIES", "train_tokenizer"]
 
@@ -78,7 +79,7 @@ def _build(kind: str, vocab_size: int, min_frequency: int, lowercase: bool, sent
             tok.normalizer = normalizers.Lowercase()
         special = ["<|endoftext|>"]
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=special,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=enabled())
         cfg = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": None, "pad_token": None}
         return tok, trainer, cfg
     if kind == "wordpiece":
@@ -88,7 +89,7 @@ def _build(kind: str, vocab_size: int, min_frequency: int, lowercase: bool, sent
         tok.decoder = decoders.WordPiece()
         special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
         trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                            special_tokens=special, show_progress=False)
+                                            special_tokens=special, show_progress=enabled())
         cfg = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
                "mask_token": "[MASK]", "bos_token": None, "eos_token": None}
         return tok, trainer, cfg
@@ -99,7 +100,7 @@ def _build(kind: str, vocab_size: int, min_frequency: int, lowercase: bool, sent
         tok.decoder = decoders.Metaspace()
         special = ["<pad>", "</s>", "<unk>"]
         trainer = trainers.UnigramTrainer(vocab_size=max(vocab_size - sentinels, len(special) + 1), special_tokens=special,
-                                          unk_token="<unk>", show_progress=False)
+                                          unk_token="<unk>", show_progress=enabled())
         cfg = {"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>", "bos_token": None}
         return tok, trainer, cfg
     raise SpecError(f"kind: {kind!r} is not a tokenizer family; choose one of {', '.join(FAMILIES)}")
@@ -127,7 +128,7 @@ def train_tokenizer(inputs: Sequence[str], output: str, *, kind: str = "bpe", vo
     if n_sentinels and kind != "unigram":
         raise SpecError("sentinels are for the unigram (T5) family only")
     tok, trainer, cfg = _build(kind, vocab_size, min_frequency, lowercase, n_sentinels)
-    tok.train_from_iterator(_texts(list(inputs), text_field), trainer=trainer)
+    tok.train_from_iterator(track(_texts(list(inputs), text_field), "reading"), trainer=trainer)
     if kind == "wordpiece":
         cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
         tok.post_processor = processors.TemplateProcessing(

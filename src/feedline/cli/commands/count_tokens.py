@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from feedline.cli._common import add_progress_argument, setup_progress
+
 NAME = "count-tokens"
 HELP = "count whitespace-separated words of any inputs into word<TAB>count TSV; count TSV inputs are merged"
 EXAMPLE = "feedline count-tokens shards/shard-0000*.jsonl.zst -o counts.tsv   (then: feedline count-tokens c1.tsv c2.tsv -o all.tsv)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_progress_argument(p)
     p.add_argument("inputs", nargs="+", help="input paths, globs, directories, or word<TAB>count TSV files to merge")
     p.add_argument("-o", "--output", default="-", help="output TSV (default: standard output)")
     p.add_argument("--lower", action="store_true", help="lower-case words before counting")
@@ -20,6 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    setup_progress(args)
     from feedline.sources.report import Rejections
     from feedline.tools.count_tokens import count_tokens, write_counts
 

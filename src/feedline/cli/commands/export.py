@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from feedline.cli._common import add_spec_argument, load_spec
+from feedline.cli._common import add_progress_argument, add_spec_argument, load_spec, setup_progress
 
 NAME = "export"
 HELP = "run a spec and write its examples (or global batches) to arrow/parquet/jsonl/msgpack shards with a manifest"
@@ -13,6 +13,7 @@ EXAMPLE = "feedline export spec.yaml -o out/ -f parquet --what batches --shard-r
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_progress_argument(p)
     add_spec_argument(p)
     p.add_argument("-o", "--output", required=True, help="output directory (created if needed; must be empty unless --overwrite)")
     p.add_argument("-f", "--format", choices=["arrow", "parquet", "jsonl", "msgpack"], default="arrow",
@@ -27,6 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    setup_progress(args)
     from feedline.tools.export import export
 
     manifest = export(load_spec(args.spec), args.output, args.format, what=args.what, shard_rows=args.shard_rows,

@@ -30,27 +30,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _render(tok: Any, ids: np.ndarray, loss: np.ndarray | None, color: bool) -> str:
-    """Decode ``ids`` piece by piece, marking the runs where ``loss`` is true."""
+    """Decode ``ids`` once, marking the runs where ``loss`` is true.
+
+    Each run's text is cut from the decoding of the whole prefix up to its end (decoding runs
+    apart would drop the spaces WordPiece and SentencePiece put between them): ``a [MASK] b``
+    stays ``a [[[MASK]]] b``, never ``a[[[MASK]]]b``.
+    """
+    tokens = ids.tolist()
+    if not tokens:
+        return ""
+    flags = [bool(x) for x in loss.tolist()] if loss is not None else [False] * len(tokens)
+    bounds = [i for i in range(1, len(tokens)) if flags[i] != flags[i - 1]] + [len(tokens)]
     parts: list[str] = []
-    run: list[int] = []
-    run_loss = False
-
-    def flush() -> None:
-        if not run:
-            return
-        text = tok.decode(run)
-        if run_loss:
-            text = f"{_ON}{text}{_OFF}" if color else f"[[{text}]]"
-        parts.append(text)
-
-    for i, t in enumerate(ids.tolist()):
-        is_loss = bool(loss[i]) if loss is not None else False
-        if run and is_loss != run_loss:
-            flush()
-            run = []
-        run.append(t)
-        run_loss = is_loss
-    flush()
+    done, start = "", 0
+    for end in bounds:
+        text = tok.decode(tokens[:end])
+        piece = text[len(done):] if text.startswith(done) else " " + tok.decode(tokens[start:end])
+        if flags[start]:
+            lead = piece[:len(piece) - len(piece.lstrip())]
+            piece = lead + (f"{_ON}{piece.lstrip()}{_OFF}" if color else f"[[{piece.lstrip()}]]")
+        parts.append(piece)
+        done, start = text, end
     return "".join(parts)
 
 

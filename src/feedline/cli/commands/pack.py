@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from feedline.cli._common import add_progress_argument, setup_progress
+
 NAME = "pack"
 HELP = ("render chat JSONL with the chat template (loss on assistant tokens only) and pack it into rows of "
         "MAX_LENGTH tokens; one output file per input file, files in parallel, bounded memory")
@@ -12,6 +14,7 @@ EXAMPLE = "feedline pack -i chats/ -o packed/ -t ../tokenizers/qwen2.5 -m 4096 -
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_progress_argument(p)
     p.add_argument("-i", "--input", required=True, help="a .jsonl file, or a folder of them")
     p.add_argument("-o", "--output", required=True,
                    help="output folder (one <name>.<format> per input); for one input, a file name ending in the format")
@@ -30,6 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    setup_progress(args)
     from feedline.tools.pack import pack
 
     task = {k: v for k, v in (("system", args.system), ("truncation", args.truncation)) if v is not None}

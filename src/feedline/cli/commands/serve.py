@@ -7,45 +7,57 @@ import logging
 import os
 import signal
 import sys
+import threading
 from types import FrameType
 
 from feedline.cli._common import add_spec_argument
-from feedline.service.auth import ServerKeys
+from feedline.errors import SpecError
+from feedline.service.auth import ClientKeys, ServerKeys
+from feedline.service.http import HttpGateway, HttpOptions, parse_http_bind, read_token
 from feedline.service.launch import READY_PREFIX
 from feedline.service.server import Server, ServerOptions
 from feedline.service.streams import load_streams, parse_stream_option
 from feedline.spec import Spec, read_spec_file
 
 NAME = "serve"
-HELP = "serve a spec's batches to trainers over ZeroMQ (loopback unless keys or --insecure)"
-EXAMPLE = "feedline serve train.yaml --bind tcp://127.0.0.1:5555 --stream validation=val.yaml --metrics-port 9100"
+DEFAULT_BIND = "tcp://127.0.0.1:5555"
+HELP = "serve a spec's batches to trainers over ZeroMQ and/or HTTP (loopback unless keys/token or --insecure)"
+EXAMPLE = ("feedline serve train.yaml --bind tcp://127.0.0.1:5555 --stream validation=val.yaml --metrics-port 9100\n"
+           "  feedline serve infer.yaml --http 127.0.0.1:8080   # then: curl -H 'Accept: application/json' "
+           "'http://127.0.0.1:8080/?stream=train'")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_spec_argument(parser)
-    parser.add_argument("--bind", default="tcp://127.0.0.1:5555",
-                        help="address to bind: tcp://HOST:PORT (port 0: any free port) or ipc://PATH")
+    parser.add_argument("--bind", default=None,
+                        help="address to bind: tcp://HOST:PORT (port 0: any free port) or ipc://PATH "
+                             f"(default: {DEFAULT_BIND}, or a free loopback port when only --http is given)")
+    parser.add_argument("--http", metavar="HOST:PORT",
+                        help="also answer GET / with the next batch over HTTP (shared mode; see docs/service.md)")
+    parser.add_argument("--http-token-file", metavar="FILE",
+                        help="bearer token clients must send (required for --http outside loopback)")
     parser.add_argument("--stream", action="append", default=[], metavar="NAME=SPEC",
                         help="serve another named stream from a spec file (repeatable), e.g. validation=val.yaml")
     parser.add_argument("--keys", metavar="DIR", help="CurveZMQ keys from 'feedline keys generate DIR'")
     parser.add_argument("--insecure", action="store_true",
                         help="allow a plaintext bind outside loopback (trusted networks only)")
-    parser.add_argument("--window", type=int, default=8, help="global steps buffered ahead of the slowest rank")
-    parser.add_argument("--heartbeat", type=float, default=1.0, help="seconds between client heartbeats")
+    parser.add_argument("--window", type=int, default=8, help="global steps buffered ahead of the slowest rank (default: %(default)s)")
+    parser.add_argument("--heartbeat", type=float, default=1.0, help="seconds between client heartbeats (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=10.0,
-                        help="seconds of client silence before it is dropped (shared mode: re-delivered)")
-    parser.add_argument("--max-message", type=int, default=16 << 20, help="largest inbound message, bytes")
+                        help="seconds of client silence before it is dropped (shared mode: re-delivered; "
+                             "default: %(default)s)")
+    parser.add_argument("--max-message", type=int, default=16 << 20, help="largest inbound message, bytes (default: %(default)s)")
     parser.add_argument("--drain-timeout", type=float, default=10.0,
-                        help="on SIGTERM, seconds to wait for shared-mode acks")
+                        help="on SIGTERM, seconds to wait for shared-mode acks (default: %(default)s)")
     parser.add_argument("--max-prefetch", type=int, default=16,
-                        help="the most batches one client may have in flight (caps its declared prefetch)")
+                        help="the most batches one client may have in flight (caps its declared prefetch; default: %(default)s)")
     parser.add_argument("--lease", type=float, default=60.0,
-                        help="shared mode: seconds a client may hold a batch unacked before it goes to another client")
+                        help="shared mode: seconds a client may hold a batch unacked before it goes to another client (default: %(default)s)")
     parser.add_argument("--max-cursors", type=int, default=8,
                         help="ranked cursors (pipeline + producer thread) per stream; the longest-idle one is closed "
-                             "to make room, and with none idle a new job is refused")
+                             "to make room, and with none idle a new job is refused (default: %(default)s)")
     parser.add_argument("--idle-close", type=float, default=60.0,
-                        help="seconds a cursor without clients is kept for reconnects before it is closed")
+                        help="seconds a cursor without clients is kept for reconnects before it is closed (default: %(default)s)")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     parser.add_argument("--metrics-host", default="127.0.0.1",
                         help="address of the metrics endpoint (off loopback with --keys: needs --metrics-insecure)")
@@ -59,9 +71,17 @@ def run(args: argparse.Namespace) -> int:
     spec: object = args.spec
     if args.spec == "-":
         spec = Spec.from_mapping(read_spec_file("-"))
+    http = None
+    if args.http:
+        host, port = parse_http_bind(args.http)
+        token = read_token(args.http_token_file) if args.http_token_file else None
+        http = HttpOptions(host=host, port=port, token=token)
+    elif args.http_token_file:
+        raise SpecError("--http-token-file is only used with --http HOST:PORT")
+    bind = args.bind or ("tcp://127.0.0.1:0" if http is not None else DEFAULT_BIND)
     streams = load_streams(spec, extra)  # type: ignore[arg-type]
     options = ServerOptions(
-        bind=args.bind, window=args.window, heartbeat=args.heartbeat, timeout=args.timeout,
+        bind=bind, window=args.window, heartbeat=args.heartbeat, timeout=args.timeout,
         max_message=args.max_message, keys=ServerKeys.load(args.keys) if args.keys else None,
         insecure=args.insecure, drain_timeout=args.drain_timeout, max_cursors=args.max_cursors,
         max_prefetch=args.max_prefetch, lease=args.lease,
@@ -71,6 +91,15 @@ def run(args: argparse.Namespace) -> int:
     server = Server(streams, options)
     logging.getLogger("feedline").setLevel(min(logging.getLogger().level, logging.INFO))
     address = server.bind()
+    gateway = None
+    if http is not None:
+        keys = ClientKeys.load(args.keys) if args.keys else None
+        gateway = HttpGateway(address, streams, http, keys=keys, stats=lambda: server.snapshot)
+        try:
+            url = gateway.start()
+        except BaseException:
+            server.close()
+            raise
     interrupts = 0
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -80,14 +109,22 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write("\nfeedline serve: interrupted twice, exiting now\n")
             os._exit(130)
         server.stop()
+        if gateway is not None:  # release the gateway's held batches so the drain need not wait for them
+            threading.Thread(target=gateway.close, name="feedline-http-close", daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     print(READY_PREFIX + address, flush=True)
     if server.metrics_port is not None:
         print(f"feedline serve: metrics on http://{args.metrics_host}:{server.metrics_port}/metrics", flush=True)
+    if gateway is not None:
+        print(f"feedline serve: HTTP on {url}/ (GET /?stream=NAME, /state, /stats, /healthz)", flush=True)
     print(f"feedline serve: streams {', '.join(f'{n} ({h})' for n, h in server.hashes.items())}", flush=True)
-    server.serve()
+    try:
+        server.serve()
+    finally:
+        if gateway is not None:
+            gateway.close()
     if sys.stderr.isatty():
         sys.stderr.write("\n")
     print("feedline serve: stopped", flush=True)

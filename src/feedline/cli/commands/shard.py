@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 
+from feedline.cli._common import add_progress_argument, setup_progress
+
 NAME = "shard"
 HELP = "shuffle inputs (any format, codec, glob or directory) into N .jsonl.zst shards with bounded memory"
 EXAMPLE = "feedline shard 'wiki/*.xml.bz2' books/ -o shards/ -n 64 --seed 1"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_progress_argument(p)
     p.add_argument("inputs", nargs="+", help="input paths, globs, directories or URLs")
     p.add_argument("-o", "--output", required=True, help="output directory (must be empty unless --overwrite)")
     p.add_argument("-n", "--num-shards", type=int, required=True, help="number of shards to write")
@@ -25,6 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    setup_progress(args)
     from feedline.tools.shard import shard
 
     report = shard(args.inputs, args.output, num_shards=args.num_shards, seed=args.seed, format=args.format,
