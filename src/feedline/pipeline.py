@@ -70,11 +70,16 @@ class Pipeline:
 
     @cached_property
     def tokenizer(self) -> Tokenizer | None:
+        """The spec's tokenizer, encoding plain ids with its ``backend`` (verified per pipeline)."""
         if self._tokenizer is None and self.spec.tokenizer:
             from feedline.tokenize.load import load_tokenizer
 
             self._tokenizer = load_tokenizer(self.spec.tokenizer)
-        return self._tokenizer
+        if self._tokenizer is None:
+            return None
+        from feedline.tokenize.backends import with_backend
+
+        return with_backend(self._tokenizer, self.spec.tokenizer_backend)
 
     @cached_property
     def task(self) -> Task:

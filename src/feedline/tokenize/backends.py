@@ -1,0 +1,341 @@
+"""Encoder backends: which library turns text into ids, verified to match ``tokenizers`` exactly.
+
+``tokenizer: {path: gpt2/, backend: auto}`` (a plain ``tokenizer: gpt2/`` means the same):
+
+* ``hf``: the Hugging Face ``tokenizers`` encoder (``encode_batch_fast``), as always.
+* ``fastokens``: the ``fastokens`` encoder (Rust BPE, ``pip install 'feedline[fast]'``), required:
+  a tokenizer it cannot load or a verification it fails is an error.
+* ``auto`` (default): fastokens when it is installed, loads the tokenizer, and encodes the
+  verification corpus (:func:`verification_corpus`) identically to ``tokenizers``; otherwise
+  ``tokenizers``. The choice and its reason are logged (``feedline.tokenize``).
+
+Verification does not stop at load time. A :class:`VerifiedEncoder` encodes the first
+``window`` characters of the actual data with both encoders and hands out the ``tokenizers`` ids;
+afterwards it re-encodes one text of every ``spot_every``-th call with ``tokenizers``. A
+difference inside the window makes ``auto`` fall back to ``tokenizers`` for good (logged; every
+id handed out so far came from ``tokenizers``, so batches stay identical), and ``fastokens``
+raise :class:`~feedline.errors.TokenizerDivergence`; a difference found by a spot check raises
+for both, since earlier batches may already hold fastokens ids. Batches are therefore the same
+for every backend, and the backend is not part of the spec hash.
+
+Only plain ids come from fastokens: offsets, word ids and pairs (whole-word masking, chat masks,
+classification pairs) are always computed by ``tokenizers`` (``Tokenizer.backend``).
+
+    >>> tok = with_backend(load_tokenizer("gpt2/"), "auto")         # doctest: +SKIP
+    >>> tok.encoder.name                                            # doctest: +SKIP
+    'fastokens'
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import numpy as np
+
+from feedline.errors import MissingDependency, TokenizerDivergence, TokenizerError
+
+if TYPE_CHECKING:
+    from feedline.tokenize.tokenizer import Tokenizer
+
+__all__ = [
+    "Backend",
+    "Encoder",
+    "FastEncoder",
+    "HfEncoder",
+    "Verdict",
+    "VerifiedEncoder",
+    "check_fastokens",
+    "verification_corpus",
+    "with_backend",
+]
+
+log = logging.getLogger("feedline.tokenize")
+
+Backend = Literal["auto", "hf", "fastokens"]
+BACKENDS: tuple[str, ...] = ("auto", "hf", "fastokens")
+
+#: Characters of real data encoded by both encoders before fastokens' ids are used.
+WINDOW_CHARS = 1 << 18
+#: After the window, one text of every this many calls is re-encoded by ``tokenizers``.
+SPOT_EVERY = 16
+
+
+class Encoder(Protocol):
+    """Turns a batch of texts into int32 id arrays; ``name`` says which library does it now."""
+
+    @property
+    def name(self) -> str: ...
+
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[np.ndarray]: ...
+
+
+class HfEncoder:
+    """``tokenizers``' ``encode_batch_fast`` (Rust thread pool, GIL released)."""
+
+    name = "hf"
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[np.ndarray]:
+        if not texts:
+            return []
+        encs = self.backend.encode_batch_fast(list(texts), add_special_tokens=add_special_tokens)
+        return [np.asarray(e.ids, dtype=np.int32) for e in encs]
+
+
+class FastEncoder:
+    """fastokens' flat batch call: one buffer of ids and one of offsets, no per-token objects."""
+
+    name = "fastokens"
+
+    def __init__(self, fast: Any) -> None:
+        self.fast = fast
+
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[np.ndarray]:
+        if not texts:
+            return []
+        ids, offsets = self.fast.encode_batch_flat(list(texts), add_special_tokens=add_special_tokens)
+        flat = np.frombuffer(ids, dtype=np.uint32).astype(np.int32)
+        bounds = np.frombuffer(offsets, dtype=np.uint64).astype(np.int64)
+        return np.split(flat, bounds[1:-1])
+
+
+def _first_difference(want: Sequence[np.ndarray], got: Sequence[np.ndarray] | None) -> int | None:
+    if got is None or len(got) != len(want):
+        return 0
+    for i, (a, b) in enumerate(zip(want, got, strict=True)):
+        if a.shape != b.shape or not np.array_equal(a, b):
+            return i
+    return None
+
+
+def _describe(name: str, text: str, want: np.ndarray, got: np.ndarray | None) -> str:
+    snippet = text[:60] + ("..." if len(text) > 60 else "")
+    n = 0 if got is None else next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+    shown = "an error" if got is None else f"{got[n:n + 5].tolist()} from token {n}"
+    return (f"tokenizer {name!r}: fastokens and tokenizers encode {snippet!r} differently "
+            f"(tokenizers {want[n:n + 5].tolist()}, fastokens {shown})")
+
+
+class VerifiedEncoder:
+    """fastokens, checked against ``tokenizers`` on the data (see the module docstring).
+
+    Args:
+        hf, fast: the two encoders.
+        strict: raise on any difference (``backend: fastokens``); else fall back inside the window.
+        label: the tokenizer's name, for messages.
+        window: characters of data encoded by both before fastokens' ids are used.
+        spot_every: afterwards, one text of every ``spot_every``-th call is re-encoded.
+    """
+
+    def __init__(self, hf: HfEncoder, fast: FastEncoder, *, strict: bool, label: str,
+                 window: int = WINDOW_CHARS, spot_every: int = SPOT_EVERY) -> None:
+        self.hf, self.fast = hf, fast
+        self.strict, self.label = strict, label
+        self.window, self.spot_every = window, max(1, spot_every)
+        self.checked = 0
+        self.calls = 0
+        self.fell_back = False
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return "hf" if self.fell_back else "fastokens"
+
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[np.ndarray]:
+        if not texts:
+            return []
+        with self._lock:
+            if self.fell_back:
+                mode = "hf"
+            elif self.checked < self.window:
+                mode = "window"
+                self.checked += sum(len(t) for t in texts)
+            else:
+                self.calls += 1
+                mode = "spot" if self.calls % self.spot_every == 0 else "fast"
+        if mode == "hf":
+            return self.hf.encode_batch(texts, add_special_tokens)
+        if mode == "window":
+            return self._both(texts, add_special_tokens)
+        try:
+            got = self.fast.encode_batch(texts, add_special_tokens)
+        except Exception:
+            return self.hf.encode_batch(texts, add_special_tokens)
+        if mode == "spot":
+            i = (self.calls // self.spot_every) % len(texts)
+            want = self.hf.encode_batch([texts[i]], add_special_tokens)[0]
+            if not np.array_equal(want, got[i]):
+                raise TokenizerDivergence(
+                    _describe(self.label, texts[i], want, got[i])
+                    + "; batches already delivered may hold fastokens ids. Set tokenizer: {backend: hf} and restart "
+                    "from a state saved before this run used fastokens, and report the text to fastokens")
+        return got
+
+    def _both(self, texts: Sequence[str], add_special_tokens: bool) -> list[np.ndarray]:
+        want = self.hf.encode_batch(texts, add_special_tokens)
+        try:
+            got: list[np.ndarray] | None = self.fast.encode_batch(texts, add_special_tokens)
+        except Exception:
+            got = None
+        bad = _first_difference(want, got)
+        if bad is not None:
+            message = _describe(self.label, texts[bad], want[bad], None if got is None else got[bad])
+            if self.strict:
+                raise TokenizerDivergence(message + " on the data; use tokenizer: {backend: hf} (or auto)")
+            with self._lock:
+                self.fell_back = True
+            log.warning("%s on the data; encoding with tokenizers from now on (every id so far came from tokenizers)",
+                        message)
+        return want
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether fastokens may encode for a tokenizer: ``fast`` is its encoder when verified."""
+
+    fast: FastEncoder | None
+    reason: str
+    missing: bool = False
+
+
+# id(tokenizers.Tokenizer) -> (that tokenizer, kept alive so the id stays its own; verdict)
+_VERDICTS: collections.OrderedDict[int, tuple[Any, Verdict]] = collections.OrderedDict()
+_VERDICTS_KEPT = 32
+_VERDICTS_LOCK = threading.Lock()
+
+
+def check_fastokens(tok: Tokenizer) -> Verdict:
+    """Load ``tok`` into fastokens and compare it with ``tokenizers`` on :func:`verification_corpus`.
+
+    Cached per tokenizer object.
+    """
+    key = id(tok.backend)
+    with _VERDICTS_LOCK:
+        cached = _VERDICTS.get(key)
+    if cached is not None:
+        return cached[1]
+    verdict = _check(tok)
+    with _VERDICTS_LOCK:
+        _VERDICTS[key] = (tok.backend, verdict)
+        while len(_VERDICTS) > _VERDICTS_KEPT:
+            _VERDICTS.popitem(last=False)
+    return verdict
+
+
+def _check(tok: Tokenizer) -> Verdict:
+    try:
+        import fastokens
+    except ImportError:
+        return Verdict(None, "fastokens is not installed (pip install 'feedline[fast]')", missing=True)
+    try:
+        fast = FastEncoder(fastokens.Tokenizer.from_json_str(tok.backend.to_str()))
+    except Exception as e:
+        return Verdict(None, f"fastokens cannot load it: {str(e).splitlines()[0][:160]}")
+    hf = HfEncoder(tok.backend)
+    corpus = verification_corpus(tok)
+    for special in (False, True):
+        want = hf.encode_batch(corpus, special)
+        try:
+            got: list[np.ndarray] | None = fast.encode_batch(corpus, special)
+        except Exception:
+            got = None
+        bad = _first_difference(want, got)
+        if bad is not None:
+            detail = _describe(tok.name, corpus[bad], want[bad], None if got is None else got[bad])
+            return Verdict(None, f"verification failed: {detail} (add_special_tokens={special})")
+    return Verdict(fast, f"verified identical on {len(corpus)} texts, {sum(map(len, corpus))} characters")
+
+
+# Text families where encoders disagree when they disagree at all: scripts, normalisation-prone
+# characters, emoji sequences, whitespace runs, long unbroken runs, digits, code.
+_CORPUS: tuple[str, ...] = (
+    "The quick brown fox jumps over the lazy dog. Ünïcödé naïve café résumé façade Œuvre straße.",
+    "Москва — столица России. Ελληνικά γράμματα: αβγδε. עברית: שלום עולם. العربية: مرحبا بالعالم.",
+    "हिन्दी भाषा देवनागरी में लिखी जाती है। ภาษาไทยไม่มีการเว้นวรรคระหว่างคำ ქართული ენა Հայերեն",
+    "中文分词没有空格。日本語の文章にはひらがな、カタカナ、漢字が混在します。한국어 문장은 띄어쓰기를 합니다。",
+    "全角：ＡＢＣ１２３，半角ｶﾀｶﾅ。「引用」『二重』【括弧】〜～・…",
+    "Emoji: 😀😃😄 👍🏽 👨‍👩‍👧‍👦 🏳️‍🌈 🇯🇵🇫🇷 ❤️‍🔥 1️⃣ 🫠 ©️ ™ ∑∫√∞ ≠ ≤ ≥",
+    "spaces:  two   three    four     five\ttab\t\ttabs\n\nnewlines\r\nCRLF \u00a0nbsp\u3000ideographic\u2028ls   ",
+    "        indented code block\n    def f(x):\n        return x  # comment\n\n\n\n",
+    " leading space", "trailing space ", "   ", "\n", "\t", "", "a", " a", "a ", "  a  ",
+    "a" * 4000,
+    "x" * 1000 + " " + "ab" * 700 + " " + "é" * 600,
+    "1234567890" * 120,
+    "3.14159265358979323846 1,000,000 -42 0x1F 1e-9 2025-11-23T13:12:53Z $19.99 €5,50 ¥1000",
+    "https://example.com/path/to/resource?query=value&other=1#fragment user@example.org",
+    "aGVsbG8gd29ybGQgdGhpcyBpcyBhIGxvbmcgYmFzZTY0IGJsb2Igd2l0aG91dCBzcGFjZXM" * 20,
+    "Pneumonoultramicroscopicsilicovolcanoconiosis Donaudampfschifffahrtsgesellschaftskapitän",
+    "{\"key\": [1, 2, 3], \"nested\": {\"a\": null}} <html><body class='x'>&amp;&lt;&gt;</body></html>",
+    "ﬁ ﬂ ﬀ ℌ ℍ Ⅸ ① ⁵ ₂ ½ Å Å é é ẞ ǅ İ ı K",
+    "zero\u200bwidth\u200cjoiner\u200dmark\ufeffbom\u00admixed",
+    "don't can't won't I'm you're he'll we've they'd 'quoted' \"double\" ‘curly’ “curly”",
+    "!!!??? ... --- ___ *** ### @@@ $$$ %%% ^^^ &&& ((( ))) [[[ ]]] {{{ }}} ||| ~~~ ``` ''' \"\"\"",
+)
+
+
+def _prose(limit: int = 24_000) -> list[str]:
+    """Real English prose and code that ships with Python (the reference's help topics)."""
+    try:
+        from pydoc_data import topics
+    except ImportError:  # pragma: no cover - stripped Python builds
+        return []
+    out, total = [], 0
+    for _name, text in sorted(topics.topics.items()):
+        piece = text[:2000]
+        out.append(piece)
+        total += len(piece)
+        if total >= limit:
+            break
+    return out
+
+
+def verification_corpus(tok: Tokenizer) -> list[str]:
+    """Texts that must encode identically before fastokens is trusted with ``tok``.
+
+    Mixed scripts, CJK, emoji, whitespace runs, very long words, real prose, and every added
+    token of ``tok`` as literal text in several contexts (alone, glued to words, between spaces
+    and newlines, repeated).
+    """
+    texts = list(_CORPUS) + _prose()
+    added = sorted(t.content for t in tok.backend.get_added_tokens_decoder().values())
+    for t in added:
+        texts += [t, f"a{t}b", f" {t} ", f"Hello {t}world", f"\n{t}\n\n", f"{t}{t}", f"x  {t}  y"]
+    if added:
+        texts.append(" ".join(added) + " " + "".join(added))
+    return texts
+
+
+def with_backend(tok: Tokenizer, backend: str) -> Tokenizer:
+    """A view of ``tok`` whose plain-id encoding uses ``backend`` (``auto``, ``hf`` or ``fastokens``).
+
+    Each call makes a fresh :class:`VerifiedEncoder` (its own data window), sharing the loaded
+    tokenizers and the cached load-time verification.
+
+    Raises:
+        TokenizerError: ``fastokens`` was asked for and cannot load or verify this tokenizer.
+        MissingDependency: ``fastokens`` was asked for and is not installed.
+    """
+    if backend not in BACKENDS:
+        raise TokenizerError(f"backend: {backend!r} is not one of {', '.join(BACKENDS)}")
+    hf = HfEncoder(tok.backend)
+    if backend == "hf":
+        return tok.with_encoder(hf, "hf")
+    verdict = check_fastokens(tok)
+    if verdict.fast is None:
+        if backend == "fastokens":
+            err = MissingDependency if verdict.missing else TokenizerError
+            raise err(f"tokenizer {tok.name!r}: backend: fastokens: {verdict.reason}; use backend: auto or hf")
+        log.info("tokenizer %r: encoding with tokenizers (%s)", tok.name, verdict.reason)
+        return tok.with_encoder(hf, backend)
+    log.info("tokenizer %r: encoding with fastokens (%s; the first %d characters of data are checked too)",
+             tok.name, verdict.reason, WINDOW_CHARS)
+    encoder = VerifiedEncoder(hf, verdict.fast, strict=backend == "fastokens", label=tok.name,
+                              window=WINDOW_CHARS, spot_every=SPOT_EVERY)
+    return tok.with_encoder(encoder, backend)
