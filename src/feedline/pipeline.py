@@ -23,7 +23,7 @@ from feedline.batching.planner import complete_batch
 from feedline.batching.registry import batcher_class
 from feedline.core.dataset import Dataset, DatasetIterator, State
 from feedline.core.record import Example, ExampleRef, Key, Record
-from feedline.errors import StateError
+from feedline.errors import SpecError, StateError
 from feedline.sources.mix import Mixture
 from feedline.sources.shuffle import ShuffleBuffer
 from feedline.sources.source import FileSource
@@ -93,6 +93,11 @@ class Pipeline:
 
     def examples(self) -> Dataset[Example]:
         """Task examples, in order."""
+        if not self.task.accepts_tokens:
+            for src in self.sources:
+                if src.reader.pretokenized:
+                    raise SpecError(f"sources[{src.index}] ({src.spec.label}) holds token ids ({src.reader.name}); "
+                                    f"task {self.spec.task.kind!r} needs text: use task: clm, or a text source")
         if self.spec.engine.kind == "ray":
             from feedline.ray.map import RayTaskMap
 
