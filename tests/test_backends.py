@@ -141,6 +141,20 @@ def test_divergence_in_the_window_falls_back_under_auto(divergent: tuple[Tokeniz
     assert later[0].tolist() == hf.encode_batch(["the end"])[0].tolist()
 
 
+def test_window_ends_inside_a_call(divergent: tuple[Tokenizer, FastEncoder]) -> None:
+    """Only the texts that fill the window are checked; after a fallback the rest of the call is
+    re-encoded by tokenizers, so nothing handed out differs."""
+    tok, fast = divergent
+    hf = HfEncoder(tok.backend)
+    texts = ["over the river", "and the sea", "by the hill"]
+    enc = VerifiedEncoder(hf, fast, strict=False, label="gpt2", window=5)
+    assert [g.tolist() for g in enc.encode_batch(texts)] == [h.tolist() for h in hf.encode_batch(texts)]
+    assert enc.name == "hf" and enc.checked == len(texts[0])
+    clean = VerifiedEncoder(hf, fast, strict=False, label="gpt2", window=5)
+    out = clean.encode_batch(["Hello world", "over the river"])  # the divergent text is past the window
+    assert clean.name == "fastokens" and out[1].tolist() != hf.encode_batch(["over the river"])[0].tolist()
+
+
 def test_divergence_in_the_window_raises_for_fastokens(divergent: tuple[Tokenizer, FastEncoder]) -> None:
     tok, fast = divergent
     enc = VerifiedEncoder(HfEncoder(tok.backend), fast, strict=True, label="gpt2", window=1_000)

@@ -9,9 +9,9 @@
   verification corpus (:func:`verification_corpus`) identically to ``tokenizers``; otherwise
   ``tokenizers``. The choice and its reason are logged (``feedline.tokenize``).
 
-Verification does not stop at load time. A :class:`VerifiedEncoder` encodes the first
-``window`` characters of the actual data with both encoders and hands out the ``tokenizers`` ids;
-afterwards it re-encodes one text of every ``spot_every``-th call with ``tokenizers``. A
+Verification does not stop at load time. A :class:`VerifiedEncoder` encodes the texts holding the
+first ``window`` characters of the actual data with both encoders and hands out the ``tokenizers``
+ids for them; afterwards it re-encodes one text of every ``spot_every``-th call with ``tokenizers``. A
 difference inside the window makes ``auto`` fall back to ``tokenizers`` for good (logged; every
 id handed out so far came from ``tokenizers``, so batches stay identical), and ``fastokens``
 raise :class:`~feedline.errors.TokenizerDivergence`; a difference found by a spot check raises
@@ -151,22 +151,27 @@ class VerifiedEncoder:
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[np.ndarray]:
         if not texts:
             return []
+        checked = 0
         with self._lock:
             if self.fell_back:
                 mode = "hf"
             elif self.checked < self.window:
                 mode = "window"
-                self.checked += sum(len(t) for t in texts)
+                budget = self.window - self.checked
+                while checked < len(texts) and budget > 0:  # the texts that fill what is left of the window
+                    budget -= len(texts[checked])
+                    checked += 1
+                self.checked += sum(len(t) for t in texts[:checked])
             else:
                 self.calls += 1
                 mode = "spot" if self.calls % self.spot_every == 0 else "fast"
         if mode == "hf":
             return self.hf.encode_batch(texts, add_special_tokens)
         if mode == "window":
-            return self._both(texts, add_special_tokens)
+            return self._window(texts, checked, add_special_tokens)
         try:
             got = self.fast.encode_batch(texts, add_special_tokens)
-        except Exception:
+        except Exception:  # noqa: BLE001 - e.g. lone surrogates: tokenizers decides (encodes or raises its own error)
             return self.hf.encode_batch(texts, add_special_tokens)
         if mode == "spot":
             i = (self.calls // self.spot_every) % len(texts)
@@ -178,22 +183,27 @@ class VerifiedEncoder:
                     "from a state saved before this run used fastokens, and report the text to fastokens")
         return got
 
-    def _both(self, texts: Sequence[str], add_special_tokens: bool) -> list[np.ndarray]:
-        want = self.hf.encode_batch(texts, add_special_tokens)
+    def _window(self, texts: Sequence[str], checked: int, add_special_tokens: bool) -> list[np.ndarray]:
+        """Encode with fastokens and compare the first ``checked`` texts with tokenizers.
+
+        The checked texts are handed out as tokenizers encoded them. On a difference: raise
+        (strict), or fall back and encode the rest with tokenizers too.
+        """
+        want = self.hf.encode_batch(texts[:checked], add_special_tokens)
         try:
             got: list[np.ndarray] | None = self.fast.encode_batch(texts, add_special_tokens)
-        except Exception:
+        except Exception:  # noqa: BLE001 - fastokens failing where tokenizers did not is a difference
             got = None
-        bad = _first_difference(want, got)
-        if bad is not None:
-            message = _describe(self.label, texts[bad], want[bad], None if got is None else got[bad])
-            if self.strict:
-                raise TokenizerDivergence(message + " on the data; use tokenizer: {backend: hf} (or auto)")
-            with self._lock:
-                self.fell_back = True
-            log.warning("%s on the data; encoding with tokenizers from now on (every id so far came from tokenizers)",
-                        message)
-        return want
+        bad = _first_difference(want, None if got is None else got[:checked])
+        if bad is None and got is not None:
+            return want + got[checked:]
+        message = _describe(self.label, texts[bad or 0], want[bad or 0], None if got is None else got[bad or 0])
+        if self.strict:
+            raise TokenizerDivergence(message + " on the data; use tokenizer: {backend: hf} (or auto)")
+        with self._lock:
+            self.fell_back = True
+        log.warning("%s on the data; encoding with tokenizers from now on (every id so far came from tokenizers)", message)
+        return want + self.hf.encode_batch(texts[checked:], add_special_tokens)
 
 
 @dataclass(frozen=True)
