@@ -32,12 +32,11 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from common import GPT2, corpus_files, machine, prose_corpus, require_data, save_json, table  # noqa: E402
+from common import GPT2, corpus_files, machine, prose_corpus, require_data, save_json, table
 
 CHUNK = 1000
 

@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from common import CORPORA, DATA, GPT2, machine, require_data, save_json, table  # noqa: E402
+from common import CORPORA, DATA, GPT2, machine, require_data, save_json, table
 
 EOS = 50256
 TARGET = 10e6

@@ -10,6 +10,7 @@ import os
 import pickle
 import subprocess
 import sys
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -74,13 +75,13 @@ def test_auto_gives_the_batches_of_hf_on_real_prose(name: str, monkeypatch: pyte
     corpus = str(shared("prose", "c4_demo.jsonl"))
     monkeypatch.setattr(backends, "WINDOW_CHARS", 20_000)
     monkeypatch.setattr(backends, "SPOT_EVERY", 4)
+    verdict = check_fastokens(load_tokenizer(path))  # load-time check done: auto decides at once
     want, want_encoder = _run(_spec(path, "hf", corpus))
     with caplog.at_level(logging.INFO, logger="feedline.tokenize"):
         got, encoder = _run(_spec(path, "auto", corpus))
     assert want_encoder == "hf"
     assert len(want) > 10
     assert_batches_equal(want, got, where=f"{name}: auto vs hf")
-    verdict = check_fastokens(load_tokenizer(path))
     assert encoder == ("fastokens" if verdict.fast is not None else "hf")
     assert ("encoding with fastokens" if verdict.fast is not None else "fastokens cannot load it") in caplog.text
 
@@ -95,8 +96,8 @@ def test_fastokens_loads_the_bpe_families() -> None:
 @pytest.mark.parametrize("name", ["bert-base-uncased", "t5"])
 def test_fallback_when_fastokens_cannot_load(name: str) -> None:
     tok = load_tokenizer(str(shared("tokenizers", name)))
-    assert with_backend(tok, "auto").encoder.name == "hf"
     assert "cannot load" in check_fastokens(tok).reason
+    assert with_backend(tok, "auto").encoder.name == "hf"
     with pytest.raises(TokenizerError, match="backend: fastokens: fastokens cannot load it"):
         with_backend(tok, "fastokens")
     with pytest.raises(TokenizerError, match="fastokens cannot load it"):
@@ -175,7 +176,9 @@ def test_divergence_through_the_loader_raises(divergent: tuple[Tokenizer, FastEn
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A divergence the load-time check missed surfaces from Loader iteration as TokenizerDivergence."""
     _tok, fast = divergent
-    monkeypatch.setattr(backends, "check_fastokens", lambda _tok: backends.Verdict(fast, "forced for the test"))
+    forced: Future[backends.Verdict] = Future()
+    forced.set_result(backends.Verdict(fast, "forced for the test"))
+    monkeypatch.setattr(backends, "verdict_future", lambda _tok: forced)
     monkeypatch.setattr(backends, "WINDOW_CHARS", 0)
     monkeypatch.setattr(backends, "SPOT_EVERY", 1)
     spec = _spec(str(shared("tokenizers", "gpt2")), "auto", str(shared("prose", "c4_demo.jsonl")))
@@ -223,11 +226,25 @@ def test_everything_works_without_fastokens(gpt2_path: str) -> None:
     assert first["digest"] == h.hexdigest()
 
 
+def test_auto_checks_in_the_background_without_changing_ids(gpt2_path: str) -> None:
+    """A tokenizer seen for the first time: auto encodes with tokenizers at once while fastokens
+    loads and verifies on a thread, then takes over; the ids never change."""
+    tok = Tokenizer.from_file(str(Path(gpt2_path) / "tokenizer.json"))  # a new object: no cached check
+    view = with_backend(tok, "auto")
+    texts = [json.loads(line)["text"] for line in shared("prose", "c4_demo.jsonl").read_text(encoding="utf-8").splitlines()]
+    want = HfEncoder(tok.backend).encode_batch(texts[:50])
+    first = view.encode_batch(texts[:50])  # tokenizers, or fastokens checked by the window
+    assert view.encoder.wait(120) == "fastokens"
+    later = view.encode_batch(texts[:50])
+    for a, b, c in zip(want, first, later):
+        assert a.tolist() == b.tolist() == c.tolist()
+
+
 def test_pickled_tokenizer_keeps_its_backend(gpt2_path: str) -> None:
     """Ray workers receive the tokenizer pickled: they encode with the same (re-verified) backend."""
     view = with_backend(load_tokenizer(gpt2_path), "auto")
     again = pickle.loads(pickle.dumps(view))
-    assert (again.encoder.name, again.backend_request) == ("fastokens", "auto")
+    assert (again.encoder.wait(60), again.backend_request) == ("fastokens", "auto")
     texts = ["Hello world! <|endoftext|>", "naïve café 😀"]
     assert [a.tolist() for a in again.encode_batch(texts)] == [b.tolist() for b in view.encode_batch(texts)]
     plain = pickle.loads(pickle.dumps(load_tokenizer(gpt2_path)))

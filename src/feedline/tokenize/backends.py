@@ -7,7 +7,10 @@
   a tokenizer it cannot load or a verification it fails is an error.
 * ``auto`` (default): fastokens when it is installed, loads the tokenizer, and encodes the
   verification corpus (:func:`verification_corpus`) identically to ``tokenizers``; otherwise
-  ``tokenizers``. The choice and its reason are logged (``feedline.tokenize``).
+  ``tokenizers``. The choice and its reason are logged (``feedline.tokenize``). The load-time
+  check (fastokens takes 0.3-2 s to load a large vocabulary) runs on a background thread the first
+  time a process sees a tokenizer; ``tokenizers`` encodes meanwhile, so the first batch never
+  waits for it, and batches do not depend on when it finishes.
 
 Verification does not stop at load time. A :class:`VerifiedEncoder` encodes the texts holding the
 first ``window`` characters of the actual data with both encoders and hands out the ``tokenizers``
@@ -29,6 +32,7 @@ classification pairs) are always computed by ``tokenizers`` (``Tokenizer.backend
 from __future__ import annotations
 
 import collections
+import concurrent.futures as cf
 import logging
 import threading
 from collections.abc import Sequence
@@ -38,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import numpy as np
 
 from feedline.errors import MissingDependency, TokenizerDivergence, TokenizerError
+from feedline.tokenize.verification import verification_corpus
 
 if TYPE_CHECKING:
     from feedline.tokenize.tokenizer import Tokenizer
@@ -50,7 +55,7 @@ __all__ = [
     "Verdict",
     "VerifiedEncoder",
     "check_fastokens",
-    "verification_corpus",
+    "verdict_future",
     "with_backend",
 ]
 
@@ -132,25 +137,53 @@ class VerifiedEncoder:
         label: the tokenizer's name, for messages.
         window: characters of data encoded by both before fastokens' ids are used.
         spot_every: afterwards, one text of every ``spot_every``-th call is re-encoded.
+        pending: instead of ``fast``, the load-time check still running in the background
+            (``auto``): until it is done, ``tokenizers`` encodes; then fastokens takes over
+            (starting with the window) if it passed.
     """
 
-    def __init__(self, hf: HfEncoder, fast: FastEncoder, *, strict: bool, label: str,
-                 window: int = WINDOW_CHARS, spot_every: int = SPOT_EVERY) -> None:
-        self.hf, self.fast = hf, fast
+    def __init__(self, hf: HfEncoder, fast: FastEncoder | None, *, strict: bool, label: str,
+                 window: int = WINDOW_CHARS, spot_every: int = SPOT_EVERY,
+                 pending: cf.Future[Verdict] | None = None) -> None:
+        self.hf, self.fast, self.pending = hf, fast, pending
         self.strict, self.label = strict, label
         self.window, self.spot_every = window, max(1, spot_every)
         self.checked = 0
         self.calls = 0
-        self.fell_back = False
+        self.fell_back = fast is None and pending is None
         self._lock = threading.Lock()
 
     @property
     def name(self) -> str:
-        return "hf" if self.fell_back else "fastokens"
+        return "hf" if self.fell_back or self.fast is None else "fastokens"
+
+    def wait(self, timeout: float | None = None) -> str:
+        """Wait for a background load-time check; returns :attr:`name`."""
+        if self.pending is not None:
+            self.pending.result(timeout)
+            self._resolve()
+        return self.name
+
+    def _resolve(self) -> None:
+        with self._lock:
+            if self.pending is None or not self.pending.done():
+                return
+            verdict, self.pending = self.pending.result(), None
+            if verdict.fast is None:
+                self.fell_back = True
+                log.info("tokenizer %r: encoding with tokenizers (%s)", self.label, verdict.reason)
+            else:
+                self.fast = verdict.fast
+                log.info("tokenizer %r: encoding with fastokens from now on (%s; the next %d characters of data "
+                         "are checked too)", self.label, verdict.reason, self.window)
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[np.ndarray]:
         if not texts:
             return []
+        if self.pending is not None:
+            if not self.pending.done():
+                return self.hf.encode_batch(texts, add_special_tokens)
+            self._resolve()
         checked = 0
         with self._lock:
             if self.fell_back:
@@ -165,13 +198,13 @@ class VerifiedEncoder:
             else:
                 self.calls += 1
                 mode = "spot" if self.calls % self.spot_every == 0 else "fast"
-        if mode == "hf":
+        if mode == "hf" or self.fast is None:
             return self.hf.encode_batch(texts, add_special_tokens)
         if mode == "window":
             return self._window(texts, checked, add_special_tokens)
         try:
             got = self.fast.encode_batch(texts, add_special_tokens)
-        except Exception:  # noqa: BLE001 - e.g. lone surrogates: tokenizers decides (encodes or raises its own error)
+        except Exception:  # e.g. lone surrogates: tokenizers decides (encodes or raises its own error)
             return self.hf.encode_batch(texts, add_special_tokens)
         if mode == "spot":
             i = (self.calls // self.spot_every) % len(texts)
@@ -189,10 +222,11 @@ class VerifiedEncoder:
         The checked texts are handed out as tokenizers encoded them. On a difference: raise
         (strict), or fall back and encode the rest with tokenizers too.
         """
+        assert self.fast is not None
         want = self.hf.encode_batch(texts[:checked], add_special_tokens)
         try:
             got: list[np.ndarray] | None = self.fast.encode_batch(texts, add_special_tokens)
-        except Exception:  # noqa: BLE001 - fastokens failing where tokenizers did not is a difference
+        except Exception:  # fastokens failing where tokenizers did not is a difference
             got = None
         bad = _first_difference(want, None if got is None else got[:checked])
         if bad is None and got is not None:
@@ -215,28 +249,41 @@ class Verdict:
     missing: bool = False
 
 
-# id(tokenizers.Tokenizer) -> (that tokenizer, kept alive so the id stays its own; verdict)
-_VERDICTS: collections.OrderedDict[int, tuple[Any, Verdict]] = collections.OrderedDict()
+# id(tokenizers.Tokenizer) -> (that tokenizer, kept alive so the id stays its own; its check)
+_VERDICTS: collections.OrderedDict[int, tuple[Any, cf.Future[Verdict]]] = collections.OrderedDict()
 _VERDICTS_KEPT = 32
 _VERDICTS_LOCK = threading.Lock()
+
+
+def verdict_future(tok: Tokenizer) -> cf.Future[Verdict]:
+    """The load-time check of ``tok`` (:func:`check_fastokens`), started on a background thread
+    the first time (fastokens releases the GIL while it loads), cached per tokenizer object."""
+    key = id(tok.backend)
+    with _VERDICTS_LOCK:
+        cached = _VERDICTS.get(key)
+        if cached is not None:
+            return cached[1]
+        fut: cf.Future[Verdict] = cf.Future()
+        _VERDICTS[key] = (tok.backend, fut)
+        while len(_VERDICTS) > _VERDICTS_KEPT:
+            _VERDICTS.popitem(last=False)
+
+    def run() -> None:
+        try:
+            fut.set_result(_check(tok))
+        except BaseException as e:  # reported as a verdict, never lost with the thread
+            fut.set_result(Verdict(None, f"the check failed: {type(e).__name__}: {e}"))
+
+    threading.Thread(target=run, name="feedline-fastokens-check", daemon=True).start()
+    return fut
 
 
 def check_fastokens(tok: Tokenizer) -> Verdict:
     """Load ``tok`` into fastokens and compare it with ``tokenizers`` on :func:`verification_corpus`.
 
-    Cached per tokenizer object.
+    Cached per tokenizer object; waits for a check already running.
     """
-    key = id(tok.backend)
-    with _VERDICTS_LOCK:
-        cached = _VERDICTS.get(key)
-    if cached is not None:
-        return cached[1]
-    verdict = _check(tok)
-    with _VERDICTS_LOCK:
-        _VERDICTS[key] = (tok.backend, verdict)
-        while len(_VERDICTS) > _VERDICTS_KEPT:
-            _VERDICTS.popitem(last=False)
-    return verdict
+    return verdict_future(tok).result()
 
 
 def _check(tok: Tokenizer) -> Verdict:
@@ -263,65 +310,6 @@ def _check(tok: Tokenizer) -> Verdict:
     return Verdict(fast, f"verified identical on {len(corpus)} texts, {sum(map(len, corpus))} characters")
 
 
-# Text families where encoders disagree when they disagree at all: scripts, normalisation-prone
-# characters, emoji sequences, whitespace runs, long unbroken runs, digits, code.
-_CORPUS: tuple[str, ...] = (
-    "The quick brown fox jumps over the lazy dog. Ünïcödé naïve café résumé façade Œuvre straße.",
-    "Москва — столица России. Ελληνικά γράμματα: αβγδε. עברית: שלום עולם. العربية: مرحبا بالعالم.",
-    "हिन्दी भाषा देवनागरी में लिखी जाती है। ภาษาไทยไม่มีการเว้นวรรคระหว่างคำ ქართული ენა Հայերեն",
-    "中文分词没有空格。日本語の文章にはひらがな、カタカナ、漢字が混在します。한국어 문장은 띄어쓰기를 합니다。",
-    "全角：ＡＢＣ１２３，半角ｶﾀｶﾅ。「引用」『二重』【括弧】〜～・…",
-    "Emoji: 😀😃😄 👍🏽 👨‍👩‍👧‍👦 🏳️‍🌈 🇯🇵🇫🇷 ❤️‍🔥 1️⃣ 🫠 ©️ ™ ∑∫√∞ ≠ ≤ ≥",
-    "spaces:  two   three    four     five\ttab\t\ttabs\n\nnewlines\r\nCRLF \u00a0nbsp\u3000ideographic\u2028ls   ",
-    "        indented code block\n    def f(x):\n        return x  # comment\n\n\n\n",
-    " leading space", "trailing space ", "   ", "\n", "\t", "", "a", " a", "a ", "  a  ",
-    "a" * 4000,
-    "x" * 1000 + " " + "ab" * 700 + " " + "é" * 600,
-    "1234567890" * 120,
-    "3.14159265358979323846 1,000,000 -42 0x1F 1e-9 2025-11-23T13:12:53Z $19.99 €5,50 ¥1000",
-    "https://example.com/path/to/resource?query=value&other=1#fragment user@example.org",
-    "aGVsbG8gd29ybGQgdGhpcyBpcyBhIGxvbmcgYmFzZTY0IGJsb2Igd2l0aG91dCBzcGFjZXM" * 20,
-    "Pneumonoultramicroscopicsilicovolcanoconiosis Donaudampfschifffahrtsgesellschaftskapitän",
-    "{\"key\": [1, 2, 3], \"nested\": {\"a\": null}} <html><body class='x'>&amp;&lt;&gt;</body></html>",
-    "ﬁ ﬂ ﬀ ℌ ℍ Ⅸ ① ⁵ ₂ ½ Å Å é é ẞ ǅ İ ı K",
-    "zero\u200bwidth\u200cjoiner\u200dmark\ufeffbom\u00admixed",
-    "don't can't won't I'm you're he'll we've they'd 'quoted' \"double\" ‘curly’ “curly”",
-    "!!!??? ... --- ___ *** ### @@@ $$$ %%% ^^^ &&& ((( ))) [[[ ]]] {{{ }}} ||| ~~~ ``` ''' \"\"\"",
-)
-
-
-def _prose(limit: int = 24_000) -> list[str]:
-    """Real English prose and code that ships with Python (the reference's help topics)."""
-    try:
-        from pydoc_data import topics
-    except ImportError:  # pragma: no cover - stripped Python builds
-        return []
-    out, total = [], 0
-    for _name, text in sorted(topics.topics.items()):
-        piece = text[:2000]
-        out.append(piece)
-        total += len(piece)
-        if total >= limit:
-            break
-    return out
-
-
-def verification_corpus(tok: Tokenizer) -> list[str]:
-    """Texts that must encode identically before fastokens is trusted with ``tok``.
-
-    Mixed scripts, CJK, emoji, whitespace runs, very long words, real prose, and every added
-    token of ``tok`` as literal text in several contexts (alone, glued to words, between spaces
-    and newlines, repeated).
-    """
-    texts = list(_CORPUS) + _prose()
-    added = sorted(t.content for t in tok.backend.get_added_tokens_decoder().values())
-    for t in added:
-        texts += [t, f"a{t}b", f" {t} ", f"Hello {t}world", f"\n{t}\n\n", f"{t}{t}", f"x  {t}  y"]
-    if added:
-        texts.append(" ".join(added) + " " + "".join(added))
-    return texts
-
-
 def with_backend(tok: Tokenizer, backend: str) -> Tokenizer:
     """A view of ``tok`` whose plain-id encoding uses ``backend`` (``auto``, ``hf`` or ``fastokens``).
 
@@ -337,7 +325,14 @@ def with_backend(tok: Tokenizer, backend: str) -> Tokenizer:
     hf = HfEncoder(tok.backend)
     if backend == "hf":
         return tok.with_encoder(hf, "hf")
-    verdict = check_fastokens(tok)
+    fut = verdict_future(tok)
+    if backend == "auto" and not fut.done():
+        log.info("tokenizer %r: checking fastokens in the background; encoding with tokenizers until it is verified",
+                 tok.name)
+        pending = VerifiedEncoder(hf, None, strict=False, label=tok.name, window=WINDOW_CHARS,
+                                  spot_every=SPOT_EVERY, pending=fut)
+        return tok.with_encoder(pending, backend)
+    verdict = fut.result()
     if verdict.fast is None:
         if backend == "fastokens":
             err = MissingDependency if verdict.missing else TokenizerError
