@@ -240,6 +240,18 @@ def test_auto_checks_in_the_background_without_changing_ids(gpt2_path: str) -> N
         assert a.tolist() == b.tolist() == c.tolist()
 
 
+def test_a_process_may_exit_while_the_check_runs(gpt2_path: str) -> None:
+    """Exiting right after the first batch, with the background check still inside fastokens' Rust
+    code, must exit cleanly (a daemon thread there made the process abort)."""
+    script = ("import sys, feedline\n"
+              "spec = {'sources': [sys.argv[1]], 'tokenizer': sys.argv[2], 'batching': {'batch_size': 2}}\n"
+              "print(next(iter(feedline.Loader(spec)))['input_ids'].shape)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"), *sys.path])}
+    r = subprocess.run([sys.executable, "-c", script, str(shared("prose", "c4_demo.jsonl")), gpt2_path],
+                       capture_output=True, text=True, env=env, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
 def test_pickled_tokenizer_keeps_its_backend(gpt2_path: str) -> None:
     """Ray workers receive the tokenizer pickled: they encode with the same (re-verified) backend."""
     view = with_backend(load_tokenizer(gpt2_path), "auto")

@@ -274,7 +274,9 @@ def verdict_future(tok: Tokenizer) -> cf.Future[Verdict]:
         except BaseException as e:  # reported as a verdict, never lost with the thread
             fut.set_result(Verdict(None, f"the check failed: {type(e).__name__}: {e}"))
 
-    threading.Thread(target=run, name="feedline-fastokens-check", daemon=True).start()
+    # Not a daemon: the interpreter waits for it at exit. A daemon thread still inside fastokens'
+    # Rust code when Python finalizes is unwound by force, and the process aborts.
+    threading.Thread(target=run, name="feedline-fastokens-check", daemon=False).start()
     return fut
 
 
