@@ -9,6 +9,7 @@ Every error that feedline raises on purpose derives from :class:`FeedlineError`,
     ├── SourceError            a file, URL or dataset cannot be opened or listed
     │   └── RecordError        one record is malformed (raised only with on_error: raise)
     ├── TokenizerError         a tokenizer cannot be loaded or lacks a needed token
+    │   └── TokenizerDivergence  a faster encoder gave other ids than tokenizers on the data
     ├── TaskError              a task cannot build an example from a record
     ├── StateError             a resume state is malformed, of another version or spec
     ├── TransportError         the loader service or its connection failed
@@ -33,6 +34,7 @@ __all__ = [
     "SpecError",
     "StateError",
     "TaskError",
+    "TokenizerDivergence",
     "TokenizerError",
     "TransportError",
     "TransportTimeout",
@@ -69,6 +71,14 @@ class RecordError(SourceError):
 
 class TokenizerError(FeedlineError):
     """A tokenizer cannot be loaded, or lacks a token the task needs."""
+
+
+class TokenizerDivergence(TokenizerError):
+    """The fastokens encoder gave other ids than ``tokenizers`` for a text of the data.
+
+    Raised with ``backend: fastokens`` at any difference, and with ``backend: auto`` when a spot
+    check after the verified start of the data finds one; the message quotes the text.
+    """
 
 
 class TaskError(FeedlineError):

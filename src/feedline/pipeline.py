@@ -23,7 +23,7 @@ from feedline.batching.planner import complete_batch
 from feedline.batching.registry import batcher_class
 from feedline.core.dataset import Dataset, DatasetIterator, State
 from feedline.core.record import Example, ExampleRef, Key, Record
-from feedline.errors import StateError
+from feedline.errors import SpecError, StateError
 from feedline.sources.mix import Mixture
 from feedline.sources.shuffle import ShuffleBuffer
 from feedline.sources.source import FileSource
@@ -70,11 +70,16 @@ class Pipeline:
 
     @cached_property
     def tokenizer(self) -> Tokenizer | None:
+        """The spec's tokenizer, encoding plain ids with its ``backend`` (verified per pipeline)."""
         if self._tokenizer is None and self.spec.tokenizer:
             from feedline.tokenize.load import load_tokenizer
 
             self._tokenizer = load_tokenizer(self.spec.tokenizer)
-        return self._tokenizer
+        if self._tokenizer is None:
+            return None
+        from feedline.tokenize.backends import with_backend
+
+        return with_backend(self._tokenizer, self.spec.tokenizer_backend)
 
     @cached_property
     def task(self) -> Task:
@@ -88,7 +93,12 @@ class Pipeline:
 
     def examples(self) -> Dataset[Example]:
         """Task examples, in order (through the task's own stream stage, if it has one)."""
-        mapped: Dataset[Example]
+        if not self.task.accepts_tokens:
+            for src in self.sources:
+                if src.reader.pretokenized:
+                    raise SpecError(f"sources[{src.index}] ({src.spec.label}) holds token ids ({src.reader.name}); "
+                                    f"task {self.spec.task.kind!r} needs text: use task: clm, or a text source")
+        mapped: TaskMap
         if self.spec.engine.kind == "ray":
             from feedline.ray.map import RayTaskMap
 

@@ -31,9 +31,47 @@ from typing import Any, Literal
 from feedline.core.options import build, close_match, to_plain
 from feedline.errors import SpecError
 
-__all__ = ["BatchingSpec", "EngineSpec", "MixSpec", "ShuffleSpec", "SourceSpec", "Spec", "TaskSpec"]
+__all__ = ["BatchingSpec", "EngineSpec", "MixSpec", "ShuffleSpec", "SourceSpec", "Spec", "TaskSpec", "TokenizerSpec",
+           "TokensSpec"]
 
 OnError = Literal["skip", "raise"]
+Backend = Literal["auto", "hf", "fastokens"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokensSpec:
+    """How a pre-tokenized source stores its token ids (``format: tokens | megatron | flat``).
+
+    Attributes:
+        ids: ``tokens``: the column of token-id lists.
+        labels: ``tokens``: an optional column of label lists (same lengths; ``-100`` = no loss),
+            read when present; ``null`` never reads one.
+        dtype: ``flat``: ``uint16`` or ``uint32``; ``auto`` reads an llm.c header, or infers it
+            only when the values leave no doubt (see docs/sources.md).
+        eos: ``flat``: the separator id between documents (50256 for GPT-2); required.
+        eos_at: ``flat``: whether the separator ends each document (nanoGPT) or starts it
+            (llm.c); ``auto``: ``start`` for llm.c files (they have a header), else ``end``.
+    """
+
+    ids: str = "input_ids"
+    labels: str | None = "labels"
+    dtype: Literal["auto", "uint16", "uint32"] = "auto"
+    eos: int | None = None
+    eos_at: Literal["auto", "end", "start"] = "auto"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizerSpec:
+    """``tokenizer: {path: ..., backend: ...}``; a plain string means ``backend: auto``.
+
+    ``backend`` picks the encoder of plain text: ``hf`` (``tokenizers``), ``fastokens`` (required,
+    verified), or ``auto`` (fastokens where it loads the tokenizer and encodes a verification corpus
+    and the first data identically, else ``tokenizers``). Batches are the same for every backend,
+    so it is not part of :meth:`Spec.hash`.
+    """
+
+    path: str
+    backend: Backend = "auto"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +95,7 @@ class SourceSpec:
         split_bytes: uncompressed files larger than this are read as several byte-range splits.
         max_record_bytes: a record (line, CSV row, JSON document) larger than this is rejected
             as ``too_large`` while it is read, in bounded memory (default 32 MiB).
+        tokens: for pre-tokenized formats (``tokens``, ``megatron``, ``flat``): how ids are stored.
         config, split, streaming, data_files, data_dir, revision: ``load_dataset`` arguments for ``hf``.
         iterable: a Python iterable of records or strings (not hashed; Python specs only).
     """
@@ -80,6 +119,7 @@ class SourceSpec:
     data_files: Any = None
     data_dir: str | None = None
     revision: str | None = None
+    tokens: TokensSpec | None = None
     iterable: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -158,6 +198,8 @@ class Spec:
     task: TaskSpec
     batching: BatchingSpec
     tokenizer: str | None = None
+    #: The encoder backend (``tokenizer: {path, backend}``); not hashed: batches are the same.
+    tokenizer_backend: Backend = "auto"
     seed: int = 0
     epochs: int | None = 1
     mix: MixSpec = MixSpec()
@@ -195,7 +237,7 @@ class Spec:
             if "sources" in data:
                 raise SpecError("give either 'source' or 'sources', not both")
             data["sources"] = [data.pop("source")]
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls)} - {"tokenizer_backend"}
         for key in data:
             if key not in known:
                 raise SpecError(f"{key}: unknown key{close_match(key, sorted(known))} (allowed: {', '.join(sorted(known))})")
@@ -235,6 +277,9 @@ class Spec:
         if isinstance(shuffle_raw, int) and not isinstance(shuffle_raw, bool):
             shuffle_raw = {"buffer": shuffle_raw}
         shuffle = None if shuffle_raw in (None, False) else build(ShuffleSpec, shuffle_raw, "shuffle")
+        if isinstance(data.get("tokenizer"), Mapping):
+            tok = build(TokenizerSpec, data["tokenizer"], "tokenizer")
+            data["tokenizer"], data["tokenizer_backend"] = tok.path, tok.backend
         engine_raw = data.get("engine", "local")
         if isinstance(engine_raw, str):
             engine_raw = {"kind": engine_raw}
@@ -255,11 +300,17 @@ class Spec:
                          "remainder": self.batching.remainder, **to_plain(self.batching.options)}
         for s in d["sources"]:
             s.pop("iterable", None)
+            if s.get("tokens") is None:
+                s.pop("tokens", None)  # absent unless set, so older specs keep their hash
+        backend = d.pop("tokenizer_backend")
+        if backend != "auto" and self.tokenizer:
+            d["tokenizer"] = {"path": self.tokenizer, "backend": backend}
         return d
 
     def hash(self) -> str:
         """A stable hex digest of everything that determines the batches."""
         d = self.to_dict()
+        d["tokenizer"] = self.tokenizer  # the backend gives the same batches
         for k in ("engine", "workers", "prefetch", "streams", "reject_limit"):
             d.pop(k, None)
         for s in d["sources"]:  # options added later are hashed only when set, so old states still resume
@@ -284,6 +335,7 @@ class _Scalars:
     epochs: int | None = 1
     mix: MixSpec = MixSpec()
     tokenizer: str | None = None
+    tokenizer_backend: Backend = "auto"
     on_error: OnError = "skip"
     reject_limit: int = 1000
     workers: int = 0

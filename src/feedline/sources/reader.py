@@ -49,6 +49,9 @@ class Reader(ABC):
     """Reads records of one format. Subclasses set ``name`` and implement :meth:`read`."""
 
     name: ClassVar[str]
+    #: Records hold token ids (``{"input_ids": int32 array}``), not text: only tasks that accept
+    #: tokens (``clm``) can use them.
+    pretokenized: ClassVar[bool] = False
 
     def __init__(self, spec: Any) -> None:
         self.spec = spec
@@ -84,13 +87,16 @@ FORMATS: dict[str, str] = {
     "arrow": "feedline.sources.arrow:ArrowReader",
     "bert": "feedline.sources.text:BertReader",
     "cirrus": "feedline.sources.cirrus:CirrusReader",
+    "flat": "feedline.sources.flat:FlatReader",
     "csv": "feedline.sources.tabular:CsvReader",
     "hf": "feedline.sources.hf:HfReader",
     "iterable": "feedline.sources.iterable:IterableReader",
     "json": "feedline.sources.jsonl:JsonReader",
     "jsonl": "feedline.sources.jsonl:JsonlReader",
+    "megatron": "feedline.sources.megatron:MegatronReader",
     "parquet": "feedline.sources.parquet:ParquetReader",
     "text": "feedline.sources.text:TextReader",
+    "tokens": "feedline.sources.tokens:TokensReader",
     "tsv": "feedline.sources.tabular:TsvReader",
     "wikixml": "feedline.sources.wikixml:WikiXmlReader",
 }
@@ -98,7 +104,7 @@ FORMATS: dict[str, str] = {
 _EXTENSIONS: dict[str, str] = {
     ".txt": "text", ".text": "text", ".md": "text", ".jsonl": "jsonl", ".ndjson": "jsonl",
     ".json": "json", ".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".pq": "parquet",
-    ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow", ".xml": "wikixml",
+    ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow", ".xml": "wikixml", ".idx": "megatron",
 }
 
 # Name patterns that win over the extension (a CirrusSearch dump is ``*.json.gz``).
@@ -121,6 +127,8 @@ def detect_format(path: str) -> str:
     for pattern, fmt in _PATTERNS:
         if pattern in base:
             return fmt
+    if lower.endswith(".bin") and name == path:  # token ids: Megatron when its .idx is beside it
+        return "megatron" if os.path.isfile(name[:-4] + ".idx") else "flat"
     for suffix, fmt in sorted(_EXTENSIONS.items(), key=lambda kv: -len(kv[0])):
         if lower.endswith(suffix):
             return fmt

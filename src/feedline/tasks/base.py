@@ -88,6 +88,9 @@ class Task(ABC):
     target_fields: ClassVar[frozenset[str]] = frozenset()
     #: Whether rows of this task may be packed several to a row.
     packable: ClassVar[bool] = True
+    #: Whether the task takes pre-tokenized records (``{"input_ids": int32 array}``, from the
+    #: ``tokens``/``megatron``/``flat`` formats) as well as text.
+    accepts_tokens: ClassVar[bool] = False
 
     def __init__(self, options: Any, ctx: TaskContext) -> None:
         self.options = options

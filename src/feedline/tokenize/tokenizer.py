@@ -3,9 +3,10 @@
     >>> tok = Tokenizer.from_file("tokenizer.json")          # doctest: +SKIP
     >>> ids = tok.encode_batch(["Hello world!"])[0]          # doctest: +SKIP
 
-``encode_batch`` calls ``encode_batch_fast`` (no offsets), which runs on the Rust thread pool
-with the GIL released; pass ``offsets=True`` when a task needs character offsets (whole-word
-masking). Padding and truncation baked into a ``tokenizer.json`` are turned off: feedline pads
+``encode_batch`` gives plain ids through ``encoder``: ``tokenizers``' ``encode_batch_fast`` (Rust
+thread pool, GIL released), or a verified faster backend (:mod:`feedline.tokenize.backends`,
+:meth:`with_encoder`). ``encode_batch_offsets`` and ``backend`` always use ``tokenizers``, for
+tasks that need character offsets or word ids (whole-word masking, chat masks). Padding and truncation baked into a ``tokenizer.json`` are turned off: feedline pads
 and truncates itself.
 """
 
@@ -20,6 +21,7 @@ import numpy as np
 import tokenizers
 
 from feedline.errors import TokenizerError
+from feedline.tokenize.backends import Encoder, HfEncoder
 
 __all__ = ["Tokenizer"]
 
@@ -51,6 +53,16 @@ class Tokenizer:
         self.name = name
         self.config: dict[str, Any] = dict(config or {})
         self.specials: dict[str, int | None] = {role: self._resolve(role) for role in _ROLE_CANDIDATES}
+        #: What encodes plain ids, and the backend that was asked for (``hf``, ``auto``, ``fastokens``).
+        self.encoder: Encoder = HfEncoder(backend)
+        self.backend_request = "hf"
+
+    def with_encoder(self, encoder: Encoder, request: str) -> Tokenizer:
+        """A copy sharing everything but the plain-id ``encoder`` (see :func:`~feedline.tokenize.backends.with_backend`)."""
+        view = object.__new__(Tokenizer)
+        view.__dict__.update(self.__dict__)
+        view.encoder, view.backend_request = encoder, request
+        return view
 
     @classmethod
     def from_file(cls, path: str, config: Mapping[str, Any] | None = None) -> Tokenizer:
@@ -115,10 +127,7 @@ class Tokenizer:
     # ----------------------------------------------------------------- encoding
     def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = False) -> list[np.ndarray]:
         """Token ids (int32) of each text, encoded in one GIL-free batch call."""
-        if not texts:
-            return []
-        encs = self.backend.encode_batch_fast(list(texts), add_special_tokens=add_special_tokens)
-        return [np.asarray(e.ids, dtype=np.int32) for e in encs]
+        return self.encoder.encode_batch(texts, add_special_tokens)
 
     def encode_batch_offsets(self, texts: Sequence[str], *, add_special_tokens: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
         """Token ids and ``[n, 2]`` character offsets of each text (slower: offsets are computed)."""
@@ -161,7 +170,13 @@ class Tokenizer:
         return f"Tokenizer({self.name!r}, vocab_size={self.vocab_size})"
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"json": self.to_json(), "name": self.name, "config": json.dumps(self.config, default=str)}
+        return {"json": self.to_json(), "name": self.name, "config": json.dumps(self.config, default=str),
+                "backend": self.backend_request}
 
     def __setstate__(self, st: dict[str, Any]) -> None:
         self.__init__(tokenizers.Tokenizer.from_str(st["json"]), st["name"], json.loads(st["config"]))  # type: ignore[misc]
+        if st.get("backend", "hf") != "hf":  # re-verified here (a Ray worker checks its own first chunks)
+            from feedline.tokenize.backends import with_backend
+
+            view = with_backend(self, st["backend"])
+            self.encoder, self.backend_request = view.encoder, view.backend_request

@@ -1,0 +1,206 @@
+"""Pre-tokenized sources: Parquet/Arrow id columns, Megatron .bin/.idx, flat token files (nanoGPT,
+llm.c). Fixtures are real text (C4 documents) tokenized with the real GPT-2 tokenizer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import shared
+from feedline import Loader
+from feedline.errors import SourceError, SpecError
+from feedline.records import records
+from feedline.sources.flat import LLMC_MAGIC
+from feedline.sources.megatron import MegatronIndex, write_indexed_dataset
+from feedline.sources.reader import detect_format
+from feedline.testing import assert_batches_equal, assert_resumes_exactly, collect
+from feedline.tokenize.load import load_tokenizer
+
+EOS = 50256
+
+
+@pytest.fixture(scope="module")
+def docs() -> list[np.ndarray]:
+    """The 300 C4 documents as GPT-2 ids (no EOS)."""
+    c4 = shared("prose", "c4_demo.jsonl")
+    texts = [json.loads(line)["text"] for line in c4.read_text(encoding="utf-8").splitlines()]
+    tok = load_tokenizer(str(shared("tokenizers", "gpt2")))
+    return tok.encode_batch(texts)
+
+
+@pytest.fixture(scope="module")
+def layouts(docs: list[np.ndarray], tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """One source spec per layout, and the documents it must deliver, in file order."""
+    d = tmp_path_factory.mktemp("tokens")
+    out: dict[str, dict] = {}
+    # Parquet: list<int32>, row groups of 40 rows (8 splits); labels with the first 4 tokens masked.
+    labels = [np.concatenate([np.full(min(4, len(x)), -100, np.int32), x[4:]]) for x in docs]
+    table = pa.table({"input_ids": pa.array([x.tolist() for x in docs], pa.list_(pa.int32())),
+                      "labels": pa.array([x.tolist() for x in labels], pa.list_(pa.int32())),
+                      "url": [f"doc{i}" for i in range(len(docs))]})
+    pq.write_table(table, d / "tok.parquet", row_group_size=40)
+    out["parquet"] = {"source": {"path": str(d / "tok.parquet"), "format": "tokens"}, "docs": docs, "labels": labels}
+    # Arrow IPC stream (what datasets writes), large_list<int64>, no labels column.
+    arrow_table = pa.table({"input_ids": pa.array([x.tolist() for x in docs], pa.large_list(pa.int64()))})
+    with pa.OSFile(str(d / "tok.arrow"), "wb") as f, pa.ipc.new_stream(f, arrow_table.schema) as w:
+        w.write_table(arrow_table, max_chunksize=64)
+    out["arrow"] = {"source": {"path": str(d / "tok.arrow"), "format": "tokens"}, "docs": docs}
+    # Megatron: documents with EOD appended (preprocess_data.py --append-eod), uint16.
+    with_eod = [np.append(x, EOS).astype(np.int32) for x in docs]
+    write_indexed_dataset(str(d / "c4_text_document"), with_eod, np.uint16)
+    out["megatron"] = {"source": {"path": str(d / "c4_text_document.bin"), "split_bytes": 1 << 16}, "docs": with_eod}
+    # nanoGPT flat file: raw uint16, EOS after each document.
+    np.concatenate(with_eod).astype(np.uint16).tofile(d / "train.bin")
+    out["nanogpt"] = {"source": {"path": str(d / "train.bin"), "format": "flat", "split_bytes": 1 << 16,
+                                 "tokens": {"dtype": "uint16", "eos": EOS}}, "docs": with_eod}
+    # llm.c: 256-int32 header (magic, version 1 = uint16, token count), EOS before each document.
+    eod_first = [np.insert(x, 0, EOS).astype(np.int32) for x in docs]
+    flat = np.concatenate(eod_first).astype(np.uint16)
+    header = np.zeros(256, np.int32)
+    header[:3] = [LLMC_MAGIC, 1, len(flat)]
+    (d / "fineweb_train_000001.bin").write_bytes(header.tobytes() + flat.tobytes())
+    out["llmc"] = {"source": {"path": str(d / "fineweb_train_000001.bin"), "split_bytes": 1 << 16,
+                              "tokens": {"eos": EOS}}, "docs": eod_first}
+    return out
+
+
+LAYOUTS = ["parquet", "arrow", "megatron", "nanogpt", "llmc"]
+
+
+def _pack(source: dict, **over: object) -> dict:
+    spec = {"sources": [source], "task": {"kind": "clm", "max_length": 1024},
+            "batching": {"strategy": "pack", "batch_size": 4}, "seed": 11}
+    spec.update(over)
+    return spec
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_each_layout_delivers_its_documents_in_order(layout: str, layouts: dict[str, dict]) -> None:
+    case = layouts[layout]
+    recs = list(records({"sources": [case["source"]], "task": {"kind": "clm"}}))
+    assert len(recs) == len(case["docs"])
+    for rec, want in zip(recs, case["docs"]):
+        assert rec["input_ids"].dtype == np.int32
+        assert rec["input_ids"].tolist() == want.tolist()
+    if "labels" in case:
+        assert [r["labels"].tolist() for r in recs[:5]] == [x.tolist() for x in case["labels"][:5]]
+
+
+def test_detection(layouts: dict[str, dict]) -> None:
+    assert detect_format(layouts["megatron"]["source"]["path"]) == "megatron"
+    assert detect_format(layouts["megatron"]["source"]["path"][:-4] + ".idx") == "megatron"
+    assert detect_format(layouts["nanogpt"]["source"]["path"]) == "flat"
+
+
+def test_megatron_pack_equals_the_text_path(layouts: dict[str, dict]) -> None:
+    """Megatron documents (GPT-2 ids + EOD) through clm/pack give the batches that the same C4 text
+    gives through the GPT-2 tokenizer (clm appends EOS): bit for bit when the spec names the
+    tokenizer (its pad id pads); without one, padding is 0 and everything else is the same."""
+    gpt2 = str(shared("tokenizers", "gpt2"))
+    want = collect(Loader(_pack({"path": str(shared("prose", "c4_demo.jsonl"))}, tokenizer=gpt2)))
+    assert len(want) > 20
+    assert_batches_equal(want, collect(Loader(_pack(layouts["megatron"]["source"], tokenizer=gpt2))), where="megatron")
+    bare = collect(Loader(_pack(layouts["megatron"]["source"])))
+    assert len(bare) == len(want)
+    for a, b in zip(want, bare):
+        assert sorted(a) == sorted(b)
+        real = np.zeros(a["input_ids"].shape, bool)
+        for r, lens in enumerate(a["seq_lens"]):
+            real[r, :int(lens.sum())] = True
+        assert np.array_equal(a["input_ids"][real], b["input_ids"][real])
+        assert (b["input_ids"][~real] == 0).all() and (a["input_ids"][~real] == EOS).all()
+        for k in a:
+            if k != "input_ids":
+                assert np.array_equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_shuffled_stream_resumes_exactly(layout: str, layouts: dict[str, dict]) -> None:
+    spec = _pack(layouts[layout]["source"], shuffle={"buffer": 32}, epochs=2)
+    assert assert_resumes_exactly(spec, every=9, check=2) >= 5
+    again = collect(Loader(spec))
+    first = collect(Loader({**spec, "shuffle": None}))
+    assert not all(np.array_equal(a["input_ids"], b["input_ids"]) for a, b in zip(again, first))
+
+
+def test_concat_reproduces_the_flat_token_stream(layouts: dict[str, dict]) -> None:
+    case = layouts["nanogpt"]
+    spec = {"sources": [case["source"]], "task": {"kind": "clm", "max_length": None},
+            "batching": {"strategy": "concat", "batch_size": 2, "max_length": 256}}
+    rows = np.concatenate([b["input_ids"] for b in collect(Loader(spec))])
+    stream = np.concatenate(case["docs"])
+    assert rows.reshape(-1).tolist() == stream[:rows.size].tolist()
+    assert stream.size - rows.size < 2 * 256
+
+
+def test_mixture_with_a_text_source_resumes_exactly(layouts: dict[str, dict]) -> None:
+    spec = {"sources": [{**layouts["parquet"]["source"], "weight": 2},
+                        {"path": str(shared("prose", "botchan.txt")), "weight": 1}],
+            "tokenizer": str(shared("tokenizers", "gpt2")), "shuffle": {"buffer": 16}, "seed": 5,
+            "task": {"kind": "clm", "max_length": 512}, "batching": {"strategy": "pack", "batch_size": 4}}
+    assert assert_resumes_exactly(spec, every=6, check=2, limit=40) >= 5
+    loader = Loader(spec)
+    batches = collect(loader, limit=40)
+    shares = loader.stats()["mixture"]
+    assert len(shares) == 2 and all(0.2 < v < 0.8 for v in shares), shares
+    # parquet labels mask the first 4 tokens of each document: -100 inside rows, not only padding
+    labels = np.concatenate([b["labels"].reshape(-1) for b in batches])
+    assert (labels == -100).sum() > 4 * 100
+
+
+def test_tasks_that_need_text_refuse_token_sources(layouts: dict[str, dict]) -> None:
+    spec = {**_pack(layouts["megatron"]["source"]), "task": {"kind": "mlm", "max_length": 128},
+            "tokenizer": str(shared("tokenizers", "bert-base-uncased"))}
+    with pytest.raises(SpecError, match="holds token ids"):
+        collect(Loader(spec))
+
+
+def test_ids_outside_the_vocabulary_are_rejected(tmp_path: Path) -> None:
+    rows = [[1, 2, 3], [5, 60000, 7], [], [8, -1]] + [[9, 10, 11]] * 600  # counted once their chunk is behind
+    pq.write_table(pa.table({"input_ids": rows}), tmp_path / "t.parquet")
+    spec = _pack({"path": str(tmp_path / "t.parquet"), "format": "tokens"}, tokenizer=str(shared("tokenizers", "gpt2")),
+                 batching={"strategy": "pack", "batch_size": 8})
+    loader = Loader(spec)
+    collect(loader)
+    assert loader.stats()["rejected"] == {"token_out_of_range": 2, "empty_document": 1}
+
+
+def test_flat_dtype_inference_and_errors(tmp_path: Path, docs: list[np.ndarray]) -> None:
+    stream = np.concatenate([np.append(x, EOS) for x in docs[:40]])
+    stream.astype(np.uint32).tofile(tmp_path / "u32.bin")
+    stream.astype(np.uint16).tofile(tmp_path / "u16.bin")
+    for name in ("u32.bin", "u16.bin"):
+        recs = list(records({"sources": [{"path": str(tmp_path / name), "tokens": {"eos": EOS}}]}))
+        assert [r["input_ids"].tolist() for r in recs] == [np.append(x, EOS).tolist() for x in docs[:40]], name
+    stream[:100].astype(np.uint16).tofile(tmp_path / "tiny.bin")
+    with pytest.raises(SourceError, match="too short"):
+        list(records({"sources": [{"path": str(tmp_path / "tiny.bin"), "tokens": {"eos": EOS}}], "on_error": "raise"}))
+    with pytest.raises(SpecError, match="needs tokens: {eos: ID}"):
+        list(records({"sources": [{"path": str(tmp_path / "u16.bin")}]}))
+
+
+def test_broken_megatron_index_is_a_clear_error(layouts: dict[str, dict], tmp_path: Path) -> None:
+    src = Path(layouts["megatron"]["source"]["path"][:-4])
+    (tmp_path / "x.bin").write_bytes(src.with_suffix(".bin").read_bytes())
+    idx = src.with_suffix(".idx").read_bytes()
+    (tmp_path / "x.idx").write_bytes(b"NOTANIDX!" + idx[9:])
+    with pytest.raises(SourceError, match="bad magic"):
+        MegatronIndex(str(tmp_path / "x"))
+    (tmp_path / "x.idx").write_bytes(idx[:len(idx) // 2])
+    with pytest.raises(SourceError, match="truncated"):
+        MegatronIndex(str(tmp_path / "x"))
+    (tmp_path / "x.idx").write_bytes(idx)
+    (tmp_path / "x.bin").write_bytes(src.with_suffix(".bin").read_bytes()[:1000])
+    with pytest.raises(SourceError, match="does not match"):
+        MegatronIndex(str(tmp_path / "x"))
+
+
+def test_a_directory_with_both_files_reads_each_document_once(layouts: dict[str, dict]) -> None:
+    folder = str(Path(layouts["megatron"]["source"]["path"]).parent / "c4_text_document.*")
+    recs = list(records({"sources": [{"path": folder, "format": "megatron"}]}))
+    assert len(recs) == len(layouts["megatron"]["docs"])
