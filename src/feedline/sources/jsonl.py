@@ -53,7 +53,7 @@ def text_record(obj: Any, field: str | None, path: str, line: int | None) -> dic
     return obj
 
 
-_SCAN = json.JSONDecoder().scan_once
+_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # the C scanner json.loads uses
 _JSON_SPACE = " \t\n\r"
 
 
