@@ -34,6 +34,8 @@ BERT = DATA / "tokenizers" / "bert-base-uncased"
 FILE_MB = 64
 CORPUS_NOTE = ("real text (300 C4 documents + 30 Wikipedia articles from ../shared/data/prose) "
                "repeated to size, shuffled per repetition")
+SHORT_NOTE = ("real short records (KJV verses + C4/Wikipedia text cut at sentence ends into 100-400 characters; "
+              "~145 characters, ~35 GPT-2 tokens on average) repeated to size, shuffled per repetition")
 
 
 def require_data() -> None:
@@ -58,6 +60,54 @@ def prose_corpus(mb: float, files: int | None = None) -> Path:
         return out
     out.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in _documents()]
+    per_file = int(mb * (1 << 20) / files)
+    rng = random.Random(0)
+    for f in range(files):
+        written = 0
+        with (out / f"part-{f:03d}.jsonl").open("w", encoding="utf-8") as fh:
+            while written < per_file:
+                rng.shuffle(lines)
+                for line in lines:
+                    fh.write(line)
+                    written += len(line.encode("utf-8"))
+                    if written >= per_file:
+                        break
+    done.touch()
+    return out
+
+
+def _short_paragraphs() -> list[str]:
+    """Real short records (~150 characters, ~40 GPT-2 tokens): KJV verses, and C4/Wikipedia text cut at
+    sentence ends into paragraphs of 100-200 characters."""
+    import gzip
+    import re
+
+    out = []
+    with gzip.open(DATA / "prose" / "kjv_bible_verses.txt.gz", "rt", encoding="utf-8") as fh:
+        for line in fh:
+            m = re.match(r"\s+\d+ (.+)", line)
+            if m:
+                out.append(m.group(1).strip())
+    for doc in _documents():
+        cur = ""
+        for sentence in re.split(r"(?<=[.!?])\s+", doc):
+            cur = f"{cur} {sentence}".strip()
+            if len(cur) >= 100:
+                out.append(cur[:400])
+                cur = ""
+    return out
+
+
+def short_corpus(mb: float, files: int | None = None) -> Path:
+    """Like :func:`prose_corpus`, of short records (~150 characters): the per-record overhead workload."""
+    require_data()
+    files = files or max(2, -(-int(mb) // FILE_MB))
+    out = CORPORA / f"short-{mb:g}mb-{files}f"
+    done = out / ".complete"
+    if done.exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in _short_paragraphs()]
     per_file = int(mb * (1 << 20) / files)
     rng = random.Random(0)
     for f in range(files):

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import BERT, GPT2, Meter, StopRun, corpus_files
+from common import BERT, GPT2, Meter, StopRun, corpus_files, prose_corpus, short_corpus
 
 CORES = os.cpu_count() or 1
 RAW_THREADS = 1  # one calling thread beat two and four in bench/tuning.py (each call already uses every core)
@@ -51,6 +51,7 @@ class Workload:
     task: str  # clm | mlm
     length: int
     batch_size: int
+    corpus: str = "prose"  # prose (documents, ~4 KB) | short (records of ~150 characters)
 
     @property
     def tokenizer_dir(self) -> Path:
@@ -58,11 +59,16 @@ class Workload:
 
     @property
     def name(self) -> str:
-        return f"{self.task}-{self.length}"
+        return f"{self.task}-{self.length}" + ("-short" if self.corpus == "short" else "")
+
+    def make_corpus(self, mb: float) -> Path:
+        """The workload's corpus of ``mb`` megabytes (cached under ``/tmp/feedline-bench``)."""
+        return short_corpus(mb) if self.corpus == "short" else prose_corpus(mb)
 
 
 WORKLOADS = {
     "clm-1024": Workload("clm", 1024, 16),
+    "clm-1024-short": Workload("clm", 1024, 16, corpus="short"),
     "clm-2048": Workload("clm", 2048, 8),
     "mlm-128": Workload("mlm", 128, 64),
 }

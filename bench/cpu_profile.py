@@ -26,7 +26,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import machine, prose_corpus, save_json, table
+from common import machine, save_json, table
 from contenders import WORKLOADS, feedline_spec
 
 NATIVE = "native (tokenizer's Rayon pool)"
@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import feedline
 
-    spec = feedline_spec(prose_corpus(args.mb), WORKLOADS[args.workload])
+    w = WORKLOADS[args.workload]
+    spec = feedline_spec(w.make_corpus(args.mb), w)
     names: dict[int, str] = {}
     tokens, t0 = 0, time.perf_counter()
     with feedline.Loader(spec) as loader:

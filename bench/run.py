@@ -5,12 +5,15 @@
     .venv/bin/python bench/run.py --report         # re-print and re-plot from bench/results/*.json
     make bench ARGS="--only throughput"
 
-Parts: ``throughput`` (tokens/s and CPU s per M tokens, CLM packed at 1024 and MLM at 128, every
-contender), ``startup`` (time to first batch, 1 GB), ``memory`` (peak RSS, 100 MB vs 1 GB) and
-``service`` (``bench/service.py``: one vs eight clients of one server) and ``profile`` (CPU by thread,
-``bench/cpu_profile.py``). Each part writes its own
-JSON under ``bench/results/``; this script then prints the targets of issue 8 as ratios from the
-same run and draws ``docs/img/bench_*.png``.
+Parts: ``throughput`` (tokens/s and CPU s per M tokens, CLM packed at 1024 on documents and on
+short records, MLM at 128, every contender, each a ratio to the raw ``tokenizers`` encoder run
+interleaved with it, medians of three), ``startup`` (time to first batch, 1 GB), ``memory`` (peak
+RSS, 100 MB vs 1 GB), ``service`` (``bench/service.py``: one vs eight clients of one server),
+``profile`` (CPU by thread, ``bench/cpu_profile.py``), and, when their scripts are present,
+``backends`` (``bench/backends.py``: tokenizer backends) and ``pretokenized``
+(``bench/pretokenized.py``: pre-tokenized sources). Each part writes its own JSON under
+``bench/results/``; this script then prints the targets (issues 8 and 15) as ratios from the same
+run and draws ``docs/img/bench_*.png``.
 """
 
 from __future__ import annotations
@@ -34,9 +37,14 @@ MODULES = {"throughput": throughput, "startup": startup, "memory": memory}
 PROFILE_COLUMNS = [("thread", "thread", ""), ("cpu_s", "CPU s", ".2f"), ("s_per_mtok", "CPU s / M tok", ".3f"),
                    ("share", "share", ".1%")]
 
-PARTS = ("throughput", "startup", "memory", "service", "profile")
-FULL = {"throughput": ["--mb", "128", "--seconds", "8", "--rounds", "3"], "startup": ["--offline-mb", "48"], "memory": ["--seconds", "8"]}
-QUICK = {"throughput": ["--mb", "32", "--seconds", "4"], "startup": ["--mb", "32", "--offline-mb", "8"],
+PARTS = ("throughput", "startup", "memory", "service", "profile", "backends", "pretokenized")
+PROFILED = ("clm-1024", "clm-1024-short", "mlm-128")
+#: Scripts that other work adds (run when present, as their own processes; their printed tables are kept).
+OPTIONAL_SCRIPTS = {"backends": "backends.py", "pretokenized": "pretokenized.py"}
+WORKLOADS = "clm-1024,clm-1024-short,mlm-128"
+FULL = {"throughput": ["--mb", "128", "--seconds", "8", "--rounds", "3", "--workloads", WORKLOADS],
+        "startup": ["--offline-mb", "48"], "memory": ["--seconds", "8"]}
+QUICK = {"throughput": ["--mb", "32", "--seconds", "4", "--workloads", WORKLOADS], "startup": ["--mb", "32", "--offline-mb", "8"],
          "memory": ["--small-mb", "8", "--large-mb", "32", "--seconds", "3"]}
 
 
@@ -54,6 +62,24 @@ def run_service(quick: bool) -> None:
                           "wall_s": time.perf_counter() - t0})
 
 
+def run_optional(part: str, quick: bool) -> None:
+    """Run ``bench/<script>`` when it exists (its own process: a missing or failing script never stops the run)."""
+    script = ROOT / "bench" / OPTIONAL_SCRIPTS[part]
+    if not script.exists():
+        print(f"  ({script.name} is not in this checkout: skipped)")
+        return
+    cmd = [sys.executable, str(script)] + (["--quick"] if quick and "--quick" in script.read_text() else [])
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=throughput.child_env())
+        out, err, code = proc.stdout, proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as e:
+        out, err, code = str(e.stdout or ""), "timed out after 900 s", -1
+    print(out)
+    save_json(part, {"machine": machine(), "command": "python " + " ".join(cmd[1:]).replace(str(ROOT) + "/", ""),
+                     "returncode": code, "stdout": out, "stderr_tail": err[-2000:], "wall_s": time.perf_counter() - t0})
+
+
 def rate(rows: list[dict[str, Any]], name: str) -> float | None:
     return next((r.get("tokens_per_s") for r in rows if r.get("contender") == name), None)
 
@@ -65,7 +91,10 @@ def ratio(a: float | None, b: float | None) -> float | None:
 def targets() -> list[dict[str, Any]]:
     """Issue 8's targets against the saved results."""
     out: list[dict[str, Any]] = []
-    tp = (load_json("throughput") or {}).get("workloads", {}).get("clm-1024", [])
+    workloads = (load_json("throughput") or {}).get("workloads", {})
+    tp = workloads.get("clm-1024", [])
+    short = workloads.get("clm-1024-short", [])
+    mlm = workloads.get("mlm-128", [])
 
     def check(name: str, value: float | None, goal: str, ok: bool | None) -> None:
         out.append({"target": name, "value": value, "goal": goal,
@@ -75,6 +104,15 @@ def targets() -> list[dict[str, Any]]:
     check("service / raw tokenizer (clm 1024)", v, ">= 0.90", v is not None and v >= 0.90)
     v = ratio(rate(tp, "feedline"), rate(tp, "raw"))
     check("in-process / raw tokenizer (clm 1024)", v, ">= 0.95", v is not None and v >= 0.95)
+    v = ratio(rate(short, "feedline"), rate(short, "raw"))
+    check("in-process / raw tokenizer (clm 1024, short records)", v, ">= 3.0 (issue 15; >= 1 needs a faster encoder)",
+          v is not None and v >= 3.0)
+    v = ratio(rate(short, "feedline-service"), rate(short, "feedline"))
+    check("service / in-process (clm 1024, short records)", v, ">= 0.90", v is not None and v >= 0.90)
+    v = ratio(rate(tp, "feedline-service"), rate(tp, "feedline"))
+    check("service / in-process (clm 1024, documents)", v, ">= 0.90", v is not None and v >= 0.90)
+    v = ratio(rate(mlm, "feedline"), rate(mlm, "raw"))
+    check("in-process / raw tokenizer (mlm 128)", v, ">= 0.90", v is not None and v >= 0.90)
     v = ratio(rate(tp, "feedline"), rate(tp, "hf-stream"))
     check("feedline / HF streaming + DataLoader", v, ">= 2", v is not None and v >= 2)
     v = ratio(rate(tp, "feedline"), rate(tp, "ray-data"))
@@ -134,19 +172,24 @@ def report() -> str:
         m = data["machine"]
         head = f"{m['cores']} cores ({m['cpu']}), load average {m['load_avg_1m']:.2f} at start, {m['date']}"
         if part == "throughput":
+            after = data.get("load_avg_after")
             for wl, rows in data["workloads"].items():
-                parts.append(f"### throughput {wl}\n\n{head}; {data['corpus']['mb']:g} MB corpus\n\n"
-                             + table(rows, throughput.COLUMNS))
+                note = data.get("corpora", {}).get(wl, {}).get("note", data["corpus"].get("note", ""))
+                parts.append(f"### throughput {wl}\n\n{head}" + (f", {after:.2f} at the end" if after is not None else "")
+                             + f"; {data['corpus']['mb']:g} MB corpus: {note}; ratios against the raw encoder of the "
+                             "same run (contenders interleaved, median of the rounds)\n\n" + table(rows, throughput.COLUMNS))
         else:
             parts.append(f"### {part}\n\n{head}\n\n" + table(data["rows"], MODULES[part].COLUMNS))
-    for wl in ("clm-1024", "mlm-128"):
+    for wl in PROFILED:
         prof = load_json(f"profile-{wl}")
         if prof:
             parts.append(f"### CPU by thread, feedline in-process, {wl}\n\n{prof['tokens']:,} tokens in {prof['wall_s']:.1f} s, "
                          f"load average {prof['machine']['load_avg_1m']:.2f} at the end\n\n" + table(prof["rows"], PROFILE_COLUMNS))
-    service = load_json("service")
-    if service and service.get("stdout"):
-        parts.append("### service (bench/service.py)\n\n```\n" + service["stdout"].strip() + "\n```")
+    for name in ("service", *OPTIONAL_SCRIPTS):
+        data = load_json(name)
+        if data and data.get("stdout"):
+            script = OPTIONAL_SCRIPTS.get(name, "service.py")
+            parts.append(f"### {name} (bench/{script})\n\n```\n" + data["stdout"].strip() + "\n```")
     parts.append("### targets (ratios from the same run)\n\n" + table(targets(), [
         ("target", "target", ""), ("value", "value", ".3g"), ("goal", "goal", ""), ("met", "met", "")]))
     text = "\n\n".join(parts) + "\n"
@@ -170,8 +213,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n=== {part}", flush=True)
             if part == "service":
                 run_service(args.quick)
+            elif part in OPTIONAL_SCRIPTS:
+                run_optional(part, args.quick)
             elif part == "profile":
-                for wl in ("clm-1024", "mlm-128"):  # a fresh process each: thread CPU times are cumulative
+                for wl in PROFILED:  # a fresh process each: thread CPU times are cumulative
                     subprocess.run([sys.executable, str(ROOT / "bench" / "cpu_profile.py"), "--workload", wl,
                                     "--seconds", "4" if args.quick else "10"], check=False, env=throughput.child_env())
             else:

@@ -27,11 +27,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CORPUS_NOTE, Meter, RssSampler, corpus_bytes, machine, prose_corpus, save_json, table
+from common import CORPUS_NOTE, SHORT_NOTE, Meter, RssSampler, corpus_bytes, machine, save_json, table
 from contenders import CONTENDERS, LABELS, WORKLOADS, run
 
 DEFAULT_CONTENDERS = {
     "clm-1024": ["raw", "feedline", "feedline-service", "hf-stream", "ray-data", "litdata"],
+    "clm-1024-short": ["raw", "feedline", "feedline-service"],
     "clm-2048": ["raw", "feedline"],
     "mlm-128": ["raw", "feedline", "hf-stream"],
 }
@@ -122,12 +123,14 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(json.dumps(res, default=str))
         return 0
 
-    corpus = prose_corpus(args.mb)
-    print(f"corpus: {corpus} ({corpus_bytes(corpus) / 2**20:.0f} MB): {CORPUS_NOTE}")
     print(f"load average before: {os.getloadavg()[0]:.2f}")
-    results: dict[str, Any] = {"machine": machine(), "corpus": {"path": str(corpus), "mb": args.mb, "note": CORPUS_NOTE},
-                               "seconds_cap": args.seconds, "rounds": args.rounds, "workloads": {}}
+    results: dict[str, Any] = {"machine": machine(), "corpus": {"mb": args.mb, "note": CORPUS_NOTE},
+                               "seconds_cap": args.seconds, "rounds": args.rounds, "workloads": {}, "corpora": {}}
     for wl in args.workloads.split(","):
+        corpus = WORKLOADS[wl].make_corpus(args.mb)
+        note = SHORT_NOTE if WORKLOADS[wl].corpus == "short" else CORPUS_NOTE
+        results["corpora"][wl] = {"path": str(corpus), "mb": args.mb, "note": note}
+        print(f"corpus of {wl}: {corpus} ({corpus_bytes(corpus) / 2**20:.0f} MB): {note}")
         names = args.contenders.split(",") if args.contenders else DEFAULT_CONTENDERS[wl]
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
         for rnd in range(args.rounds):  # interleaved, so load from other work hits every contender alike

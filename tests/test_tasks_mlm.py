@@ -201,3 +201,58 @@ def test_sop_segments_real_text(docs: list[str], segmenter: str) -> None:
     exs = _run(task, docs[:8])  # C4 documents, segmented in the task
     assert len({e.key for e in exs}) == 8
     assert any((e.fields["token_type_ids"] == 1).any() for e in exs)
+
+
+def _per_row_reference(task, plain, docs: list[str], epoch: int = 0, pair: str | None = None):
+    """What masking each row on its own (``Masker.__call__`` with ``Task.rng``) gives: the chunked path must equal it."""
+    recs = [Record((0, 1, 7 * i), epoch, {"text": t, **({pair: t[::-1]} if pair else {})}) for i, t in enumerate(docs)]
+    out = []
+    for rec, exs in zip(recs, plain.process(recs), strict=True):
+        for ex in exs:
+            ids = ex.fields["input_ids"]
+            out.append(task.masker(ids, task.rng(rec, ex.sub)))
+    return recs, out
+
+
+@pytest.mark.parametrize("opts", [
+    {"max_length": 128},
+    {"max_length": 512},
+    {"max_length": 32, "mlm_probability": 0.5, "mask_replace_prob": 0.2, "random_replace_prob": 0.7},
+    {"max_length": 64, "text_pair": "b"},
+])
+def test_chunked_masking_equals_masking_each_row(docs: list[str], opts: dict) -> None:
+    task = _task(MaskedLM, seed=11, **opts)
+    plain = _task(MaskedLM, seed=11, **{**opts, "mlm_probability": 0.0})
+    for epoch in (0, 3):
+        recs, want = _per_row_reference(task, plain, docs[:120], epoch, opts.get("text_pair"))
+        got = [ex for exs in task.process(recs) for ex in exs]
+        assert len(got) == len(want)
+        for ex, (inp, labels) in zip(got, want, strict=True):
+            assert np.array_equal(ex.fields["input_ids"], inp)
+            assert np.array_equal(ex.fields["labels"], labels)
+
+
+class _HugePool:
+    """A replacement pool of 3e9 ids (mapped onto the real vocabulary): numpy's bounded draw then
+    redraws ~30% of the time, which the chunked path must hand to the exact per-row path."""
+
+    def __init__(self, real: np.ndarray) -> None:
+        self.real = real
+
+    def __len__(self) -> int:
+        return 3_000_000_000
+
+    def __getitem__(self, idx):
+        return self.real[np.asarray(idx) % len(self.real)]
+
+
+def test_chunked_masking_equals_each_row_when_draws_are_redrawn(docs: list[str]) -> None:
+    opts = {"max_length": 64, "mlm_probability": 0.4, "random_replace_prob": 0.6, "mask_replace_prob": 0.2}
+    task = _task(MaskedLM, seed=5, **opts)
+    task.masker.pool = _HugePool(task.masker.pool)
+    plain = _task(MaskedLM, seed=5, **{**opts, "mlm_probability": 0.0})
+    recs, want = _per_row_reference(task, plain, docs[:60])
+    got = [ex for exs in task.process(recs) for ex in exs]
+    for ex, (inp, labels) in zip(got, want, strict=True):
+        assert np.array_equal(ex.fields["input_ids"], inp)
+        assert np.array_equal(ex.fields["labels"], labels)

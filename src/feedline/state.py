@@ -3,6 +3,10 @@
     {"version": 1, "spec_hash": "3f2a...", "step": 120, "world_size": 4,
      "pipeline": {...nested stage states...}}
 
+Tables of buffered keys (shuffle buffer, packed rows) are packed integer columns that carry their
+own format version (``{"packed": 1, ...}``, :mod:`feedline.core.packed`); the JSON lists that
+earlier states hold in their place still load, so the state version stays 1.
+
 ``step`` counts global steps delivered. The pipeline state is the same for every rank, so a
 state saved by any rank resumes every rank, with any world size (elastic resume).
 

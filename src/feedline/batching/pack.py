@@ -13,21 +13,27 @@ either 1/0 per token or an explicit ``[max_length, max_length]`` block-diagonal 
 mask; :mod:`feedline.batching.rows` describes the layout.
 
 State: ``{"parent", "ready": rows not yet delivered, "open": open rows, "stats"}``, each row a list
-of piece refs ``[source, file, position, epoch, sub, start]``. Buffered examples are rebuilt from
+of piece refs ``[source, file, position, epoch, sub, start]``, packed (:func:`feedline.core.packed.pack_ragged`;
+``[]`` when there is no row; older states' nested lists still load). The refs of the ready and
+open rows are collected once per window, not per batch: a batch only moves the ready rows' start. Buffered examples are rebuilt from
 their records on resume; the window itself is always empty at a batch boundary (windows are read
 whole, between batches). The iterator's :attr:`stats` reports the packing efficiency.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+
+import numpy as np
 
 from feedline.batching.base import Batch, Batcher, FillStats
 from feedline.batching.bestfit import BestFitPacker
 from feedline.batching.rows import Attention, Piece, collate_rows, piece_of
 from feedline.core.dataset import DatasetIterator, State
+from feedline.core.packed import pack_ragged_array, unpack_ragged
 from feedline.core.record import Example
 from feedline.errors import SpecError, StateError
 
@@ -125,6 +131,9 @@ class PackIterator(DatasetIterator[Batch]):
         self.packer: BestFitPacker[Piece] = self._new_packer()
         self.exhausted = False
         self.stats = FillStats()
+        self._refs: tuple[np.ndarray, np.ndarray, np.ndarray, Any] | None = None  # see _row_refs
+        self._taken = 0  # ready rows delivered since _refs was built
+        self._ref_tables = _RefTables()
 
     def _new_packer(self) -> BestFitPacker[Piece]:
         o = self.opts
@@ -147,9 +156,11 @@ class PackIterator(DatasetIterator[Batch]):
             if ex is None:
                 self.exhausted = True
                 self.packer.flush()
+                self._refs = None
                 return
             self._add(ex)
         self.packer.pack()
+        self._refs = None
 
     def _add(self, ex: Example) -> None:
         n = ex.length
@@ -174,6 +185,7 @@ class PackIterator(DatasetIterator[Batch]):
         if not self.packer.ready:
             raise StopIteration
         rows = [self.packer.ready.popleft() for _ in range(min(want, len(self.packer.ready)))]
+        self._taken += len(rows)
         self.stats.rows += len(rows)
         self.stats.tokens += sum(p.length for row in rows for p in row)
         self.stats.slots += len(rows) * self.max_length
@@ -181,11 +193,26 @@ class PackIterator(DatasetIterator[Batch]):
         return collate_rows(rows, self.max_length, o.max_docs_per_row, self.ds.ctx.task.pad_values,
                             mask_first=o.mask_first_token, attention=o.attention)
 
+    def _row_refs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:
+        """Lengths, row starts and refs of the ready rows, and the packed open rows, as of the last window."""
+        if self._refs is None:
+            ready, open_rows = list(self.packer.ready), self.packer.open_contents()
+            lengths = np.fromiter((len(row) for row in ready), dtype=np.int64, count=len(ready))
+            starts = np.zeros(len(ready) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=starts[1:])
+            open_lengths = np.fromiter((len(r) for r in open_rows), dtype=np.int64, count=len(open_rows))
+            tables = self._ref_tables.tables([*ready, *open_rows])
+            open_state = pack_ragged_array(open_lengths, _stack(tables[len(ready):]))
+            self._refs, self._taken = (lengths, starts, _stack(tables[:len(ready)]), open_state), 0
+        return self._refs
+
     def get_state(self) -> State:
+        lengths, starts, refs, open_state = self._row_refs()
+        t = self._taken
         return {
             "parent": self.parent.get_state(),
-            "ready": [[p.state_ref for p in row] for row in self.packer.ready],
-            "open": [[p.state_ref for p in row] for row in self.packer.open_contents()],
+            "ready": pack_ragged_array(lengths[t:], refs[starts[t]:]),
+            "open": open_state,
             "stats": self.stats.get_state(),
         }
 
@@ -194,7 +221,9 @@ class PackIterator(DatasetIterator[Batch]):
             parent, ready, open_rows, stats = state["parent"], state["ready"], state["open"], state["stats"]
         except (KeyError, TypeError) as e:
             raise StateError(f"pack: malformed state ({e}); expected keys parent, ready, open, stats") from e
+        ready, open_rows = unpack_ragged(ready, 6, "pack: ready rows"), unpack_ragged(open_rows, 6, "pack: open rows")
         self.parent.set_state(parent)
+        self._refs = None
         rows = restore_pieces([*ready, *open_rows], self.ds.ctx.materialize, self._stop, "pack")
         self.packer = self._new_packer()
         self.packer.restore(rows[:len(ready)], [[(p.length, p) for p in row] for row in rows[len(ready):]])
@@ -203,3 +232,35 @@ class PackIterator(DatasetIterator[Batch]):
 
     def close(self) -> None:
         self.parent.close()
+
+
+
+class _RefTables:
+    """The ``[pieces, 6]`` state refs of each row, kept between windows.
+
+    Rows only grow (a window adds pieces to open rows; closed rows move to ``ready`` unchanged), so
+    a row's table is extended by its new pieces instead of rebuilt: a window costs its new pieces.
+    Each entry holds its row, so a row's ``id`` is not reused while it is cached.
+    """
+
+    def __init__(self) -> None:
+        self.cache: dict[int, tuple[list[Piece], int, np.ndarray]] = {}
+
+    def tables(self, rows: Sequence[list[Piece]]) -> list[np.ndarray]:
+        out, fresh = [], {}
+        for row in rows:
+            hit = self.cache.get(id(row))
+            if hit is not None and hit[0] is row and hit[1] == len(row):
+                table = hit[2]
+            else:
+                done = hit[1] if hit is not None and hit[0] is row and hit[1] < len(row) else 0
+                new = np.fromiter(itertools.chain.from_iterable((*p.ref, p.start) for p in row[done:]), dtype=np.int64)
+                table = np.concatenate([hit[2], new.reshape(-1, 6)]) if done and hit is not None else new.reshape(-1, 6)
+            fresh[id(row)] = (row, len(row), table)
+            out.append(table)
+        self.cache = fresh
+        return out
+
+
+def _stack(tables: Sequence[np.ndarray]) -> np.ndarray:
+    return np.concatenate(tables) if tables else np.zeros((0, 6), dtype=np.int64)

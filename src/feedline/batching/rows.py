@@ -88,21 +88,25 @@ def collate_rows(rows: Sequence[Sequence[Piece]], max_length: int, max_docs: int
         batch[name] = np.full((n, max_length, *arr.shape[1:]), fill, dtype=int_dtype(name, arr))
     seq_lens = np.zeros((n, max_docs), dtype=np.int32)
     positions = np.zeros((n, max_length), dtype=np.int32)
-    for r, row in enumerate(rows):
-        if len(row) > max_docs:
-            raise TaskError(f"a packed row holds {len(row)} documents but max_docs_per_row is {max_docs}")
-        at = 0
-        for d, piece in enumerate(row):
-            length = piece.length
-            for name, arr in piece.fields.items():
-                batch[name][r, at:at + length] = arr
-            if reset_positions:
-                positions[r, at:at + length] = np.arange(length)
-            seq_lens[r, d] = length
-            at += length
-        if at > max_length:
-            raise TaskError(f"a packed row holds {at} tokens but max_length is {max_length}")
-    totals = seq_lens.sum(axis=1)
+    # Every piece of the batch at once: its row, its index in the row, its first token's place.
+    docs = np.fromiter((len(row) for row in rows), dtype=np.int64, count=n)
+    if docs.max(initial=0) > max_docs:
+        raise TaskError(f"a packed row holds {int(docs.max())} documents but max_docs_per_row is {max_docs}")
+    pieces = [p for row in rows for p in row]
+    lengths = np.fromiter((p.length for p in pieces), dtype=np.int64, count=len(pieces))
+    prow = np.repeat(np.arange(n), docs)
+    pdoc = np.arange(len(pieces)) - np.repeat(_run_starts(docs), docs)
+    seq_lens[prow, pdoc] = lengths
+    totals = seq_lens.sum(axis=1, dtype=np.int64)
+    if totals.max(initial=0) > max_length:
+        raise TaskError(f"a packed row holds {int(totals.max())} tokens but max_length is {max_length}")
+    piece_at = prow * max_length + (np.cumsum(seq_lens, axis=1, dtype=np.int64)[prow, pdoc] - lengths)
+    within = np.arange(int(lengths.sum())) - np.repeat(_run_starts(lengths), lengths)
+    dest = np.repeat(piece_at, lengths) + within  # flat index in [n * max_length] of each token
+    for name, out in batch.items():
+        out.reshape(n * max_length, *out.shape[2:])[dest] = np.concatenate([p.fields[name] for p in pieces])
+    if reset_positions:
+        positions.reshape(-1)[dest] = within
     if not reset_positions:
         positions = np.broadcast_to(np.arange(max_length, dtype=np.int32), (n, max_length)).copy()
     real = np.arange(max_length)[None, :] < totals[:, None]
@@ -125,6 +129,13 @@ def collate_rows(rows: Sequence[Sequence[Piece]], max_length: int, max_docs: int
             mask &= np.tri(max_length, dtype=bool)[None]
         batch["attention_mask"] = mask
     return batch
+
+
+def _run_starts(lengths: np.ndarray) -> np.ndarray:
+    """Where each of consecutive runs of ``lengths`` starts (exclusive cumulative sum)."""
+    out = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=out[1:])
+    return out
 
 
 def flat_cu_seqlens(batch: Mapping[str, np.ndarray]) -> np.ndarray:

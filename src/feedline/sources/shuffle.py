@@ -5,7 +5,10 @@ The buffer fills to ``size`` records; each output is drawn at index
 The state holds the buffered records' *keys* (never their text); on resume they are re-read
 with ``fetch`` so the buffer is restored exactly, unlike HF streaming, which drops it.
 
-State: ``{"parent": ..., "counter": n, "buffer": [[source, file, position, epoch], ...]}``.
+State: ``{"parent": ..., "counter": n, "buffer": keys}``, the keys ``[source, file, position, epoch]``
+of the buffered records in buffer order as a packed table (:func:`feedline.core.packed.pack_ints`:
+~5 bytes a record instead of ~20 of JSON; the list of lists of older states still loads). The
+iterator keeps the keys in an array beside the records, so the state costs one pack per batch.
 """
 
 from __future__ import annotations
@@ -13,7 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from feedline.core.dataset import Dataset, DatasetIterator, State
+from feedline.core.packed import pack_ints, unpack_ints
 from feedline.core.record import Key, Record
 from feedline.core.rng import uniform
 from feedline.errors import StateError
@@ -45,6 +51,7 @@ class ShuffleBufferIterator(DatasetIterator[Record]):
         self.ds = ds
         self.parent = iter(ds.parent)
         self.buffer: list[Record] = []
+        self.keys = np.zeros((max(1, ds.size), 4), dtype=np.int64)  # [source, file, position, epoch] per slot
         self.counter = 0
         self.exhausted = False
 
@@ -54,6 +61,7 @@ class ShuffleBufferIterator(DatasetIterator[Record]):
             if rec is None:
                 self.exhausted = True
             else:
+                self.keys[len(self.buffer)] = (*rec.key, rec.epoch)
                 self.buffer.append(rec)
         if not self.buffer:
             raise StopIteration
@@ -66,22 +74,28 @@ class ShuffleBufferIterator(DatasetIterator[Record]):
             last = self.buffer.pop()
             if j < len(self.buffer):
                 self.buffer[j] = last
+                self.keys[j] = self.keys[len(self.buffer)]
         else:
             self.buffer[j] = nxt
+            self.keys[j] = (*nxt.key, nxt.epoch)
         return out
 
     def get_state(self) -> State:
         return {"parent": self.parent.get_state(), "counter": self.counter, "exhausted": self.exhausted,
-                "buffer": [[*r.key, r.epoch] for r in self.buffer]}
+                "buffer": pack_ints(self.keys[:len(self.buffer)], 4)}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         try:
             self.parent.set_state(state["parent"])
             self.counter = int(state["counter"])
             self.exhausted = bool(state["exhausted"])
-            entries = [(int(s), int(f), int(p), int(e)) for s, f, p, e in state["buffer"]]
+            table = unpack_ints(state["buffer"], 4, "shuffle buffer")
+            entries = [(s, f, p, e) for s, f, p, e in table.tolist()]
         except (KeyError, TypeError, ValueError) as e:
             raise StateError(f"shuffle buffer: malformed state ({e})") from e
+        if len(entries) > len(self.keys):
+            raise StateError(f"shuffle buffer: the state holds {len(entries)} records, more than shuffle.buffer {self.ds.size}")
+        self.keys[:len(entries)] = table
         found = self.ds.fetch([(s, f, p) for s, f, p, _ in entries])
         self.buffer = [Record((s, f, p), e, found[(s, f, p)]) for s, f, p, e in entries]
 

@@ -20,6 +20,11 @@ and never labelled. With ``whole_word_mask`` the unit of choice is a word (the t
 pre-tokenizer word, so ``##`` pieces join their word as in Google BERT) and every token of a
 chosen word is masked.
 
+:meth:`Masker.mask_rows` masks many sequences at once, given their generators' keys
+(:func:`feedline.core.rng.sample_keys`), with exactly the output of one :meth:`Masker.__call__`
+per sequence: it reads the same raw words of each sequence's generator and applies them to the
+whole chunk as arrays (rows it cannot do that way, rare, go through :meth:`Masker.__call__`).
+
 Replacement keeps the 80/10/10 split in every mode. Deliberate differences from the references:
 
 * whole-word masking keeps the 80/10/10 split (Hugging Face v5 forces 100% [MASK]);
@@ -35,11 +40,13 @@ chosen, groups are kept in random order while they fit.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
+from feedline.core.rng import philox_raw, sample_generator
 from feedline.errors import SpecError
 from feedline.tokenize.tokenizer import Tokenizer
 
@@ -140,6 +147,77 @@ class Masker:
             out[to_random] = self.pool[rng.integers(0, len(self.pool), k)]
         return out, labels
 
+    def mask_rows(self, rows: list[np.ndarray], keys: np.ndarray,
+                  words: list[np.ndarray | None] | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Mask many sequences; row ``i`` gives exactly ``self(rows[i], sample_generator(keys[i]), words[i])``.
+
+        Args:
+            rows: token ids per sequence (int32), special tokens included.
+            keys: ``[len(rows), 2]`` generator keys (:func:`feedline.core.rng.sample_keys`).
+            words: word index per token of each row (whole-word masking only).
+        """
+        offs = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum([len(r) for r in rows], out=offs[1:])
+        flat = np.concatenate(rows).astype(np.int32, copy=False) if rows else np.zeros(0, np.int32)
+        out, labels = self.mask_flat(flat, offs, keys, words)
+        return [(out[a:b], labels[a:b]) for a, b in zip(offs[:-1].tolist(), offs[1:].tolist(), strict=True)]
+
+    def mask_flat(self, flat: np.ndarray, offs: np.ndarray, keys: np.ndarray,
+                  words: Sequence[np.ndarray | None] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`mask_rows` of rows laid end to end: row ``i`` is ``flat[offs[i]:offs[i + 1]]``.
+
+        Returns ``(input_ids, labels)`` laid out the same way.
+        """
+        opts = self.options
+        n_rows = len(offs) - 1
+        if opts.whole_word_mask or opts.masking != "bernoulli" or opts.max_predictions is not None:
+            ws = words if words is not None else [None] * n_rows
+            parts = [self(flat[offs[i]:offs[i + 1]], sample_generator(keys[i]), ws[i]) for i in range(n_rows)]
+            if not parts:
+                return flat.copy(), np.full(len(flat), -100, dtype=np.int32)
+            return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        # Per row, the generator's words are consumed as in __call__: one double per candidate
+        # (chosen?), one per token (mask/random/keep), then 32-bit draws for random replacements.
+        lens = np.diff(offs)
+        cand = ~np.isin(flat, self.special)
+        ccum = np.zeros(len(flat) + 1, dtype=np.int64)
+        np.cumsum(cand, out=ccum[1:])
+        n_cand = ccum[offs[1:]] - ccum[offs[:-1]]
+        # Spare words for the 32-bit draws: about twice the expected random replacements, plus 8.
+        spare = (np.ceil(lens * (opts.mlm_probability * opts.random_replace_prob)) + 4).astype(np.int64)
+        counts = np.where(n_cand > 0, n_cand + lens + spare, 0)
+        base = np.zeros(n_rows + 1, dtype=np.int64)
+        np.cumsum(counts, out=base[1:])
+        raw = philox_raw(keys, counts)
+        row_of = np.repeat(np.arange(n_rows), lens)
+        ci = np.flatnonzero(cand)
+        crow = row_of[ci]
+        u = _doubles(raw[base[crow] + (ccum[ci] - ccum[offs[crow]])])
+        si = ci[u < opts.mlm_probability]  # chosen tokens
+        srow = row_of[si]
+        r = _doubles(raw[base[srow] + n_cand[srow] + (si - offs[srow])])
+        out = flat.astype(np.int32)
+        labels = np.full(len(flat), -100, dtype=np.int32)
+        labels[si] = flat[si]
+        to_mask = r < opts.mask_replace_prob
+        out[si[to_mask]] = self.mask_id
+        ri = si[~to_mask & (r < opts.mask_replace_prob + opts.random_replace_prob)]
+        if len(ri):
+            rrow = row_of[ri]
+            q = np.arange(len(ri)) - np.searchsorted(rrow, rrow, side="left")  # the draw's index in its row
+            word = raw[base[rrow] + n_cand[rrow] + lens[rrow] + q // 2]
+            u32 = np.where(q % 2 == 0, word & np.uint64(0xFFFFFFFF), word >> np.uint64(32))
+            # numpy's bounded 32-bit draw (Lemire): m = u32 * n, value m >> 32, redrawn while
+            # (m mod 2**32) < (2**32 - n) mod n; a redraw or too few spare words: exact path.
+            n_pool = len(self.pool)
+            m = u32 * np.uint64(n_pool)
+            redraw = (m & np.uint64(0xFFFFFFFF)) < np.uint64(((1 << 32) - n_pool) % n_pool)
+            out[ri] = self.pool[(m >> np.uint64(32)).astype(np.int64)]
+            for i in np.unique(rrow[redraw | (q // 2 >= spare[rrow])]).tolist():
+                a, b = int(offs[i]), int(offs[i + 1])
+                out[a:b], labels[a:b] = self(flat[a:b], sample_generator(keys[i]))
+        return out, labels
+
     @staticmethod
     def _fill(order: np.ndarray, sizes: np.ndarray, budget: int, n_groups: int) -> np.ndarray:
         """Take groups in ``order`` while they fit in ``budget`` tokens (skipping ones that do not)."""
@@ -152,3 +230,8 @@ class Masker:
                 chosen[g] = True
                 total += int(sizes[g])
         return chosen
+
+
+def _doubles(words: np.ndarray) -> np.ndarray:
+    """numpy's ``random()`` of raw 64-bit words: the top 53 bits over 2**53."""
+    return (words >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)

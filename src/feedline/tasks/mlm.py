@@ -9,7 +9,7 @@ documents are split into consecutive pieces, or truncated), or, with ``text_pair
 
 Fields: ``input_ids`` (masked), ``labels`` (original id where chosen, -100 elsewhere),
 ``token_type_ids`` (int32). Masking is :mod:`feedline.tasks.masking` with the generator of
-``(seed, epoch, record key, piece)``: a new mask every epoch, the same mask on resume.
+``(seed, epoch, record key, piece)`` (all rows of a chunk at once: :meth:`Masker.mask_rows`): a new mask every epoch, the same mask on resume.
 
 Differences from the references (see ``docs/tasks.md``): [CLS]/[SEP] framing is done here with
 the tokenizer's cls/sep tokens (RoBERTa's pair layout ``<s> A </s></s> B </s>`` becomes
@@ -27,6 +27,7 @@ from typing import Literal
 import numpy as np
 
 from feedline.core.record import Record
+from feedline.core.rng import sample_keys
 from feedline.errors import SpecError
 from feedline.tasks.base import Task, TaskOutput
 from feedline.tasks.masking import Masker, MaskingOptions
@@ -103,20 +104,7 @@ class MaskedLM(Task):
         first = self._encode([r.data["text"] for r in records])
         out: list[TaskOutput] = []
         if opts.text_pair is None:
-            body = opts.max_length - 2
-            for rec, (ids, words) in zip(records, first, strict=True):
-                starts = range(0, max(len(ids), 1), body)
-                if opts.overflow == "truncate":
-                    starts = range(0, 1)
-                exs = []
-                for j, s in enumerate(starts):
-                    piece = np.concatenate([[cls], ids[s:s + body], [sep]]).astype(np.int32)
-                    w = np.concatenate([[-1], words[s:s + body], [-1]]) if len(words) else None
-                    inp, labels = masker(piece, self.rng(rec, j), w)
-                    exs.append(self.example(rec, j, input_ids=inp, labels=labels,
-                                            token_type_ids=np.zeros(len(piece), np.int32)))
-                out.append(exs)
-            return out
+            return self._single(records, first, cls, sep)
         pair_texts, missing = [], set()
         for i, r in enumerate(records):
             t = r.data.get(opts.text_pair)
@@ -125,16 +113,71 @@ class MaskedLM(Task):
                 t = ""
             pair_texts.append(t)
         second = self._encode(pair_texts)
-        for i, (rec, (a, wa), (b, wb)) in enumerate(zip(records, first, second, strict=True)):
+        kept: list[int] = []
+        pieces, piece_words, types = [], [], []
+        for i, ((a, wa), (b, wb)) in enumerate(zip(first, second, strict=True)):
+            if i in missing:
+                continue
+            la, lb = truncate_longest_first(a, b, opts.max_length - 3)
+            pieces.append(np.concatenate([[cls], a[:la], [sep], b[:lb], [sep]]).astype(np.int32))
+            piece_words.append(np.concatenate([[-1], wa[:la], [-1], wb[:lb] + (wa.max(initial=0) + 1), [-1]])
+                               if opts.whole_word_mask else None)
+            types.append(np.concatenate([np.zeros(la + 2, np.int32), np.ones(lb + 1, np.int32)]))
+            kept.append(i)
+        masked = masker.mask_rows(pieces, self._keys(records, kept, [0] * len(kept)), piece_words)
+        by_record = dict(zip(kept, zip(masked, types, strict=True), strict=True))
+        for i, rec in enumerate(records):
             if i in missing:
                 out.append(self.reject(rec, "missing_field", f"no text field {opts.text_pair!r} (task.text_pair)"))
                 continue
-            la, lb = truncate_longest_first(a, b, opts.max_length - 3)
-            piece = np.concatenate([[cls], a[:la], [sep], b[:lb], [sep]]).astype(np.int32)
-            w = None
-            if opts.whole_word_mask:
-                w = np.concatenate([[-1], wa[:la], [-1], wb[:lb] + (wa.max(initial=0) + 1), [-1]])
-            tt = np.concatenate([np.zeros(la + 2, np.int32), np.ones(lb + 1, np.int32)])
-            inp, labels = masker(piece, self.rng(rec, 0), w)
+            (inp, labels), tt = by_record[i]
             out.append([self.example(rec, 0, input_ids=inp, labels=labels, token_type_ids=tt)])
         return out
+
+    def _single(self, records: Sequence[Record], first: list[tuple[np.ndarray, np.ndarray]], cls: int,
+                sep: int) -> list[TaskOutput]:
+        """``[CLS] piece [SEP]`` rows of single documents, built and masked for the whole chunk at once."""
+        opts: MaskedLMOptions = self.options
+        body = opts.max_length - 2
+        doc_len = np.fromiter((len(ids) for ids, _ in first), dtype=np.int64, count=len(first))
+        n_pieces = np.ones_like(doc_len) if opts.overflow == "truncate" else np.maximum(1, -(-doc_len // body))
+        owner = np.repeat(np.arange(len(first)), n_pieces)
+        subs = np.arange(len(owner)) - np.repeat(_starts(n_pieces), n_pieces)
+        begin = subs * body  # token offset of each piece in its document
+        blen = np.clip(doc_len[owner] - begin, 0, body)
+        offs = np.zeros(len(owner) + 1, dtype=np.int64)
+        np.cumsum(blen + 2, out=offs[1:])
+        # Gather every piece's body at once: output index and source index of each body token.
+        within = np.arange(int(blen.sum())) - np.repeat(_starts(blen), blen)
+        dst = np.repeat(offs[:-1] + 1, blen) + within
+        src = np.repeat(_starts(doc_len)[owner] + begin, blen) + within
+        flat = np.empty(int(offs[-1]), dtype=np.int32)
+        flat[dst] = np.concatenate([ids for ids, _ in first]).astype(np.int32, copy=False)[src] if len(src) else 0
+        flat[offs[:-1]], flat[offs[1:] - 1] = cls, sep
+        words = None
+        if opts.whole_word_mask:
+            wflat = np.full(len(flat), -1, dtype=np.int64)
+            if len(src):
+                wflat[dst] = np.concatenate([w for _, w in first])[src]
+            words = [wflat[a:b] for a, b in zip(offs[:-1].tolist(), offs[1:].tolist(), strict=True)]
+        inp, labels = self.masker.mask_flat(flat, offs, self._keys(records, owner, subs), words)
+        out: list[TaskOutput] = [[] for _ in records]
+        types = np.zeros(int(blen.max(initial=0)) + 2, np.int32)
+        for i, j, a, b in zip(owner.tolist(), subs.tolist(), offs[:-1].tolist(), offs[1:].tolist(), strict=True):
+            out[i].append(self.example(records[i], j, input_ids=inp[a:b], labels=labels[a:b],  # type: ignore[union-attr]
+                                       token_type_ids=types[:b - a]))
+        return out
+
+    def _keys(self, records: Sequence[Record], owner: Sequence[int] | np.ndarray, subs: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Masking generator keys (stream 0) of the rows ``(records[owner[i]], subs[i])``: :meth:`Task.rng`'s."""
+        idx = np.asarray(owner, dtype=np.int64)
+        keys = np.asarray([r.key for r in records], dtype=np.int64).reshape(len(records), 3)[idx]
+        epochs = np.asarray([r.epoch for r in records], dtype=np.int64)[idx]
+        return sample_keys(self.seed, epochs, keys, np.asarray(subs, dtype=np.int64))
+
+
+def _starts(lengths: np.ndarray) -> np.ndarray:
+    """Exclusive cumulative sum: where each of consecutive runs of ``lengths`` starts."""
+    out = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=out[1:])
+    return out
