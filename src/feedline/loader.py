@@ -5,7 +5,8 @@
     ...     train_step(batch)          # Mapping[str, numpy.ndarray]
     >>> state = loader.state_dict()    # JSON; Loader(spec, state=state) resumes exactly
 
-In-process, a background thread runs the pipeline ``prefetch`` batches ahead; each batch travels
+In-process, a :class:`~feedline.core.prefetch.Prefetch` stage runs the rank's stream
+(``GlobalStream`` then ``RankSlice``) ``prefetch`` batches ahead on a thread; each batch travels
 with the state after it, so :meth:`Loader.state_dict` always describes exactly what the caller
 has received, however far prefetching ran. Iterating again continues where the last left off.
 """
@@ -13,21 +14,18 @@ has received, however far prefetching ran. Iterating again continues where the l
 from __future__ import annotations
 
 import os
-import queue
-import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from feedline.batching.base import Batch
-from feedline.batching.planner import slice_for_rank
+from feedline.batching.planner import RankSlice
+from feedline.core.prefetch import Prefetch
 from feedline.errors import SpecError
 from feedline.pipeline import GlobalStream, Pipeline
 from feedline.spec import Spec
 from feedline.state import check_state, make_state
 
 __all__ = ["Loader"]
-
-_END = object()
 
 
 def is_address(source: Any) -> bool:
@@ -63,81 +61,30 @@ class Loader:
         self.rank, self.world_size = rank, world_size
         self.pipeline = Pipeline(self.spec)
         self.spec_hash = self.spec.hash()
-        self._global = check_state(state, self.spec_hash) if state is not None else {"step": 0, "pipeline": None}
         self.prefetch = prefetch or self.spec.prefetch
-        self._thread: threading.Thread | None = None
-        self._queue: queue.Queue[Any] | None = None
-        self._stop = threading.Event()
-        self._finished = False
+        self._stage = Prefetch(self._rank_stream, self.prefetch, name="feedline-loader")
+        if state is not None:
+            self._stage.set_state(check_state(state, self.spec_hash))
+
+    def _rank_stream(self) -> RankSlice:
+        return RankSlice(iter(GlobalStream(self.pipeline, self.world_size)), self.rank, self.world_size)
 
     # ----------------------------------------------------------------- iteration
-    def _produce(self, q: queue.Queue[Any], stop: threading.Event, start: Mapping[str, Any]) -> None:
-        try:
-            it = iter(GlobalStream(self.pipeline, self.world_size))
-            try:
-                if start["pipeline"] is not None:
-                    it.set_state(start)
-                for _step, batch, st in it:
-                    item = (slice_for_rank(batch, self.rank, self.world_size), st)
-                    while not stop.is_set():
-                        try:
-                            q.put(item, timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-                    if stop.is_set():
-                        return
-            finally:
-                it.close()
-            q.put(_END)
-        except BaseException as e:  # forwarded to the consumer
-            q.put(e)
-
-    def _start(self) -> None:
-        self._stop = threading.Event()
-        self._queue = queue.Queue(maxsize=self.prefetch)
-        self._thread = threading.Thread(target=self._produce, args=(self._queue, self._stop, dict(self._global)),
-                                        name="feedline-loader", daemon=True)
-        self._thread.start()
-
     def __iter__(self) -> Iterator[Batch]:
-        if self._finished:
-            return
-        if self._thread is None:
-            self._start()
-        assert self._queue is not None
-        while True:
-            item = self._queue.get()
-            if item is _END:
-                self._finished = True
-                self._thread = None
-                return
-            if isinstance(item, BaseException):
-                self._thread = None
-                raise item
-            batch, st = item
-            self._global = st
+        for batch, _state in self._stage:
             yield batch
 
     def __next__(self) -> Batch:
-        return next(iter(self))
+        return next(self._stage)[0]  # type: ignore[no-any-return]
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         """The JSON state after the last batch this loader returned."""
-        if self._global["pipeline"] is None:
-            it = iter(GlobalStream(self.pipeline, self.world_size))
-            try:
-                self._global = it.get_state()
-            finally:
-                it.close()
-        return make_state(self.spec_hash, self._global, self.world_size)
+        return make_state(self.spec_hash, self._stage.get_state(), self.world_size)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restart from ``state`` (the next batch is the one that followed it)."""
-        self.close()
-        self._global = check_state(state, self.spec_hash)
-        self._finished = False
+        self._stage.set_state(check_state(state, self.spec_hash))
 
     def stats(self) -> dict[str, Any]:
         """What this loader has read so far: steps, rejected records by reason, realised mixture shares.
@@ -154,14 +101,11 @@ class Loader:
     @property
     def step(self) -> int:
         """Global steps received so far."""
-        return int(self._global["step"] or 0)
+        return int(self._stage.get_state()["step"] or 0)
 
     def close(self) -> None:
-        """Stop the background thread. Idempotent."""
-        self._stop.set()
-        t, self._thread = self._thread, None
-        if t is not None:
-            t.join(timeout=5)
+        """Stop the background thread and close the pipeline. Idempotent; iterating again continues."""
+        self._stage.close()
 
     def __enter__(self) -> Loader:
         return self
@@ -170,4 +114,6 @@ class Loader:
         self.close()
 
     def __del__(self) -> None:
-        self._stop.set()
+        stage = getattr(self, "_stage", None)
+        if stage is not None:
+            stage._stop.set()

@@ -14,7 +14,7 @@ is derived from the global batch, which is what makes elastic resume possible.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -117,8 +117,13 @@ class Pipeline:
         return batcher_class(b.strategy)(self.examples(), b.options, ctx)
 
 
-class GlobalStream:
-    """Numbered, complete global batches with the state after each: ``(step, batch, state)``."""
+class GlobalStream(Dataset[tuple[int, Batch, State]]):
+    """Numbered, complete global batches with the state after each: ``(step, batch, state)``.
+
+    A stage like any other: its iterator has ``get_state``/``set_state``/``close``, and its state
+    is ``{"step": s, "pipeline": <batcher state>}``. :class:`~feedline.batching.planner.RankSlice`
+    cuts each global batch into a rank's slice.
+    """
 
     def __init__(self, pipeline: Pipeline, world_size: int = 1) -> None:
         self.pipeline = pipeline
@@ -127,9 +132,20 @@ class GlobalStream:
     def __iter__(self) -> GlobalStreamIterator:
         return GlobalStreamIterator(self)
 
+    def initial_state(self) -> State:
+        """The state at the start of the stream (built without producing anything)."""
+        it = iter(self)
+        try:
+            return it.get_state()
+        finally:
+            it.close()
 
-class GlobalStreamIterator(Iterator[tuple[int, Batch, State]]):
+
+class GlobalStreamIterator(DatasetIterator[tuple[int, Batch, State]]):
     """Cursor over a :class:`GlobalStream`; ``state`` is ``{"step": s, "pipeline": ...}``."""
+
+    STEP = "step"
+    PIPELINE = "pipeline"
 
     def __init__(self, gs: GlobalStream) -> None:
         self.gs = gs
@@ -153,14 +169,15 @@ class GlobalStreamIterator(Iterator[tuple[int, Batch, State]]):
         raise StopIteration
 
     def get_state(self) -> State:
-        return {"step": self.step, "pipeline": self.it.get_state()}
+        return {self.STEP: self.step, self.PIPELINE: self.it.get_state()}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         try:
-            self.step = int(state["step"])
-            self.it.set_state(state["pipeline"])
+            self.step = int(state[self.STEP])
+            self.it.set_state(state[self.PIPELINE])
         except (KeyError, TypeError, ValueError) as e:
             raise StateError(f"malformed pipeline state ({e})") from e
+        self.done = False
 
     def close(self) -> None:
         self.it.close()

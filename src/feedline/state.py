@@ -15,7 +15,7 @@ from typing import Any
 
 from feedline.errors import StateError
 
-__all__ = ["STATE_VERSION", "check_state", "make_state"]
+__all__ = ["STATE_VERSION", "check_state", "make_state", "state_json"]
 
 STATE_VERSION = 1
 
@@ -23,6 +23,11 @@ STATE_VERSION = 1
 def make_state(spec_hash: str, global_state: Mapping[str, Any], world_size: int) -> dict[str, Any]:
     return {"version": STATE_VERSION, "spec_hash": spec_hash, "step": global_state["step"],
             "world_size": world_size, "pipeline": global_state["pipeline"]}
+
+
+def state_json(spec_hash: str, global_state: Mapping[str, Any], world_size: int) -> str:
+    """:func:`make_state` as compact JSON (what the service sends with each batch)."""
+    return json.dumps(make_state(spec_hash, global_state, world_size), separators=(",", ":"))
 
 
 def check_state(state: Any, spec_hash: str) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 from feedline.errors import SpecError
 from feedline.spec import Spec
 
-__all__ = ["BatchLoader", "is_loader", "resolve_loader", "resolve_rank"]
+__all__ = ["BatchLoader", "LoaderStage", "is_loader", "resolve_loader", "resolve_rank"]
 
 
 @runtime_checkable
@@ -36,6 +36,33 @@ class BatchLoader(Protocol):
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
     def close(self) -> None: ...
+
+
+class LoaderStage:
+    """A built loader seen as a stage (``next``/``get_state``/``set_state``), to run under a Prefetch.
+
+    The state is the loader's :meth:`state_dict`. Closing the stage leaves the loader open: it
+    belongs to whoever built it.
+    """
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self._it: Iterator[Mapping[str, Any]] | None = None
+
+    def __next__(self) -> Mapping[str, Any]:
+        if self._it is None:
+            self._it = iter(self.loader)
+        return next(self._it)
+
+    def get_state(self) -> dict[str, Any]:
+        return self.loader.state_dict()  # type: ignore[no-any-return]
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        self._it = None
+        self.loader.load_state_dict(state)
+
+    def close(self) -> None:
+        self._it = None
 
 
 def is_loader(obj: Any) -> bool:
