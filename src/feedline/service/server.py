@@ -34,7 +34,7 @@ from feedline.service.protocol import CLIENT_OPS, PROTOCOL_VERSION, encode_batch
 from feedline.service.ranked import RankedCursor
 from feedline.service.session import Client, validate_hello
 from feedline.service.shared import SharedQueue
-from feedline.state import make_state
+from feedline.state import state_json as _state_json
 
 __all__ = ["Server", "ServerOptions"]
 
@@ -116,11 +116,7 @@ class Server:
             return self.address
         o = self.options
         for name, pipeline in self.streams.items():
-            it = iter(GlobalStream(pipeline, 1))
-            try:
-                self.initial[name] = it.get_state()
-            finally:
-                it.close()
+            self.initial[name] = GlobalStream(pipeline, 1).initial_state()
         self._ctx = zmq.Context()
         if o.keys is not None:
             from zmq.auth.thread import ThreadAuthenticator
@@ -482,8 +478,3 @@ class Server:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _state_json(spec_hash: str, global_state: Mapping[str, Any], world_size: int) -> str:
-    import json
-
-    return json.dumps(make_state(spec_hash, global_state, world_size), separators=(",", ":"))

@@ -12,7 +12,6 @@ batches after ``h`` that were already acked (at-least-once across a server resta
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -20,7 +19,7 @@ from typing import Any
 
 from feedline.pipeline import Pipeline
 from feedline.service.producer import End, Produced, Producer
-from feedline.state import make_state
+from feedline.state import state_json
 
 __all__ = ["SharedQueue"]
 
@@ -37,7 +36,7 @@ class SharedQueue:
                                  name=f"feedline-{stream}-shared")
         first = self.producer.initial_state()
         self.watermark = int(first["step"])
-        self.watermark_json = json.dumps(make_state(self.spec_hash, first, 1), separators=(",", ":"))
+        self.watermark_json = state_json(self.spec_hash, first, 1)
         self.fresh: deque[Produced] = deque()
         self.redeliver: deque[Produced] = deque()
         self.inflight: dict[bytes, dict[int, Produced]] = {}
