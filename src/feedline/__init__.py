@@ -6,6 +6,7 @@
     >>> state = loader.state_dict()                           # doctest: +SKIP
 """
 
+from feedline.core.record import Example, Record, Rejection
 from feedline.errors import (
     AuthError,
     FeedlineError,
@@ -24,19 +25,22 @@ from feedline.loader import Loader
 from feedline.pipeline import Pipeline
 from feedline.records import records
 from feedline.spec import Spec
-from feedline.tasks.base import Task, TaskContext
+from feedline.tasks.base import Task, TaskContext, TaskOutput
 from feedline.tokenize import Tokenizer, load_tokenizer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AuthError",
+    "Example",
     "FeedlineError",
     "Loader",
     "MissingDependency",
     "Pipeline",
     "ProtocolError",
+    "Record",
     "RecordError",
+    "Rejection",
     "SourceError",
     "Spec",
     "SpecError",
@@ -44,6 +48,7 @@ __all__ = [
     "Task",
     "TaskContext",
     "TaskError",
+    "TaskOutput",
     "Tokenizer",
     "TokenizerError",
     "TransportError",

@@ -14,6 +14,8 @@ has received, however far prefetching ran. Iterating again continues where the l
 from __future__ import annotations
 
 import os
+import sys
+from abc import ABC
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -25,34 +27,92 @@ from feedline.pipeline import GlobalStream, Pipeline
 from feedline.spec import Spec
 from feedline.state import check_state, make_state
 
-__all__ = ["Loader"]
+__all__ = ["InProcessLoader", "Loader"]
 
 
 def is_address(source: Any) -> bool:
     return isinstance(source, str) and source.startswith(("tcp://", "ipc://", "inproc://"))
 
 
-class Loader:
-    """Batches of one rank, from a spec (in-process) or a service address.
+class Loader(ABC):
+    """Batches of one rank, from a spec (in-process) or a service address: the factory and the interface.
+
+    ``Loader(spec, ...)`` builds an :class:`InProcessLoader`; ``Loader("tcp://host:port", ...)``
+    a :class:`~feedline.service.client.RemoteLoader`. Both are instances of :class:`Loader`::
+
+        >>> isinstance(Loader({"sources": ["c.jsonl"], "tokenizer": "t.json"}), Loader)  # doctest: +SKIP
+        True
 
     Args:
         source: a spec (path, mapping or :class:`Spec`) or a service address ``tcp://host:port``.
         rank: this consumer's rank in ``[0, world_size)``.
         world_size: number of ranks sharing each global batch.
         state: a :meth:`state_dict` to resume from (any world size).
-        stream: for a service with several streams, the stream name.
+        stream: for a service with several streams, the stream name (refused in-process).
         prefetch: batches prepared ahead (default: the spec's ``prefetch``).
     """
 
-    def __new__(cls, source: Any, *args: Any, **kwargs: Any) -> Any:
-        if cls is Loader and is_address(source):
-            from feedline.service.client import RemoteLoader
+    rank: int
+    world_size: int
 
-            return RemoteLoader(source, *args, **kwargs)
+    def __new__(cls, source: Any, *args: Any, **kwargs: Any) -> Any:
+        if cls is Loader:
+            if is_address(source):
+                from feedline.service.client import RemoteLoader
+
+                return RemoteLoader(source, *args, **kwargs)
+            cls = InProcessLoader
         return super().__new__(cls)
 
+    @classmethod
+    def __subclasshook__(cls, other: type) -> bool:
+        # The service client is a Loader too; it is only known once its module is loaded (an
+        # instance cannot exist before), so the interface never imports the service.
+        client = sys.modules.get("feedline.service.client")
+        if cls is Loader and client is not None and other is getattr(client, "RemoteLoader", None):
+            return True
+        return NotImplemented
+
+    # The interface. Not abstract methods, so that ``Loader(...)`` type-checks as the factory it is.
+    def __iter__(self) -> Iterator[Batch]:
+        """Batches (``Mapping[str, numpy.ndarray]``) of this rank, from the current position."""
+        raise NotImplementedError
+
+    def __next__(self) -> Batch:
+        return next(iter(self))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The JSON state after the last batch this loader returned."""
+        raise NotImplementedError
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restart from ``state`` (the next batch is the one that followed it)."""
+        raise NotImplementedError
+
+    @property
+    def step(self) -> int:
+        """Global steps received so far."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop background work. Idempotent."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class InProcessLoader(Loader):
+    """A :class:`Loader` that runs the pipeline in this process (see the module docstring)."""
+
     def __init__(self, source: Spec | Mapping[str, Any] | str | os.PathLike[str], rank: int = 0, world_size: int = 1,
-                 state: Mapping[str, Any] | str | None = None, *, stream: str = "train", prefetch: int | None = None) -> None:
+                 state: Mapping[str, Any] | str | None = None, *, stream: str | None = None, prefetch: int | None = None) -> None:
+        if stream is not None:
+            raise SpecError(f"stream={stream!r} names a stream of a feedline service, but this Loader runs its spec in-process; "
+                            "pass the service address (tcp://host:port) to read a stream, or drop stream=")
         if not 0 <= rank < world_size:
             raise SpecError(f"rank {rank} is not in [0, world_size={world_size})")
         self.spec = Spec.load(source)  # type: ignore[arg-type]
@@ -106,12 +166,6 @@ class Loader:
     def close(self) -> None:
         """Stop the background thread and close the pipeline. Idempotent; iterating again continues."""
         self._stage.close()
-
-    def __enter__(self) -> Loader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __del__(self) -> None:
         stage = getattr(self, "_stage", None)

@@ -103,8 +103,9 @@ def resolve_rank(rank: int | None, world_size: int | None, *, env: Mapping[str, 
 
 
 def resolve_loader(source: Any, rank: int, world_size: int, *, state: Mapping[str, Any] | None = None,
-                   stream: str = "train", prefetch: int | None = None) -> Any:
+                   stream: str | None = None, prefetch: int | None = None) -> Any:
     """A :class:`feedline.Loader` (in-process, or the service client for an address) for one rank."""
     from feedline.loader import Loader
 
-    return Loader(source, rank, world_size, state, stream=stream, prefetch=prefetch)
+    named = {"stream": stream} if stream is not None else {}
+    return Loader(source, rank, world_size, state, prefetch=prefetch, **named)

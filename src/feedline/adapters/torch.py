@@ -99,7 +99,7 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
         rank, world_size: override the environment (``RANK``/``WORLD_SIZE``) and
             ``torch.distributed``.
         state: a :meth:`state_dict` to resume from.
-        stream: the service stream name (remote sources).
+        stream: the service stream name (remote sources; default ``train``).
         int64: cast integer fields to ``torch.int64`` (on the device, after the copy).
 
     Example:
@@ -110,7 +110,7 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
 
     def __init__(self, source: Any, device: str | torch.device | None = None, pin_memory: bool = True,
                  prefetch: int = 2, *, rank: int | None = None, world_size: int | None = None,
-                 state: Mapping[str, Any] | None = None, stream: str = "train", int64: bool = True) -> None:
+                 state: Mapping[str, Any] | None = None, stream: str | None = None, int64: bool = True) -> None:
         super().__init__()
         if prefetch < 0:
             raise FeedlineError(f"prefetch={prefetch} must be >= 0")
