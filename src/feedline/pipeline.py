@@ -22,7 +22,7 @@ from feedline.batching.base import Batch, BatchContext, Batcher
 from feedline.batching.planner import complete_batch
 from feedline.batching.registry import batcher_class
 from feedline.core.dataset import Dataset, DatasetIterator, State
-from feedline.core.record import Example, ExampleRef, Key, Record
+from feedline.core.record import Example, Key, Record
 from feedline.errors import StateError
 from feedline.sources.mix import Mixture
 from feedline.sources.shuffle import ShuffleBuffer
@@ -59,13 +59,14 @@ class Pipeline:
         return Mixture(self.sources, [x.weight for x in s.sources], seed=s.seed, stopping=s.mix.stopping, epochs=s.epochs)
 
     def fetch(self, keys: Sequence[Key]) -> Mapping[Key, dict[str, Any]]:
+        """Re-read records by key (what a corpus tool joining outputs to inputs needs)."""
         return self.mixture.fetch(keys)
 
     def records(self) -> Dataset[Record]:
         """Records after reading, mixing and shuffling."""
         s = self.spec
         if s.shuffle and s.shuffle.buffer > 1:
-            return ShuffleBuffer(self.mixture, s.shuffle.buffer, seed=s.seed, fetch=self.fetch)
+            return ShuffleBuffer(self.mixture, s.shuffle.buffer, seed=s.seed)
         return self.mixture
 
     @cached_property
@@ -94,26 +95,10 @@ class Pipeline:
             return RayTaskMap(self.records(), self.task, self.spec.engine, on_error=self.spec.on_error)
         return TaskMap(self.records(), self.task, workers=self.workers, on_error=self.spec.on_error)
 
-    def materialize(self, refs: Sequence[ExampleRef]) -> list[Example]:
-        """Rebuild examples from refs by re-reading their records (used to restore buffers)."""
-        ints = [(int(r[0]), int(r[1]), int(r[2]), int(r[3]), int(r[4])) for r in refs]
-        found = self.fetch([(s, f, p) for s, f, p, _e, _sub in ints])
-        cache: dict[tuple[int, int, int, int], list[Example]] = {}
-        out = []
-        for s, f, p, e, sub in ints:
-            k = (s, f, p, e)
-            if k not in cache:
-                res = self.task.process([Record((s, f, p), e, found[(s, f, p)])])[0]
-                if not isinstance(res, list):
-                    raise StateError(f"record {(s, f, p)} was rejected on re-read; the data changed since the state was saved")
-                cache[k] = res
-            out.append(cache[k][sub])
-        return out
-
     def batches(self) -> Batcher:
         """Global batches (the last may be short)."""
         b = self.spec.batching
-        ctx = BatchContext(batch_size=b.batch_size, task=self.task, materialize=self.materialize, seed=self.spec.seed)
+        ctx = BatchContext(batch_size=b.batch_size, task=self.task, seed=self.spec.seed)
         return batcher_class(b.strategy)(self.examples(), b.options, ctx)
 
 

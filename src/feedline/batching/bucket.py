@@ -127,7 +127,7 @@ class BucketIterator(DatasetIterator[Batch]):
         except (KeyError, TypeError, ValueError) as e:
             raise StateError(f"bucket: malformed state ({e}); expected keys parent, window, pending, stats") from e
         self.parent.set_state(parent)
-        flat = self.ds.ctx.materialize([r for b in refs for r in b])
+        flat = self.ds.parent.rebuild([r for b in refs for r in b])
         self.pending, at = [], 0
         for b in refs:
             self.pending.append(flat[at:at + len(b)])

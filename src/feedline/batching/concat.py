@@ -135,7 +135,7 @@ class ConcatIterator(DatasetIterator[Batch]):
                 ref = (src, fi, pos, ep, sub)
             except (TypeError, ValueError, IndexError) as e:
                 raise StateError(f"concat: malformed carry {carry!r} in state ({e})") from e
-            ex = self.ds.ctx.materialize([ref])[0]
+            ex = self.ds.parent.rebuild([ref])[0]
             if not 0 < start < ex.length:
                 raise StateError(f"concat: carry offset {start} is outside example {ref} of {ex.length} tokens; "
                                  "the data changed since the state was saved")

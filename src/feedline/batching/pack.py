@@ -195,7 +195,7 @@ class PackIterator(DatasetIterator[Batch]):
         except (KeyError, TypeError) as e:
             raise StateError(f"pack: malformed state ({e}); expected keys parent, ready, open, stats") from e
         self.parent.set_state(parent)
-        rows = restore_pieces([*ready, *open_rows], self.ds.ctx.materialize, self._stop, "pack")
+        rows = restore_pieces([*ready, *open_rows], self.ds.parent.rebuild, self._stop, "pack")
         self.packer = self._new_packer()
         self.packer.restore(rows[:len(ready)], [[(p.length, p) for p in row] for row in rows[len(ready):]])
         self.exhausted = False

@@ -12,13 +12,28 @@ and restore it::
 
 State is nested: a stage returns ``{"parent": parent.get_state(), ...its own small fields}``.
 Keys are class constants; shapes stay constant over an iterator's life.
+
+Restores ask the parent. A stage that holds records or examples across elements keeps their
+keys/refs in its state and rebuilds them through its own recipe's parent chain:
+``parent.fetch(keys)`` re-reads records (answered by the sources), ``parent.rebuild(refs)``
+rebuilds examples (answered by the task map, which re-reads and re-processes their records in
+one batched call). A stage that changes records or examples must override these two so a
+restore sees what its iteration would have produced; a stage that only reorders or groups them
+inherits the delegation.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from feedline.errors import StateError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from feedline.core.record import Example, ExampleRef, Key
 
 __all__ = ["Dataset", "DatasetIterator", "State"]
 
@@ -61,3 +76,18 @@ class Dataset(ABC, Generic[T_co]):
     @abstractmethod
     def __iter__(self) -> DatasetIterator[T_co]:
         """Create a new iterator positioned at the start of the stream."""
+
+    def fetch(self, keys: Sequence[Key]) -> Mapping[Key, dict[str, Any]]:
+        """Re-read records by key (asks the parent; record sources answer)."""
+        return self._parent_for("fetch").fetch(keys)  # type: ignore[no-any-return]
+
+    def rebuild(self, refs: Sequence[ExampleRef]) -> list[Example]:
+        """Rebuild examples by ref, in order (asks the parent; the task map answers)."""
+        return self._parent_for("rebuild").rebuild(refs)  # type: ignore[no-any-return]
+
+    def _parent_for(self, what: str) -> Any:
+        parent = getattr(self, "parent", None)
+        if not isinstance(parent, Dataset):
+            raise StateError(f"{type(self).__name__} has no parent to {what} from; a stage at the bottom of a "
+                             f"pipeline must implement {what}() to restore the buffers above it")
+        return parent

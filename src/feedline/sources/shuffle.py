@@ -3,18 +3,19 @@
 The buffer fills to ``size`` records; each output is drawn at index
 ``floor(uniform(seed, salt, counter) * len(buffer))`` and its slot refilled from upstream.
 The state holds the buffered records' *keys* (never their text); on resume they are re-read
-with ``fetch`` so the buffer is restored exactly, unlike HF streaming, which drops it.
+through the parent (``parent.fetch(keys)``) so the buffer is restored exactly, unlike HF
+streaming, which drops it.
 
 State: ``{"parent": ..., "counter": n, "buffer": [[source, file, position, epoch], ...]}``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from feedline.core.dataset import Dataset, DatasetIterator, State
-from feedline.core.record import Key, Record
+from feedline.core.record import Record
 from feedline.core.rng import uniform
 from feedline.errors import StateError
 
@@ -22,17 +23,13 @@ __all__ = ["ShuffleBuffer"]
 
 _SALT = 0x5B0F
 
-Fetch = Callable[[Sequence[Key]], Mapping[Key, dict[str, Any]]]
-
-
 class ShuffleBuffer(Dataset[Record]):
-    """Shuffle ``parent`` through a buffer of ``size`` records; ``fetch`` re-reads records by key."""
+    """Shuffle ``parent`` through a buffer of ``size`` records (restored by ``parent.fetch``)."""
 
-    def __init__(self, parent: Dataset[Record], size: int, *, seed: int, fetch: Fetch) -> None:
+    def __init__(self, parent: Dataset[Record], size: int, *, seed: int) -> None:
         self.parent = parent
         self.size = size
         self.seed = seed
-        self.fetch = fetch
 
     def __iter__(self) -> ShuffleBufferIterator:
         return ShuffleBufferIterator(self)
@@ -82,7 +79,7 @@ class ShuffleBufferIterator(DatasetIterator[Record]):
             entries = [(int(s), int(f), int(p), int(e)) for s, f, p, e in state["buffer"]]
         except (KeyError, TypeError, ValueError) as e:
             raise StateError(f"shuffle buffer: malformed state ({e})") from e
-        found = self.ds.fetch([(s, f, p) for s, f, p, _ in entries])
+        found = self.ds.parent.fetch([(s, f, p) for s, f, p, _ in entries])
         self.buffer = [Record((s, f, p), e, found[(s, f, p)]) for s, f, p, e in entries]
 
     def close(self) -> None:

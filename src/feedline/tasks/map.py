@@ -8,6 +8,9 @@ examples were already yielded; a restore re-reads and re-processes that one chun
 which gives the same examples because tasks are pure functions of (record, seed, epoch, key).
 The runner never appears in the state, so a state resumes under any runner.
 
+:meth:`TaskMap.rebuild` answers the stages above (batchers' buffers): it re-reads the records
+of the refs through ``parent.fetch`` and re-processes them in one batched task call.
+
 State: ``{"parent": ..., "skip": n, "rejected": {reason: n}}``.
 """
 
@@ -19,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from feedline.core.dataset import Dataset, DatasetIterator, State
-from feedline.core.record import Example, Record, Rejection
+from feedline.core.record import Example, ExampleRef, Record, Rejection
 from feedline.errors import StateError
 from feedline.sources.report import Rejections
 from feedline.tasks.base import Task, TaskOutput
@@ -89,6 +92,26 @@ class TaskMap(Dataset[Example]):
 
     def __iter__(self) -> TaskMapIterator:
         return TaskMapIterator(self)
+
+    def rebuild(self, refs: Sequence[ExampleRef]) -> list[Example]:
+        """The examples named by ``refs``: their records re-read and re-processed in one task call.
+
+        Raises:
+            StateError: a record is now rejected (the data changed since the state was saved).
+        """
+        wanted = list(dict.fromkeys((int(r[0]), int(r[1]), int(r[2]), int(r[3])) for r in refs))
+        found = self.parent.fetch(list(dict.fromkeys((s, f, p) for s, f, p, _e in wanted)))
+        outputs = self.task.process([Record((s, f, p), e, found[(s, f, p)]) for s, f, p, e in wanted]) if wanted else []
+        made: dict[tuple[int, int, int, int], list[Example]] = {}
+        for k, out in zip(wanted, outputs, strict=True):
+            if not isinstance(out, list):
+                raise StateError(f"record {k[:3]} was rejected on re-read; the data changed since the state was saved")
+            made[k] = out
+        try:
+            return [made[(int(r[0]), int(r[1]), int(r[2]), int(r[3]))][int(r[4])] for r in refs]
+        except IndexError as e:
+            raise StateError(f"an example ref in the state names an example its record no longer makes ({e}); "
+                             "the data or the tokenizer changed since the state was saved") from e
 
 
 class TaskMapIterator(DatasetIterator[Example]):
