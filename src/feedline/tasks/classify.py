@@ -37,9 +37,8 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from feedline.core.record import Record
+from feedline.core.record import Record, get_path
 from feedline.errors import SpecError, TaskError
-from feedline.sources.reader import get_path
 from feedline.tasks.base import Task, TaskOutput
 
 __all__ = ["Classify", "ClassifyOptions", "label_vocabulary"]

@@ -23,8 +23,8 @@ from typing import Any, Protocol
 
 from feedline.core.dataset import Dataset, DatasetIterator, State
 from feedline.core.record import Example, ExampleRef, Record, Rejection
+from feedline.core.report import Rejections
 from feedline.errors import StateError
-from feedline.sources.report import Rejections
 from feedline.tasks.base import Task, TaskOutput
 
 __all__ = ["ChunkRunner", "TaskMap", "ThreadRunner"]

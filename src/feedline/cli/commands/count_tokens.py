@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from feedline.sources.report import Rejections
+    from feedline.core.report import Rejections
     from feedline.tools.count_tokens import count_tokens, write_counts
 
     rejections = Rejections()
