@@ -14,7 +14,8 @@ is derived from the global batch, which is what makes elastic resume possible.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -27,13 +28,13 @@ from feedline.errors import StateError
 from feedline.sources.mix import Mixture
 from feedline.sources.shuffle import ShuffleBuffer
 from feedline.sources.source import FileSource
-from feedline.spec import Spec
+from feedline.spec import MixSpec, Spec
 from feedline.tasks.base import Task, TaskContext
 from feedline.tasks.map import TaskMap
 from feedline.tasks.registry import task_class
 from feedline.tokenize.tokenizer import Tokenizer
 
-__all__ = ["GlobalStream", "Pipeline"]
+__all__ = ["GlobalStream", "OnePass", "Pipeline"]
 
 
 class Pipeline:
@@ -80,7 +81,7 @@ class Pipeline:
     @cached_property
     def task(self) -> Task:
         cls = task_class(self.spec.task.kind)
-        return cls(self.spec.task.options, TaskContext(self.tokenizer, self.spec.seed, spec=self.spec))
+        return cls(self.spec.task.options, TaskContext(self.tokenizer, self.spec.seed, records=OnePass(self.spec)))
 
     @property
     def workers(self) -> int:
@@ -100,6 +101,24 @@ class Pipeline:
         b = self.spec.batching
         ctx = BatchContext(batch_size=b.batch_size, task=self.task, seed=self.spec.seed)
         return batcher_class(b.strategy)(self.examples(), b.options, ctx)
+
+
+@dataclass(frozen=True)
+class OnePass:
+    """One unshuffled epoch of a spec's records, as a picklable factory (``TaskContext.records``).
+
+    For tasks that need a first pass over the corpus (classify collecting label names).
+    """
+
+    spec: Spec
+
+    def __call__(self) -> Iterator[Record]:
+        one = Pipeline(self.spec.replace(epochs=1, shuffle=None, mix=MixSpec()))
+        it = iter(one.mixture)
+        try:
+            yield from it
+        finally:
+            it.close()
 
 
 class GlobalStream(Dataset[tuple[int, Batch, State]]):

@@ -23,7 +23,7 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -31,7 +31,7 @@ from typing import Any, Literal
 from feedline.core.options import build, close_match, to_plain
 from feedline.errors import SpecError
 
-__all__ = ["BatchingSpec", "EngineSpec", "MixSpec", "ShuffleSpec", "SourceSpec", "Spec", "TaskSpec"]
+__all__ = ["BatchingSpec", "EngineSpec", "MixSpec", "Registry", "ShuffleSpec", "SourceSpec", "Spec", "TaskSpec", "use_registry"]
 
 OnError = Literal["skip", "raise"]
 
@@ -165,25 +165,28 @@ class Spec:
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def load(cls, spec: Spec | Mapping[str, Any] | str | os.PathLike[str]) -> Spec:
+    def load(cls, spec: Spec | Mapping[str, Any] | str | os.PathLike[str], *, registry: Registry | None = None) -> Spec:
         """Load and validate a spec from a ``Spec``, a mapping, or a ``.yaml``/``.json`` file.
 
-        Relative source paths in a file are resolved against the file's directory.
+        Relative source paths in a file are resolved against the file's directory. ``registry``
+        names the task and batcher classes (default: feedline's, installed by the package).
         """
         if isinstance(spec, Spec):
             return spec
         if isinstance(spec, (str, os.PathLike)):
-            return cls.from_mapping(read_spec_file(spec), base=Path(spec).resolve().parent)
+            return cls.from_mapping(read_spec_file(spec), base=Path(spec).resolve().parent, registry=registry)
         if isinstance(spec, Mapping):
-            return cls.from_mapping(spec)
+            return cls.from_mapping(spec, registry=registry)
         raise SpecError(f"a spec must be a path, a mapping or a feedline.Spec; got {type(spec).__name__}")
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any], base: Path | None = None) -> Spec:
-        """Validate a mapping; see the module docstring for the layout."""
-        from feedline.batching.registry import batcher_options
-        from feedline.tasks.registry import task_options
+    def from_mapping(cls, data: Mapping[str, Any], base: Path | None = None, *, registry: Registry | None = None) -> Spec:
+        """Validate a mapping; see the module docstring for the layout.
 
+        After the spec is built, the task class's ``check_spec(spec)`` hook may refuse settings
+        the task cannot work with (e.g. ``infer`` refuses shuffling).
+        """
+        reg = registry or _default_registry()
         data = dict(data)
         if "source" in data:
             if "sources" in data:
@@ -210,7 +213,8 @@ class Spec:
             task_raw = {"kind": task_raw}
         task_raw = dict(task_raw)
         kind = task_raw.pop("kind", "clm")
-        task = TaskSpec(kind=kind, options=build(task_options(kind), task_raw, "task"))
+        task_cls = reg.task(kind)
+        task = TaskSpec(kind=kind, options=build(task_cls.Options, task_raw, "task"))
         bat_raw = dict(data.get("batching") or {})
         strategy = bat_raw.pop("strategy", "pad")
         batch_size = bat_raw.pop("batch_size", 8)
@@ -221,7 +225,7 @@ class Spec:
             raise SpecError(f"batching.remainder: {remainder!r} is not allowed{close_match(str(remainder), ['drop', 'pad', 'keep'])} (allowed: 'drop' | 'pad' | 'keep')")
         batching = BatchingSpec(
             strategy=strategy, batch_size=batch_size, remainder=remainder,
-            options=build(batcher_options(strategy), bat_raw, "batching"),
+            options=build(reg.batcher(strategy).Options, bat_raw, "batching"),
         )
         shuffle_raw = data.get("shuffle")
         if shuffle_raw is True:
@@ -234,11 +238,15 @@ class Spec:
             engine_raw = {"kind": engine_raw}
         rest = {k: v for k, v in data.items() if k not in ("sources", "task", "batching", "shuffle", "engine")}
         scalars = build(_Scalars, rest, "spec")
-        return cls(
+        spec = cls(
             sources=tuple(sources), task=task, batching=batching, shuffle=shuffle,
             engine=build(EngineSpec, engine_raw, "engine"),
             **{f.name: getattr(scalars, f.name) for f in dataclasses.fields(scalars)},
         )
+        check = getattr(task_cls, "check_spec", None)
+        if check is not None:
+            check(spec)
+        return spec
 
     # ------------------------------------------------------------------ identity
     def to_dict(self) -> dict[str, Any]:
@@ -262,6 +270,38 @@ class Spec:
     def replace(self, **changes: Any) -> Spec:
         """A copy with some top-level fields changed."""
         return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Registry:
+    """Where a spec finds the class behind a task kind and a batching strategy.
+
+    The spec never imports the task or batcher packages (they sit above it); the package root
+    installs feedline's registries with :func:`use_registry`, and :meth:`Spec.load` takes
+    another one for a test or an embedding application::
+
+        >>> Registry(task=lambda kind: MyTask, batcher=lambda strategy: MyBatcher)   # doctest: +SKIP
+
+    Each callable raises :class:`~feedline.errors.SpecError` for an unknown name and returns
+    a class with an ``Options`` dataclass (tasks may also have a ``check_spec(spec)`` hook).
+    """
+
+    task: Callable[[str], Any]
+    batcher: Callable[[str], Any]
+
+
+_REGISTRY: list[Registry] = []
+
+
+def use_registry(registry: Registry) -> None:
+    """Make ``registry`` the default of :meth:`Spec.load` (``feedline/__init__.py`` installs feedline's)."""
+    _REGISTRY[:] = [registry]
+
+
+def _default_registry() -> Registry:
+    if not _REGISTRY:
+        raise SpecError("no task/batcher registry is installed; import feedline (which installs it) or pass registry=")
+    return _REGISTRY[0]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -34,7 +34,7 @@ inference, encoder-decoder).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -58,12 +58,13 @@ PAD_VALUES: dict[str, Any] = {
 @dataclass(frozen=True)
 class TaskContext:
     """What a task is built with: the tokenizer (``None`` for tokenizer-free tasks), the seed and,
-    when built by a pipeline, the whole spec (tasks that need a first pass over the data, or that
-    check other settings, read it; it is ``None`` in unit tests)."""
+    when built by a pipeline, ``records``: a picklable factory of one unshuffled epoch of the
+    corpus, for tasks that need a first pass over the data (``None`` in unit tests). Settings
+    of the spec a task cannot work with are refused by its :meth:`Task.check_spec` hook."""
 
     tokenizer: Tokenizer | None
     seed: int
-    spec: Any = field(default=None, compare=False)
+    records: Callable[[], Iterable[Record]] | None = field(default=None, compare=False)
 
 
 class Task(ABC):
@@ -81,6 +82,14 @@ class Task(ABC):
     target_fields: ClassVar[frozenset[str]] = frozenset()
     #: Whether rows of this task may be packed several to a row.
     packable: ClassVar[bool] = True
+
+    @classmethod
+    def check_spec(cls, spec: Any) -> None:
+        """Refuse spec settings this task cannot work with (:class:`~feedline.errors.SpecError`).
+
+        Called by ``Spec.load`` once the spec is built; the default accepts everything.
+        """
+        return None
 
     def __init__(self, options: Any, ctx: TaskContext) -> None:
         self.options = options
