@@ -25,7 +25,7 @@ from feedline.core.prefetch import Prefetch
 from feedline.errors import SpecError
 from feedline.pipeline import GlobalStream, Pipeline
 from feedline.spec import Spec
-from feedline.state import check_state, make_state
+from feedline.state import check_state, find_rejected, make_state, mixture_shares
 
 __all__ = ["InProcessLoader", "Loader"]
 
@@ -151,8 +151,6 @@ class InProcessLoader(Loader):
 
         Everything comes from the state, so the figures survive a resume.
         """
-        from feedline.service.metrics import find_rejected, mixture_shares
-
         state = self.state_dict()
         rejected: dict[str, int] = {}
         find_rejected(state["pipeline"], rejected)

@@ -3,6 +3,9 @@
     {"version": 1, "spec_hash": "3f2a...", "step": 120, "world_size": 4,
      "pipeline": {...nested stage states...}}
 
+The walkers at the end (:func:`find_rejected`, :func:`mixture_shares`, :func:`epochs_in`) read
+figures out of a nested pipeline state for ``Loader.stats()``, the service's stats and tests.
+
 ``step`` counts global steps delivered. The pipeline state is the same for every rank, so a
 state saved by any rank resumes every rank, with any world size (elastic resume).
 """
@@ -15,7 +18,7 @@ from typing import Any
 
 from feedline.errors import StateError
 
-__all__ = ["STATE_VERSION", "check_state", "make_state", "state_json"]
+__all__ = ["STATE_VERSION", "check_state", "epochs_in", "find_rejected", "make_state", "mixture_shares", "state_json"]
 
 STATE_VERSION = 1
 
@@ -55,3 +58,48 @@ def check_state(state: Any, spec_hash: str) -> dict[str, Any]:
         return {"step": int(state["step"]), "pipeline": state["pipeline"]}
     except (KeyError, TypeError, ValueError) as e:
         raise StateError(f"resume state lacks {e}") from e
+
+
+# ---------------------------------------------------------------- walkers over a nested pipeline state
+def find_rejected(state: Any, into: dict[str, int]) -> None:
+    """Sum every ``rejected: {reason: n}`` table found in a nested pipeline state."""
+    if isinstance(state, Mapping):
+        for k, v in state.items():
+            if k == "rejected" and isinstance(v, Mapping):
+                for reason, n in v.items():
+                    if isinstance(n, int):
+                        into[str(reason)] = into.get(str(reason), 0) + n
+            else:
+                find_rejected(v, into)
+    elif isinstance(state, list):
+        for v in state:
+            find_rejected(v, into)
+
+
+def mixture_shares(state: Any) -> list[float] | None:
+    """Realised share of records drawn from each source (from the mixture's ``counts``)."""
+    if isinstance(state, Mapping):
+        counts = state.get("counts")
+        if isinstance(counts, list) and "sources" in state and all(isinstance(c, int) for c in counts):
+            total = sum(counts)
+            return [round(c / total, 4) for c in counts] if total else None
+        for v in state.values():
+            found = mixture_shares(v)
+            if found is not None:
+                return found
+    return None
+
+
+def epochs_in(state: Any) -> list[int]:
+    """Every ``epoch`` value in a nested pipeline state, in walk order (what changes at an epoch edge)."""
+    found: list[int] = []
+    if isinstance(state, Mapping):
+        for k, v in state.items():
+            if k == "epoch" and isinstance(v, int):
+                found.append(v)
+            else:
+                found.extend(epochs_in(v))
+    elif isinstance(state, list):
+        for v in state:
+            found.extend(epochs_in(v))
+    return found

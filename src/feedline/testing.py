@@ -27,6 +27,7 @@ import numpy as np
 
 from feedline.loader import Loader
 from feedline.spec import Spec
+from feedline.state import epochs_in
 
 __all__ = ["assert_batches_equal", "assert_resumes_exactly", "assert_stage_resumes", "collect", "make_corpus", "same_shape", "state_shape"]
 
@@ -56,20 +57,6 @@ def assert_batches_equal(a: Sequence[Mapping[str, np.ndarray]], b: Sequence[Mapp
                 raise AssertionError(f"{where}: batch {i} field {k!r} differs ({u.dtype}{u.shape} vs {v.dtype}{v.shape})")
 
 
-def _epochs_in(state: Any) -> list[int]:
-    found: list[int] = []
-    if isinstance(state, Mapping):
-        for k, v in state.items():
-            if k == "epoch" and isinstance(v, int):
-                found.append(v)
-            else:
-                found.extend(_epochs_in(v))
-    elif isinstance(state, list):
-        for v in state:
-            found.extend(_epochs_in(v))
-    return found
-
-
 def assert_resumes_exactly(spec: Spec | Mapping[str, Any] | str, *, rank: int = 0, world_size: int = 1,
                            every: int | None = None, check: int = 3, limit: int | None = None) -> int:
     """Check that resuming from saved states reproduces the stream bit for bit.
@@ -96,7 +83,7 @@ def assert_resumes_exactly(spec: Spec | Mapping[str, Any] | str, *, rank: int = 
     every = every or max(1, n // 8)
     points = set(range(0, n, every)) | {n - 1}
     for i in range(1, n):
-        if _epochs_in(states[i]) != _epochs_in(states[i - 1]):
+        if epochs_in(states[i]) != epochs_in(states[i - 1]):
             points |= {i, i + 1} - {n}
     for p in sorted(points):
         state = states[p - 1] if p > 0 else None
