@@ -24,7 +24,6 @@ from feedline.batching.planner import complete_batch
 from feedline.batching.registry import batcher_class
 from feedline.core.dataset import Dataset, DatasetIterator, State
 from feedline.core.record import Example, Key, Record
-from feedline.errors import StateError
 from feedline.sources.mix import Mixture
 from feedline.sources.shuffle import ShuffleBuffer
 from feedline.sources.source import FileSource
@@ -148,20 +147,26 @@ class GlobalStream(Dataset[tuple[int, Batch, State]]):
 class GlobalStreamIterator(DatasetIterator[tuple[int, Batch, State]]):
     """Cursor over a :class:`GlobalStream`; ``state`` is ``{"step": s, "pipeline": ...}``."""
 
-    STEP = "step"
-    PIPELINE = "pipeline"
+    NAME = "global stream"
+    PARENT = "pipeline"
+    STATE_KEYS = ("step",)
 
     def __init__(self, gs: GlobalStream) -> None:
         self.gs = gs
-        self.it: DatasetIterator[Batch] = iter(gs.pipeline.batches())
+        self.parent: DatasetIterator[Batch] = iter(gs.pipeline.batches())
         self.step = 0
         self.done = False
+
+    @property
+    def it(self) -> DatasetIterator[Batch]:
+        """The batcher's iterator (this stage's parent)."""
+        return self.parent
 
     def __next__(self) -> tuple[int, Batch, State]:
         p = self.gs.pipeline
         b = p.spec.batching
         while not self.done:
-            batch = next(self.it, None)
+            batch = next(self.parent, None)
             if batch is None:
                 self.done = True
                 break
@@ -172,16 +177,9 @@ class GlobalStreamIterator(DatasetIterator[tuple[int, Batch, State]]):
             return self.step, full, self.get_state()
         raise StopIteration
 
-    def get_state(self) -> State:
-        return {self.STEP: self.step, self.PIPELINE: self.it.get_state()}
+    def own_state(self) -> State:
+        return {"step": self.step}
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        try:
-            self.step = int(state[self.STEP])
-            self.it.set_state(state[self.PIPELINE])
-        except (KeyError, TypeError, ValueError) as e:
-            raise StateError(f"malformed pipeline state ({e})") from e
+    def restore(self, own: Mapping[str, Any]) -> None:
+        self.step = int(own["step"])
         self.done = False
-
-    def close(self) -> None:
-        self.it.close()

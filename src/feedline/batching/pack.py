@@ -117,6 +117,9 @@ class PackBatcher(Batcher):
 class PackIterator(DatasetIterator[Batch]):
     """Cursor over a :class:`PackBatcher`; :attr:`stats` reports rows, tokens and efficiency."""
 
+    NAME = "pack"
+    STATE_KEYS = ("ready", "open", "stats")
+
     def __init__(self, ds: PackBatcher) -> None:
         self.ds = ds
         self.opts: PackOptions = ds.options
@@ -181,25 +184,17 @@ class PackIterator(DatasetIterator[Batch]):
         return collate_rows(rows, self.max_length, o.max_docs_per_row, self.ds.ctx.task.pad_values,
                             mask_first=o.mask_first_token, attention=o.attention)
 
-    def get_state(self) -> State:
+    def own_state(self) -> State:
         return {
-            "parent": self.parent.get_state(),
             "ready": [[p.state_ref for p in row] for row in self.packer.ready],
             "open": [[p.state_ref for p in row] for row in self.packer.open_contents()],
             "stats": self.stats.get_state(),
         }
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        try:
-            parent, ready, open_rows, stats = state["parent"], state["ready"], state["open"], state["stats"]
-        except (KeyError, TypeError) as e:
-            raise StateError(f"pack: malformed state ({e}); expected keys parent, ready, open, stats") from e
-        self.parent.set_state(parent)
+    def restore(self, own: Mapping[str, Any]) -> None:
+        ready, open_rows, stats = own["ready"], own["open"], own["stats"]
         rows = restore_pieces([*ready, *open_rows], self.ds.parent.rebuild, self._stop, "pack")
         self.packer = self._new_packer()
         self.packer.restore(rows[:len(ready)], [[(p.length, p) for p in row] for row in rows[len(ready):]])
         self.exhausted = False
         self.stats = FillStats.from_state(stats)
-
-    def close(self) -> None:
-        self.parent.close()

@@ -99,9 +99,6 @@ class RankSlice(DatasetIterator[Batch]):
         self._state = None
         self.parent.set_state(state)
 
-    def close(self) -> None:
-        self.parent.close()
-
 
 def complete_batch(batch: Batch, batch_size: int, world_size: int, remainder: str, pad_values: dict[str, Any]) -> Batch | None:
     """Apply the remainder rule to a possibly short global batch (``None``: drop it)."""

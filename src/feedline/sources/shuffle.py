@@ -17,7 +17,6 @@ from typing import Any
 from feedline.core.dataset import Dataset, DatasetIterator, State
 from feedline.core.record import Record
 from feedline.core.rng import uniform
-from feedline.errors import StateError
 
 __all__ = ["ShuffleBuffer"]
 
@@ -37,6 +36,9 @@ class ShuffleBuffer(Dataset[Record]):
 
 class ShuffleBufferIterator(DatasetIterator[Record]):
     """Cursor over a :class:`ShuffleBuffer`."""
+
+    NAME = "shuffle buffer"
+    STATE_KEYS = ("counter", "exhausted", "buffer")
 
     def __init__(self, ds: ShuffleBuffer) -> None:
         self.ds = ds
@@ -67,20 +69,12 @@ class ShuffleBufferIterator(DatasetIterator[Record]):
             self.buffer[j] = nxt
         return out
 
-    def get_state(self) -> State:
-        return {"parent": self.parent.get_state(), "counter": self.counter, "exhausted": self.exhausted,
-                "buffer": [[*r.key, r.epoch] for r in self.buffer]}
+    def own_state(self) -> State:
+        return {"counter": self.counter, "exhausted": self.exhausted, "buffer": [[*r.key, r.epoch] for r in self.buffer]}
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        try:
-            self.parent.set_state(state["parent"])
-            self.counter = int(state["counter"])
-            self.exhausted = bool(state["exhausted"])
-            entries = [(int(s), int(f), int(p), int(e)) for s, f, p, e in state["buffer"]]
-        except (KeyError, TypeError, ValueError) as e:
-            raise StateError(f"shuffle buffer: malformed state ({e})") from e
+    def restore(self, own: Mapping[str, Any]) -> None:
+        self.counter = int(own["counter"])
+        self.exhausted = bool(own["exhausted"])
+        entries = [(int(s), int(f), int(p), int(e)) for s, f, p, e in own["buffer"]]
         found = self.ds.parent.fetch([(s, f, p) for s, f, p, _ in entries])
         self.buffer = [Record((s, f, p), e, found[(s, f, p)]) for s, f, p, e in entries]
-
-    def close(self) -> None:
-        self.parent.close()

@@ -123,7 +123,9 @@ class FileSource(Dataset[Record]):
 
 
 class FileSourceIterator(DatasetIterator[Record]):
-    """Cursor over a :class:`FileSource`."""
+    """Cursor over a :class:`FileSource` (a leaf: its state is all its own)."""
+
+    STATE_KEYS = ("epoch", "split", "pos", "line", "rejected")
 
     def __init__(self, source: FileSource) -> None:
         self.src = source

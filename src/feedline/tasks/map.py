@@ -115,7 +115,14 @@ class TaskMap(Dataset[Example]):
 
 
 class TaskMapIterator(DatasetIterator[Example]):
-    """Cursor over a :class:`TaskMap` (or any subclass with its own runner)."""
+    """Cursor over a :class:`TaskMap` (or any subclass with its own runner).
+
+    Its ``parent`` entry is the parent's state at the start of the current chunk (not the
+    parent's live state, which has read ahead), so :meth:`get_state` is its own.
+    """
+
+    NAME = "task map"
+    STATE_KEYS = ("skip", "rejected")
 
     def __init__(self, ds: TaskMap) -> None:
         self.ds = ds
@@ -174,14 +181,10 @@ class TaskMapIterator(DatasetIterator[Example]):
             return {"parent": self.parent.get_state(), "skip": 0, "rejected": self.rejections.get_state()}
         return {"parent": self.current_state, "skip": self.skip, "rejected": self.current_rejected}
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        try:
-            parent, skip, rejected = state["parent"], int(state["skip"]), state["rejected"]
-        except (KeyError, TypeError, ValueError) as e:
-            raise StateError(f"task map: malformed state ({e})") from e
+    def restore(self, own: Mapping[str, Any]) -> None:
+        skip = int(own["skip"])
         self._drop_inflight()
-        self.parent.set_state(parent)
-        self.rejections.set_state(rejected)
+        self.rejections.set_state(own["rejected"])
         self.exhausted, self.current, self.current_state, self.skip = False, [], None, 0
         if skip:
             if not self._advance():
@@ -198,8 +201,7 @@ class TaskMapIterator(DatasetIterator[Example]):
     def rejected(self) -> dict[str, int]:
         return dict(self.rejections.counts)
 
-    def close(self) -> None:
+    def release(self) -> None:
         self._drop_inflight()
         self.current = []
         self.runner.close()
-        self.parent.close()
