@@ -10,6 +10,7 @@ import sys
 from types import FrameType
 
 from feedline.cli._common import add_spec_argument
+from feedline.cli.options import add_option_arguments, options_from_args
 from feedline.service.auth import ServerKeys
 from feedline.service.launch import READY_PREFIX
 from feedline.service.server import Server, ServerOptions
@@ -21,24 +22,17 @@ HELP = "serve a spec's batches to trainers over ZeroMQ (loopback unless keys or 
 EXAMPLE = "feedline serve train.yaml --bind tcp://127.0.0.1:5555 --stream validation=val.yaml --metrics-port 9100"
 
 
+# Every simple ServerOptions field is a flag (--bind, --window, --timeout, ...), generated with its
+# default and help from the dataclass; these are the ones the command sets itself.
+_OWN = frozenset({"keys", "progress"})
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_spec_argument(parser)
-    parser.add_argument("--bind", default="tcp://127.0.0.1:5555",
-                        help="address to bind: tcp://HOST:PORT (port 0: any free port) or ipc://PATH")
     parser.add_argument("--stream", action="append", default=[], metavar="NAME=SPEC",
                         help="serve another named stream from a spec file (repeatable), e.g. validation=val.yaml")
     parser.add_argument("--keys", metavar="DIR", help="CurveZMQ keys from 'feedline keys generate DIR'")
-    parser.add_argument("--insecure", action="store_true",
-                        help="allow a plaintext bind outside loopback (trusted networks only)")
-    parser.add_argument("--window", type=int, default=8, help="global steps buffered ahead of the slowest rank")
-    parser.add_argument("--heartbeat", type=float, default=1.0, help="seconds between client heartbeats")
-    parser.add_argument("--timeout", type=float, default=10.0,
-                        help="seconds of client silence before it is dropped (shared mode: re-delivered)")
-    parser.add_argument("--max-message", type=int, default=16 << 20, help="largest inbound message, bytes")
-    parser.add_argument("--drain-timeout", type=float, default=10.0,
-                        help="on SIGTERM, seconds to wait for shared-mode acks")
-    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    parser.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics endpoint")
+    add_option_arguments(parser, ServerOptions, skip=_OWN)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,12 +42,8 @@ def run(args: argparse.Namespace) -> int:
     if args.spec == "-":
         spec = Spec.from_mapping(read_spec_file("-"))
     streams = load_streams(spec, extra)  # type: ignore[arg-type]
-    options = ServerOptions(
-        bind=args.bind, window=args.window, heartbeat=args.heartbeat, timeout=args.timeout,
-        max_message=args.max_message, keys=ServerKeys.load(args.keys) if args.keys else None,
-        insecure=args.insecure, drain_timeout=args.drain_timeout, metrics_port=args.metrics_port,
-        metrics_host=args.metrics_host, progress=True,
-    )
+    options = options_from_args(ServerOptions, args, skip=_OWN, keys=ServerKeys.load(args.keys) if args.keys else None,
+                                progress=True)
     server = Server(streams, options)
     logging.getLogger("feedline").setLevel(min(logging.getLogger().level, logging.INFO))
     address = server.bind()
