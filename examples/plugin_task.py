@@ -4,7 +4,8 @@ Put this file (or your package) on ``sys.path`` and name the class in the spec::
 
     task: {kind: "plugin_task:ShuffledWords", max_length: 128, shuffle_probability: 0.5}
 
-A plug-in is a :class:`feedline.tasks.base.Task` subclass with a frozen ``Options`` dataclass
+A plug-in is a :class:`feedline.Task` subclass (the plug-in surface, ``Record``, ``Example``,
+``Rejection``, ``TaskOutput`` and ``Task``, is importable from ``feedline`` and ``feedline.tasks``) with a frozen ``Options`` dataclass
 (validated like built-in options: unknown keys get a "did you mean"). ``process`` receives a
 chunk of records and returns, per record, a list of examples or a rejection. Randomness must
 come from ``self.rng(record, sub, stream)``, the per-sample generator keyed by (seed, epoch,
@@ -29,9 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from feedline.core.record import Record
-from feedline.errors import SpecError
-from feedline.tasks.base import Task, TaskOutput
+from feedline import Record, SpecError, Task, TaskOutput
 
 
 @dataclass(frozen=True, kw_only=True)

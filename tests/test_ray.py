@@ -111,6 +111,40 @@ def test_pack_is_identical_to_local(ray_session: Any, corpus: dict[str, list[str
     assert_batches_equal(want, got, where="pack ray vs local")
 
 
+TASK_KINDS = {
+    "clm": ("gpt2", {"kind": "clm", "max_length": 32}),
+    "mlm": ("bert-base-uncased", {"kind": "mlm", "max_length": 32}),
+    "sop": ("bert-base-uncased", {"kind": "sop", "max_length": 48, "segmenter": "lines"}),
+    "span": ("t5", {"kind": "span", "max_length": 32}),
+    "classify": ("bert-base-uncased", {"kind": "classify", "label": "label", "max_length": 16}),
+    "chat": ("qwen2.5", {"kind": "chat", "max_length": 256}),
+    "infer": ("bert-base-uncased", {"kind": "infer", "max_length": 16}),
+}
+
+
+@needs_data
+@pytest.mark.parametrize("kind", list(TASK_KINDS))
+def test_every_task_kind_runs_on_ray_like_local(kind: str, ray_session: Any, tmp_path: Path) -> None:
+    """Every task pickles to the Ray workers (classify used to hold a lock and fail at ray.put)."""
+    import json
+
+    tok, task = TASK_KINDS[kind]
+    if kind == "chat":
+        rows = (DATA / "chat" / "oasst" / "en_100_top_threads.messages.jsonl").read_text().splitlines()[:6]
+        (tmp_path / "d.jsonl").write_text("\n".join(rows) + "\n")
+        source: dict[str, Any] = {"path": str(tmp_path / "d.jsonl"), "text": None}
+    else:
+        docs = [{"text": f"Sentence {i} about the river.\nAnother line {i} on stone.", "label": ["x", "y"][i % 2]}
+                for i in range(12)]
+        (tmp_path / "d.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+        source = {"path": str(tmp_path / "d.jsonl")}
+    spec = {"sources": [source], "tokenizer": str(TOKENIZERS / tok), "task": task, "seed": 3,
+            "batching": {"strategy": "pad", "batch_size": 4, "remainder": "keep"}}
+    want, got = both_engines(spec)
+    assert want
+    assert_batches_equal(want, got, where=f"{kind} ray vs local")
+
+
 # ------------------------------------------------------------------ resume
 @needs_data
 def test_resume_is_exact(ray_session: Any, corpus: dict[str, list[str]]) -> None:

@@ -16,7 +16,7 @@ import pytest
 import feedline
 from feedline.errors import SourceError
 from feedline.pipeline import Pipeline
-from feedline.sources.report import sum_rejected
+from feedline.core.report import sum_rejected
 
 EXE = [sys.executable, "-m", "feedline.cli"]
 

@@ -14,9 +14,10 @@ from feedline.core.options import build
 from feedline.core.record import Record
 from feedline.errors import SpecError
 from feedline.tasks.base import TaskContext
-from feedline.tasks.classify import Classify, label_vocabulary
+from feedline.tasks.classify import Classify
 from feedline.testing import collect
 from feedline.tokenize.load import load_tokenizer
+from feedline.tools.labels import label_vocabulary
 
 
 def _goemotions_spec(path: Path, **task: object) -> dict:

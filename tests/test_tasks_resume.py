@@ -12,8 +12,8 @@ import pytest
 from conftest import shared
 from feedline import Loader
 from feedline.errors import SpecError
-from feedline.tasks.infer import join_predictions
 from feedline.testing import assert_batches_equal, assert_resumes_exactly, collect, make_corpus
+from feedline.tools.predictions import join_predictions
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

@@ -6,6 +6,9 @@
     >>> state = loader.state_dict()                           # doctest: +SKIP
 """
 
+from feedline import spec as _spec
+from feedline.batching.registry import batcher_class as _batcher_class
+from feedline.core.record import Example, Record, Rejection
 from feedline.errors import (
     AuthError,
     FeedlineError,
@@ -25,19 +28,26 @@ from feedline.loader import Loader
 from feedline.pipeline import Pipeline
 from feedline.records import records
 from feedline.spec import Spec
-from feedline.tasks.base import Task, TaskContext
+from feedline.tasks.base import Task, TaskContext, TaskOutput
+from feedline.tasks.registry import task_class as _task_class
 from feedline.tokenize import Tokenizer, load_tokenizer
+
+# The composition root: the spec finds tasks and batchers through registries handed to it here.
+_spec.use_registry(_spec.Registry(task=_task_class, batcher=_batcher_class))
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AuthError",
+    "Example",
     "FeedlineError",
     "Loader",
     "MissingDependency",
     "Pipeline",
     "ProtocolError",
+    "Record",
     "RecordError",
+    "Rejection",
     "SourceError",
     "Spec",
     "SpecError",
@@ -45,6 +55,7 @@ __all__ = [
     "Task",
     "TaskContext",
     "TaskError",
+    "TaskOutput",
     "Tokenizer",
     "TokenizerError",
     "TransportError",

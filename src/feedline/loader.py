@@ -5,7 +5,8 @@
     ...     train_step(batch)          # Mapping[str, numpy.ndarray]
     >>> state = loader.state_dict()    # JSON; Loader(spec, state=state) resumes exactly
 
-In-process, a background thread runs the pipeline ``prefetch`` batches ahead; each batch travels
+In-process, a :class:`~feedline.core.prefetch.Prefetch` stage runs the rank's stream
+(``GlobalStream`` then ``RankSlice``) ``prefetch`` batches ahead on a thread; each batch travels
 with the state after it, so :meth:`Loader.state_dict` always describes exactly what the caller
 has received, however far prefetching ran. Iterating again continues where the last left off.
 """
@@ -13,48 +14,105 @@ has received, however far prefetching ran. Iterating again continues where the l
 from __future__ import annotations
 
 import os
-import queue
-import threading
+import sys
+from abc import ABC
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from feedline.batching.base import Batch
-from feedline.batching.planner import slice_for_rank
+from feedline.batching.planner import RankSlice
+from feedline.core.prefetch import Prefetch
 from feedline.errors import SpecError
 from feedline.pipeline import GlobalStream, Pipeline
 from feedline.spec import Spec
-from feedline.state import check_state, make_state
+from feedline.state import check_state, find_rejected, make_state, mixture_shares
 
-__all__ = ["Loader"]
-
-_END = object()
+__all__ = ["InProcessLoader", "Loader"]
 
 
 def is_address(source: Any) -> bool:
     return isinstance(source, str) and source.startswith(("tcp://", "ipc://", "inproc://"))
 
 
-class Loader:
-    """Batches of one rank, from a spec (in-process) or a service address.
+class Loader(ABC):
+    """Batches of one rank, from a spec (in-process) or a service address: the factory and the interface.
+
+    ``Loader(spec, ...)`` builds an :class:`InProcessLoader`; ``Loader("tcp://host:port", ...)``
+    a :class:`~feedline.service.client.RemoteLoader`. Both are instances of :class:`Loader`::
+
+        >>> isinstance(Loader({"sources": ["c.jsonl"], "tokenizer": "t.json"}), Loader)  # doctest: +SKIP
+        True
 
     Args:
         source: a spec (path, mapping or :class:`Spec`) or a service address ``tcp://host:port``.
         rank: this consumer's rank in ``[0, world_size)``.
         world_size: number of ranks sharing each global batch.
         state: a :meth:`state_dict` to resume from (any world size).
-        stream: for a service with several streams, the stream name.
+        stream: for a service with several streams, the stream name (refused in-process).
         prefetch: batches prepared ahead (default: the spec's ``prefetch``).
     """
 
-    def __new__(cls, source: Any, *args: Any, **kwargs: Any) -> Any:
-        if cls is Loader and is_address(source):
-            from feedline.service.client import RemoteLoader
+    rank: int
+    world_size: int
 
-            return RemoteLoader(source, *args, **kwargs)
+    def __new__(cls, source: Any, *args: Any, **kwargs: Any) -> Any:
+        if cls is Loader:
+            if is_address(source):
+                from feedline.service.client import RemoteLoader
+
+                return RemoteLoader(source, *args, **kwargs)
+            cls = InProcessLoader
         return super().__new__(cls)
 
+    @classmethod
+    def __subclasshook__(cls, other: type) -> bool:
+        # The service client is a Loader too; it is only known once its module is loaded (an
+        # instance cannot exist before), so the interface never imports the service.
+        client = sys.modules.get("feedline.service.client")
+        if cls is Loader and client is not None and other is getattr(client, "RemoteLoader", None):
+            return True
+        return NotImplemented
+
+    # The interface. Not abstract methods, so that ``Loader(...)`` type-checks as the factory it is.
+    def __iter__(self) -> Iterator[Batch]:
+        """Batches (``Mapping[str, numpy.ndarray]``) of this rank, from the current position."""
+        raise NotImplementedError
+
+    def __next__(self) -> Batch:
+        return next(iter(self))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The JSON state after the last batch this loader returned."""
+        raise NotImplementedError
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restart from ``state`` (the next batch is the one that followed it)."""
+        raise NotImplementedError
+
+    @property
+    def step(self) -> int:
+        """Global steps received so far."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop background work. Idempotent."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class InProcessLoader(Loader):
+    """A :class:`Loader` that runs the pipeline in this process (see the module docstring)."""
+
     def __init__(self, source: Spec | Mapping[str, Any] | str | os.PathLike[str], rank: int = 0, world_size: int = 1,
-                 state: Mapping[str, Any] | str | None = None, *, stream: str = "train", prefetch: int | None = None) -> None:
+                 state: Mapping[str, Any] | str | None = None, *, stream: str | None = None, prefetch: int | None = None) -> None:
+        if stream is not None:
+            raise SpecError(f"stream={stream!r} names a stream of a feedline service, but this Loader runs its spec in-process; "
+                            "pass the service address (tcp://host:port) to read a stream, or drop stream=")
         if not 0 <= rank < world_size:
             raise SpecError(f"rank {rank} is not in [0, world_size={world_size})")
         self.spec = Spec.load(source)  # type: ignore[arg-type]
@@ -63,89 +121,36 @@ class Loader:
         self.rank, self.world_size = rank, world_size
         self.pipeline = Pipeline(self.spec)
         self.spec_hash = self.spec.hash()
-        self._global = check_state(state, self.spec_hash) if state is not None else {"step": 0, "pipeline": None}
         self.prefetch = prefetch or self.spec.prefetch
-        self._thread: threading.Thread | None = None
-        self._queue: queue.Queue[Any] | None = None
-        self._stop = threading.Event()
-        self._finished = False
+        self._stage = Prefetch(self._rank_stream, self.prefetch, name="feedline-loader")
+        if state is not None:
+            self._stage.set_state(check_state(state, self.spec_hash))
+
+    def _rank_stream(self) -> RankSlice:
+        return RankSlice(iter(GlobalStream(self.pipeline, self.world_size)), self.rank, self.world_size)
 
     # ----------------------------------------------------------------- iteration
-    def _produce(self, q: queue.Queue[Any], stop: threading.Event, start: Mapping[str, Any]) -> None:
-        try:
-            it = iter(GlobalStream(self.pipeline, self.world_size))
-            try:
-                if start["pipeline"] is not None:
-                    it.set_state(start)
-                for _step, batch, st in it:
-                    item = (slice_for_rank(batch, self.rank, self.world_size), st)
-                    while not stop.is_set():
-                        try:
-                            q.put(item, timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-                    if stop.is_set():
-                        return
-            finally:
-                it.close()
-            q.put(_END)
-        except BaseException as e:  # forwarded to the consumer
-            q.put(e)
-
-    def _start(self) -> None:
-        self._stop = threading.Event()
-        self._queue = queue.Queue(maxsize=self.prefetch)
-        self._thread = threading.Thread(target=self._produce, args=(self._queue, self._stop, dict(self._global)),
-                                        name="feedline-loader", daemon=True)
-        self._thread.start()
-
     def __iter__(self) -> Iterator[Batch]:
-        if self._finished:
-            return
-        if self._thread is None:
-            self._start()
-        assert self._queue is not None
-        while True:
-            item = self._queue.get()
-            if item is _END:
-                self._finished = True
-                self._thread = None
-                return
-            if isinstance(item, BaseException):
-                self._thread = None
-                raise item
-            batch, st = item
-            self._global = st
+        for batch, _state in self._stage:
             yield batch
 
     def __next__(self) -> Batch:
-        return next(iter(self))
+        return next(self._stage)[0]  # type: ignore[no-any-return]
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         """The JSON state after the last batch this loader returned."""
-        if self._global["pipeline"] is None:
-            it = iter(GlobalStream(self.pipeline, self.world_size))
-            try:
-                self._global = it.get_state()
-            finally:
-                it.close()
-        return make_state(self.spec_hash, self._global, self.world_size)
+        return make_state(self.spec_hash, self._stage.get_state(), self.world_size)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restart from ``state`` (the next batch is the one that followed it)."""
-        self.close()
-        self._global = check_state(state, self.spec_hash)
-        self._finished = False
+        self._stage.set_state(check_state(state, self.spec_hash))
 
     def stats(self) -> dict[str, Any]:
         """What this loader has read so far: steps, rejected records by reason, realised mixture shares.
 
         Everything comes from the state, so the figures survive a resume.
         """
-        from feedline.service.metrics import find_rejected, mixture_shares
-
         state = self.state_dict()
         rejected: dict[str, int] = {}
         find_rejected(state["pipeline"], rejected)
@@ -154,22 +159,13 @@ class Loader:
     @property
     def step(self) -> int:
         """Global steps received so far."""
-        return int(self._global["step"] or 0)
+        return int(self._stage.get_state()["step"] or 0)
 
     def close(self) -> None:
-        """Stop the background thread. Idempotent."""
-        self._stop.set()
-        t, self._thread = self._thread, None
-        if t is not None:
-            t.join(timeout=5)
-
-    def __enter__(self) -> Loader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        """Stop the background thread and close the pipeline. Idempotent; iterating again continues."""
+        self._stage.close()
 
     def __del__(self) -> None:
-        stop = getattr(self, "_stop", None)  # absent when __init__ refused the spec
-        if stop is not None:
-            stop.set()
+        stage = getattr(self, "_stage", None)  # absent when __init__ refused the spec
+        if stage is not None:
+            stage._stop.set()

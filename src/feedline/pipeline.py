@@ -15,6 +15,7 @@ is derived from the global batch, which is what makes elastic resume possible.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -22,18 +23,18 @@ from feedline.batching.base import Batch, BatchContext, Batcher
 from feedline.batching.planner import complete_batch
 from feedline.batching.registry import batcher_class
 from feedline.core.dataset import Dataset, DatasetIterator, State
-from feedline.core.record import Example, ExampleRef, Key, Record
-from feedline.errors import SpecError, StateError
+from feedline.core.record import Example, Key, Record
+from feedline.errors import SpecError
 from feedline.sources.mix import Mixture
 from feedline.sources.shuffle import ShuffleBuffer
 from feedline.sources.source import FileSource
-from feedline.spec import Spec
+from feedline.spec import MixSpec, Spec
 from feedline.tasks.base import Task, TaskContext
 from feedline.tasks.map import TaskMap
 from feedline.tasks.registry import task_class
 from feedline.tokenize.tokenizer import Tokenizer
 
-__all__ = ["GlobalStream", "Pipeline"]
+__all__ = ["GlobalStream", "OnePass", "Pipeline"]
 
 
 class Pipeline:
@@ -59,13 +60,14 @@ class Pipeline:
         return Mixture(self.sources, [x.weight for x in s.sources], seed=s.seed, stopping=s.mix.stopping, epochs=s.epochs)
 
     def fetch(self, keys: Sequence[Key]) -> Mapping[Key, dict[str, Any]]:
+        """Re-read records by key (what a corpus tool joining outputs to inputs needs)."""
         return self.mixture.fetch(keys)
 
     def records(self) -> Dataset[Record]:
         """Records after reading, mixing and shuffling."""
         s = self.spec
         if s.shuffle and s.shuffle.buffer > 1:
-            return ShuffleBuffer(self.mixture, s.shuffle.buffer, seed=s.seed, fetch=self.fetch)
+            return ShuffleBuffer(self.mixture, s.shuffle.buffer, seed=s.seed)
         return self.mixture
 
     @cached_property
@@ -84,7 +86,7 @@ class Pipeline:
     @cached_property
     def task(self) -> Task:
         cls = task_class(self.spec.task.kind)
-        return cls(self.spec.task.options, TaskContext(self.tokenizer, self.spec.seed, spec=self.spec))
+        return cls(self.spec.task.options, TaskContext(self.tokenizer, self.spec.seed, records=OnePass(self.spec)))
 
     @property
     def workers(self) -> int:
@@ -108,33 +110,40 @@ class Pipeline:
             mapped = TaskMap(self.records(), self.task, workers=self.workers, on_error=self.spec.on_error,
                              reject_limit=self.spec.reject_limit)
         mapped.locate = self.mixture.locate
-        return self.task.stream(mapped, self.materialize)
-
-    def materialize(self, refs: Sequence[ExampleRef]) -> list[Example]:
-        """Rebuild examples from refs by re-reading their records (used to restore buffers)."""
-        ints = [(int(r[0]), int(r[1]), int(r[2]), int(r[3]), int(r[4])) for r in refs]
-        found = self.fetch([(s, f, p) for s, f, p, _e, _sub in ints])
-        cache: dict[tuple[int, int, int, int], list[Example]] = {}
-        out = []
-        for s, f, p, e, sub in ints:
-            k = (s, f, p, e)
-            if k not in cache:
-                res = self.task.process([Record((s, f, p), e, found[(s, f, p)])])[0]
-                if not isinstance(res, list):
-                    raise StateError(f"record {(s, f, p)} was rejected on re-read; the data changed since the state was saved")
-                cache[k] = res
-            out.append(cache[k][sub])
-        return out
+        return self.task.stream(mapped)
 
     def batches(self) -> Batcher:
         """Global batches (the last may be short)."""
         b = self.spec.batching
-        ctx = BatchContext(batch_size=b.batch_size, task=self.task, materialize=self.materialize, seed=self.spec.seed)
+        ctx = BatchContext(batch_size=b.batch_size, task=self.task, seed=self.spec.seed)
         return batcher_class(b.strategy)(self.examples(), b.options, ctx)
 
 
-class GlobalStream:
-    """Numbered, complete global batches with the state after each: ``(step, batch, state)``."""
+@dataclass(frozen=True)
+class OnePass:
+    """One unshuffled epoch of a spec's records, as a picklable factory (``TaskContext.records``).
+
+    For tasks that need a first pass over the corpus (classify collecting label names).
+    """
+
+    spec: Spec
+
+    def __call__(self) -> Iterator[Record]:
+        one = Pipeline(self.spec.replace(epochs=1, shuffle=None, mix=MixSpec()))
+        it = iter(one.mixture)
+        try:
+            yield from it
+        finally:
+            it.close()
+
+
+class GlobalStream(Dataset[tuple[int, Batch, State]]):
+    """Numbered, complete global batches with the state after each: ``(step, batch, state)``.
+
+    A stage like any other: its iterator has ``get_state``/``set_state``/``close``, and its state
+    is ``{"step": s, "pipeline": <batcher state>}``. :class:`~feedline.batching.planner.RankSlice`
+    cuts each global batch into a rank's slice.
+    """
 
     def __init__(self, pipeline: Pipeline, world_size: int = 1) -> None:
         self.pipeline = pipeline
@@ -143,21 +152,38 @@ class GlobalStream:
     def __iter__(self) -> GlobalStreamIterator:
         return GlobalStreamIterator(self)
 
+    def initial_state(self) -> State:
+        """The state at the start of the stream (built without producing anything)."""
+        it = iter(self)
+        try:
+            return it.get_state()
+        finally:
+            it.close()
 
-class GlobalStreamIterator(Iterator[tuple[int, Batch, State]]):
+
+class GlobalStreamIterator(DatasetIterator[tuple[int, Batch, State]]):
     """Cursor over a :class:`GlobalStream`; ``state`` is ``{"step": s, "pipeline": ...}``."""
+
+    NAME = "global stream"
+    PARENT = "pipeline"
+    STATE_KEYS = ("step",)
 
     def __init__(self, gs: GlobalStream) -> None:
         self.gs = gs
-        self.it: DatasetIterator[Batch] = iter(gs.pipeline.batches())
+        self.parent: DatasetIterator[Batch] = iter(gs.pipeline.batches())
         self.step = 0
         self.done = False
+
+    @property
+    def it(self) -> DatasetIterator[Batch]:
+        """The batcher's iterator (this stage's parent)."""
+        return self.parent
 
     def __next__(self) -> tuple[int, Batch, State]:
         p = self.gs.pipeline
         b = p.spec.batching
         while not self.done:
-            batch = next(self.it, None)
+            batch = next(self.parent, None)
             if batch is None:
                 self.done = True
                 break
@@ -168,15 +194,9 @@ class GlobalStreamIterator(Iterator[tuple[int, Batch, State]]):
             return self.step, full, self.get_state()
         raise StopIteration
 
-    def get_state(self) -> State:
-        return {"step": self.step, "pipeline": self.it.get_state()}
+    def own_state(self) -> State:
+        return {"step": self.step}
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        try:
-            self.step = int(state["step"])
-            self.it.set_state(state["pipeline"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise StateError(f"malformed pipeline state ({e})") from e
-
-    def close(self) -> None:
-        self.it.close()
+    def restore(self, own: Mapping[str, Any]) -> None:
+        self.step = int(own["step"])
+        self.done = False

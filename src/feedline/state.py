@@ -7,6 +7,9 @@ Tables of buffered keys (shuffle buffer, packed rows) are packed integer columns
 own format version (``{"packed": 1, ...}``, :mod:`feedline.core.packed`); the JSON lists that
 earlier states hold in their place still load, so the state version stays 1.
 
+The walkers at the end (:func:`find_rejected`, :func:`mixture_shares`, :func:`epochs_in`) read
+figures out of a nested pipeline state for ``Loader.stats()``, the service's stats and tests.
+
 ``step`` counts global steps delivered. The pipeline state is the same for every rank, so a
 state saved by any rank resumes every rank, with any world size (elastic resume).
 
@@ -27,9 +30,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from feedline.core.report import sum_rejected
 from feedline.errors import StateError
 
-__all__ = ["MAX_DEPTH", "MAX_NODES", "STATE_VERSION", "check_state", "make_state", "parse_state_json"]
+__all__ = ["MAX_DEPTH", "MAX_NODES", "STATE_VERSION", "check_state", "epochs_in", "find_rejected", "make_state",
+           "mixture_shares", "parse_state_json", "state_json"]
 
 STATE_VERSION = 1
 MAX_DEPTH = 64            # real states nest about 7 levels deep
@@ -40,6 +45,11 @@ _MAX_INT = 2**63 - 1
 def make_state(spec_hash: str, global_state: Mapping[str, Any], world_size: int) -> dict[str, Any]:
     return {"version": STATE_VERSION, "spec_hash": spec_hash, "step": global_state["step"],
             "world_size": world_size, "pipeline": global_state["pipeline"]}
+
+
+def state_json(spec_hash: str, global_state: Mapping[str, Any], world_size: int) -> str:
+    """:func:`make_state` as compact JSON (what the service sends with each batch)."""
+    return json.dumps(make_state(spec_hash, global_state, world_size), separators=(",", ":"))
 
 
 def check_state(state: Any, spec_hash: str) -> dict[str, Any]:
@@ -122,3 +132,38 @@ def _check_values(root: Any) -> None:
                 raise StateError(f"resume state: {path:.80} = {value!r} is not a finite non-negative number")
         else:
             raise StateError(f"resume state: {path:.80} holds a {type(value).__name__}, not a JSON value")
+
+
+# ---------------------------------------------------------------- walkers over a nested pipeline state
+def find_rejected(state: Any, into: dict[str, int]) -> None:
+    """Sum every ``rejected: {reason: n}`` table found in a nested pipeline state into ``into``."""
+    sum_rejected(state, into)
+
+
+def mixture_shares(state: Any) -> list[float] | None:
+    """Realised share of records drawn from each source (from the mixture's ``counts``)."""
+    if isinstance(state, Mapping):
+        counts = state.get("counts")
+        if isinstance(counts, list) and "sources" in state and all(isinstance(c, int) for c in counts):
+            total = sum(counts)
+            return [round(c / total, 4) for c in counts] if total else None
+        for v in state.values():
+            found = mixture_shares(v)
+            if found is not None:
+                return found
+    return None
+
+
+def epochs_in(state: Any) -> list[int]:
+    """Every ``epoch`` value in a nested pipeline state, in walk order (what changes at an epoch edge)."""
+    found: list[int] = []
+    if isinstance(state, Mapping):
+        for k, v in state.items():
+            if k == "epoch" and isinstance(v, int):
+                found.append(v)
+            else:
+                found.extend(epochs_in(v))
+    elif isinstance(state, list):
+        for v in state:
+            found.extend(epochs_in(v))
+    return found

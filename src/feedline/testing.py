@@ -7,22 +7,29 @@
 the state saved at many points (the start, every ``every``-th step, each step where an epoch
 changes, the last step) after a JSON round trip, and checks that every following batch is
 bit-identical. Use it on custom tasks and batchers too.
+
+:func:`assert_stage_resumes` does the same one level down, for any single stage (a recipe whose
+``iter()`` gives a :class:`~feedline.core.dataset.DatasetIterator`, or a factory of iterators)::
+
+    >>> assert_stage_resumes(FileSource(spec, 0, seed=0, shuffle_splits=True, epochs=2))  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from feedline.loader import Loader
 from feedline.spec import Spec
+from feedline.state import epochs_in
 
-__all__ = ["assert_batches_equal", "assert_resumes_exactly", "collect", "make_corpus"]
+__all__ = ["assert_batches_equal", "assert_resumes_exactly", "assert_stage_resumes", "collect", "make_corpus", "same_shape", "state_shape"]
 
 
 def collect(loader: Iterable[Mapping[str, np.ndarray]], with_states: bool = False, limit: int | None = None) -> Any:
@@ -48,20 +55,6 @@ def assert_batches_equal(a: Sequence[Mapping[str, np.ndarray]], b: Sequence[Mapp
             u, v = np.asarray(x[k]), np.asarray(y[k])
             if u.dtype != v.dtype or u.shape != v.shape or not np.array_equal(u, v):
                 raise AssertionError(f"{where}: batch {i} field {k!r} differs ({u.dtype}{u.shape} vs {v.dtype}{v.shape})")
-
-
-def _epochs_in(state: Any) -> list[int]:
-    found: list[int] = []
-    if isinstance(state, Mapping):
-        for k, v in state.items():
-            if k == "epoch" and isinstance(v, int):
-                found.append(v)
-            else:
-                found.extend(_epochs_in(v))
-    elif isinstance(state, list):
-        for v in state:
-            found.extend(_epochs_in(v))
-    return found
 
 
 def assert_resumes_exactly(spec: Spec | Mapping[str, Any] | str, *, rank: int = 0, world_size: int = 1,
@@ -90,7 +83,7 @@ def assert_resumes_exactly(spec: Spec | Mapping[str, Any] | str, *, rank: int = 
     every = every or max(1, n // 8)
     points = set(range(0, n, every)) | {n - 1}
     for i in range(1, n):
-        if _epochs_in(states[i]) != _epochs_in(states[i - 1]):
+        if epochs_in(states[i]) != epochs_in(states[i - 1]):
             points |= {i, i + 1} - {n}
     for p in sorted(points):
         state = states[p - 1] if p > 0 else None
@@ -101,6 +94,131 @@ def assert_resumes_exactly(spec: Spec | Mapping[str, Any] | str, *, rank: int = 
             assert_batches_equal(want, got, where=f"resume at step {p}")
         finally:
             loader.close()
+    return len(points)
+
+
+def state_shape(state: Any) -> Any:
+    """The structure of a state: its mapping keys, recursively.
+
+    Lists (buffers, per-source lists) and mappings of numbers (counters keyed by reason) are
+    leaves whose size may change; scalars are leaves whose value may change; ``None`` (an
+    optional field not set yet) is ``"null"``, which matches any leaf (see :func:`same_shape`).
+
+        >>> state_shape({"step": 3, "parent": {"pos": None, "rejected": {"bad_json": 2}}, "buffer": [1, 2]})
+        {'buffer': 'list', 'parent': {'pos': 'null', 'rejected': 'counts'}, 'step': '*'}
+    """
+    if state is None:
+        return "null"
+    if isinstance(state, Mapping):
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in state.values()):
+            return "counts"
+        return {k: state_shape(state[k]) for k in sorted(state)}
+    if isinstance(state, (list, tuple)):
+        return "list"
+    return "*"
+
+
+def same_shape(a: Any, b: Any) -> bool:
+    """Whether two :func:`state_shape` results agree (``"null"`` matches any leaf).
+
+        >>> same_shape({"carry": "null"}, {"carry": "list"}), same_shape({"a": "*"}, {"b": "*"})
+        (True, False)
+    """
+    if isinstance(a, dict) or isinstance(b, dict):
+        return isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys() and all(same_shape(a[k], b[k]) for k in a)
+    return a == b or "null" in (a, b)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Deep equality that understands numpy arrays (dtype, shape, values) and dataclasses."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        u, v = np.asarray(a), np.asarray(b)
+        return u.dtype == v.dtype and u.shape == v.shape and bool(np.array_equal(u, v))
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        return type(a) is type(b) and all(_same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+    if isinstance(a, Mapping):
+        return isinstance(b, Mapping) and sorted(a) == sorted(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return bool(a == b)
+
+
+def _json(state: Any) -> Any:
+    return json.loads(json.dumps(state))
+
+
+def assert_stage_resumes(stage: Any, *, max_steps: int | None = None, check: int = 4, every: int = 1) -> int:
+    """Check that a stage restored from any of its states continues exactly.
+
+    Runs ``iter(stage)`` once (to the end, or ``max_steps`` elements) recording the JSON
+    round-tripped state before the first element and after each one, then, for the initial
+    state, every ``every``-th step and the last one (so every epoch edge when ``every`` is 1):
+
+    - a fresh iterator given the state returns it unchanged from ``get_state()``;
+    - its next ``check`` elements, and the states after them, equal the reference run's; at the
+      end of the stream it raises ``StopIteration``;
+    - every state has the shape of the first (:func:`state_shape`).
+
+    Args:
+        stage: a recipe (``iter(stage)`` makes a fresh iterator) or a zero-argument factory of
+            iterators (e.g. ``lambda: Prefetch(iter(ds), 2)``).
+        max_steps: stop the reference run after this many elements (for endless stages).
+        check: elements compared after each restore.
+        every: restore at every ``every``-th step.
+
+    Returns:
+        The number of restore points checked.
+
+    Raises:
+        AssertionError: naming the step and what differed.
+    """
+    make: Callable[[], Any] = stage if callable(stage) and not hasattr(stage, "__iter__") else lambda: iter(stage)
+    it = make()
+    try:
+        states = [_json(it.get_state())]
+        elements: list[Any] = []
+        ended = False
+        while max_steps is None or len(elements) < max_steps:
+            try:
+                elements.append(next(it))
+            except StopIteration:
+                ended = True
+                break
+            states.append(_json(it.get_state()))
+    finally:
+        it.close()
+    shape = state_shape(states[0])
+    for i, st in enumerate(states):
+        if not same_shape(state_shape(st), shape):
+            raise AssertionError(f"the state's shape changed after step {i}: {state_shape(st)} vs {shape}")
+    n = len(elements)
+    points = sorted(set(range(0, n + 1, every)) | {n})
+    for p in points:
+        r = make()
+        try:
+            r.set_state(states[p])
+            got = _json(r.get_state())
+            if got != states[p]:
+                raise AssertionError(f"get_state() after set_state(state at step {p}) differs: {got} vs {states[p]}")
+            for i in range(p, min(n, p + check)):
+                try:
+                    el = next(r)
+                except StopIteration:
+                    raise AssertionError(f"restored at step {p}: the stream ended at step {i}, expected {n}") from None
+                if not _same(el, elements[i]):
+                    raise AssertionError(f"restored at step {p}: element {i} differs: {el!r} vs {elements[i]!r}")
+                st = _json(r.get_state())
+                if st != states[i + 1]:
+                    raise AssertionError(f"restored at step {p}: state after element {i} differs: {st} vs {states[i + 1]}")
+            if ended and p + check >= n:
+                try:
+                    extra = next(r)
+                except StopIteration:
+                    pass
+                else:
+                    raise AssertionError(f"restored at step {p}: an element after the end of the stream: {extra!r}")
+        finally:
+            r.close()
     return len(points)
 
 

@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 from feedline.errors import SpecError
 from feedline.spec import Spec
 
-__all__ = ["BatchLoader", "is_loader", "resolve_loader", "resolve_rank"]
+__all__ = ["BatchLoader", "LoaderStage", "is_loader", "resolve_loader", "resolve_rank"]
 
 
 @runtime_checkable
@@ -36,6 +36,33 @@ class BatchLoader(Protocol):
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
     def close(self) -> None: ...
+
+
+class LoaderStage:
+    """A built loader seen as a stage (``next``/``get_state``/``set_state``), to run under a Prefetch.
+
+    The state is the loader's :meth:`state_dict`. Closing the stage leaves the loader open: it
+    belongs to whoever built it.
+    """
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self._it: Iterator[Mapping[str, Any]] | None = None
+
+    def __next__(self) -> Mapping[str, Any]:
+        if self._it is None:
+            self._it = iter(self.loader)
+        return next(self._it)
+
+    def get_state(self) -> dict[str, Any]:
+        return self.loader.state_dict()  # type: ignore[no-any-return]
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        self._it = None
+        self.loader.load_state_dict(state)
+
+    def close(self) -> None:
+        self._it = None
 
 
 def is_loader(obj: Any) -> bool:
@@ -76,8 +103,9 @@ def resolve_rank(rank: int | None, world_size: int | None, *, env: Mapping[str, 
 
 
 def resolve_loader(source: Any, rank: int, world_size: int, *, state: Mapping[str, Any] | None = None,
-                   stream: str = "train", prefetch: int | None = None) -> Any:
+                   stream: str | None = None, prefetch: int | None = None) -> Any:
     """A :class:`feedline.Loader` (in-process, or the service client for an address) for one rank."""
     from feedline.loader import Loader
 
-    return Loader(source, rank, world_size, state, stream=stream, prefetch=prefetch)
+    named = {"stream": stream} if stream is not None else {}
+    return Loader(source, rank, world_size, state, prefetch=prefetch, **named)

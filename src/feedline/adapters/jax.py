@@ -57,12 +57,12 @@ class JaxLoader:
             :func:`global_batch`; otherwise the local numpy batch is yielded.
         process_index, process_count: override ``jax.process_index()``/``jax.process_count()``.
         state: a :meth:`state_dict` to resume from.
-        stream: the service stream name (remote sources).
+        stream: the service stream name (remote sources; default ``train``).
     """
 
     def __init__(self, source: Any, *, sharding: jax.sharding.Sharding | None = None,
                  process_index: int | None = None, process_count: int | None = None,
-                 state: Mapping[str, Any] | None = None, stream: str = "train") -> None:
+                 state: Mapping[str, Any] | None = None, stream: str | None = None) -> None:
         self.sharding = sharding
         if is_loader(source):
             if process_index is not None or process_count is not None or state is not None:

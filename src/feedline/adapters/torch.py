@@ -8,7 +8,7 @@
 
 Data path, one arrow per thread::
 
-    feedline.Loader ──► feeder thread: numpy → torch (zero copy), int64 cast, pin ──► queue[prefetch]
+    feedline.Loader ──► Prefetch thread: numpy → torch (zero copy), int64 cast, pin ──► queue[prefetch]
                     ──► caller: with CUDA, copy on a side stream `prefetch` batches ahead ──► step
 
 The feeder thread reads the state after each batch together with the batch, so
@@ -25,17 +25,16 @@ from __future__ import annotations
 
 import copy
 import logging
-import queue
 import sys
-import threading
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from feedline.adapters.common import is_loader, resolve_loader, resolve_rank
+from feedline.adapters.common import LoaderStage, is_loader, resolve_loader, resolve_rank
 from feedline.adapters.hf import PackedLayout, PackedMode
+from feedline.core.prefetch import Prefetch
 from feedline.errors import FeedlineError, MissingDependency
 
 try:
@@ -88,53 +87,6 @@ def passthrough_collate(items: Sequence[TorchBatch]) -> TorchBatch:
     return items[0]
 
 
-class _Feeder:
-    """Background thread: pulls numpy batches and their states, converts, queues ``prefetch`` ahead."""
-
-    def __init__(self, loader: Any, depth: int, int64: bool, pin: bool) -> None:
-        self.loader = loader
-        self.int64, self.pin = int64, pin
-        self.queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
-        self.stop = threading.Event()
-        self.taken = 0
-        self.thread = threading.Thread(target=self._run, name="feedline-torch-feeder", daemon=True)
-        self.thread.start()
-
-    def _put(self, item: Any) -> bool:
-        while not self.stop.is_set():
-            try:
-                self.queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _run(self) -> None:
-        try:
-            for batch in self.loader:
-                self.taken += 1
-                item = (to_torch(batch, int64=self.int64, pin=self.pin), self.loader.state_dict())
-                if not self._put(item):
-                    return
-            self._put(_END)
-        except BaseException as e:  # forwarded to the consumer
-            self._put(e)
-
-    def get(self) -> Any:
-        while True:
-            try:
-                return self.queue.get(timeout=0.5)
-            except queue.Empty:
-                if not self.thread.is_alive() and self.queue.empty():
-                    return FeedlineError("the feedline-torch feeder thread died without a reason")
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(timeout=30)
-        if self.thread.is_alive():  # pragma: no cover - a source blocked for 30 s
-            log.warning("feedline-torch feeder did not stop within 30 s; its loader may still be reading")
-
-
 class TorchLoader(IterableDataset):  # type: ignore[type-arg]
     """Batches of one rank as dicts of torch tensors; an ``IterableDataset`` with resumable state.
 
@@ -149,7 +101,7 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
         rank, world_size: override the environment (``RANK``/``WORLD_SIZE``) and
             ``torch.distributed``.
         state: a :meth:`state_dict` to resume from.
-        stream: the service stream name (remote sources).
+        stream: the service stream name (remote sources; default ``train``).
         int64: cast integer fields to ``torch.int64`` (on the device, after the copy).
         packed: how packed batches (``pack``/``concat``) reach the model: ``position_ids`` (default:
             no 2-D mask, so Hugging Face models keep documents apart), ``mask4d``, ``flat``, ``keep``,
@@ -163,7 +115,7 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
 
     def __init__(self, source: Any, device: str | torch.device | None = None, pin_memory: bool = True,
                  prefetch: int = 2, *, rank: int | None = None, world_size: int | None = None,
-                 state: Mapping[str, Any] | None = None, stream: str = "train", int64: bool = True,
+                 state: Mapping[str, Any] | None = None, stream: str | None = None, int64: bool = True,
                  packed: PackedMode | PackedLayout = "position_ids") -> None:
         super().__init__()
         if prefetch < 0:
@@ -189,7 +141,7 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
             self._loader = None
             self.rank, self.world_size = _distributed_rank(rank, world_size)
         self._state: dict[str, Any] | None = None
-        self._feeder: _Feeder | None = None
+        self._feeder: Prefetch | None = None
         self._given = 0
         self._exhausted = False
 
@@ -208,7 +160,7 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
         if feeder is None:
             return
         feeder.close()
-        if feeder.taken != self._given and self._state is not None:
+        if feeder.pulled != self._given and self._state is not None:
             self.loader.load_state_dict(self._state)
             self._exhausted = False
 
@@ -227,7 +179,7 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
             self._state = self.loader.state_dict()
         return self._iterate()
 
-    def _host_items(self, feeder: _Feeder | None) -> Iterator[Any]:
+    def _host_items(self, feeder: Prefetch | None) -> Iterator[Any]:
         """(cpu tensors, state) pairs, then ``_END`` or an exception."""
         if feeder is None:
             try:
@@ -237,16 +189,18 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
             except BaseException as e:
                 yield e
             return
-        while True:
-            item = feeder.get()
-            yield item
-            if item is _END or isinstance(item, BaseException):
-                return
+        try:
+            yield from feeder
+            yield _END
+        except BaseException as e:
+            yield e
 
     def _iterate(self) -> Iterator[TorchBatch]:
         feeder = None
         if self.prefetch:
-            self._feeder = feeder = _Feeder(self.loader, self.prefetch, self.int64, self.pin)
+            int64, pin = self.int64, self.pin
+            self._feeder = feeder = Prefetch(LoaderStage(self.loader), self.prefetch, name="feedline-torch-feeder",
+                                             map=lambda batch: to_torch(batch, int64=int64, pin=pin))
             self._given = 0
         staged = _CudaStager(self.device, self.prefetch) if self.cuda and self.prefetch else None
         items = self._host_items(feeder)

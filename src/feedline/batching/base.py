@@ -4,34 +4,32 @@ A batcher is a recipe over a stream of :class:`~feedline.core.record.Example` th
 *global* batches: ``dict[str, np.ndarray]`` with ``batch_size`` rows (the last may be short;
 the planner applies the remainder rule). A batcher that holds examples across batches (a
 packer's open bins, a bucket window) keeps their refs in its state and rebuilds them on resume
-with ``materialize(refs)``.
+by asking its parent: ``self.parent.rebuild(refs)`` (the task map below re-processes them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from feedline.core.dataset import Dataset
-from feedline.core.record import Example, ExampleRef
+from feedline.core.record import Example
 from feedline.tasks.base import Task
 
 __all__ = ["Batch", "BatchContext", "Batcher", "FillStats", "collate_padded", "real_tokens"]
 
 Batch = dict[str, np.ndarray]
-Materialize = Callable[[Sequence[ExampleRef]], list[Example]]
 
 
 class BatchContext:
     """What a batcher is built with."""
 
-    def __init__(self, *, batch_size: int, task: Task, materialize: Materialize, seed: int) -> None:
+    def __init__(self, *, batch_size: int, task: Task, seed: int) -> None:
         self.batch_size = batch_size
         self.task = task
-        self.materialize = materialize
         self.seed = seed
 
 

@@ -24,7 +24,7 @@ from feedline.batching.base import Batch, Batcher, FillStats, collate_padded
 from feedline.core.dataset import DatasetIterator, State
 from feedline.core.record import Example, ExampleRef
 from feedline.core.rng import permutation
-from feedline.errors import SpecError, StateError
+from feedline.errors import SpecError
 
 __all__ = ["BucketBatcher", "BucketOptions"]
 
@@ -71,6 +71,9 @@ class BucketBatcher(Batcher):
 class BucketIterator(DatasetIterator[Batch]):
     """Cursor over a :class:`BucketBatcher`; :attr:`stats` reports padding."""
 
+    NAME = "bucket"
+    STATE_KEYS = ("window", "pending", "stats")
+
     def __init__(self, ds: BucketBatcher) -> None:
         self.ds = ds
         self.opts: BucketOptions = ds.options
@@ -116,18 +119,14 @@ class BucketIterator(DatasetIterator[Batch]):
         self.stats.slots += len(rows) * width
         return batch
 
-    def get_state(self) -> State:
-        return {"parent": self.parent.get_state(), "window": self.window,
-                "pending": [[list(ex.ref) for ex in b] for b in self.pending], "stats": self.stats.get_state()}
+    def own_state(self) -> State:
+        return {"window": self.window, "pending": [[list(ex.ref) for ex in b] for b in self.pending],
+                "stats": self.stats.get_state()}
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        try:
-            parent, window, pending, stats = state["parent"], int(state["window"]), state["pending"], state["stats"]
-            refs: list[list[ExampleRef]] = [[_ref(r) for r in b] for b in pending]
-        except (KeyError, TypeError, ValueError) as e:
-            raise StateError(f"bucket: malformed state ({e}); expected keys parent, window, pending, stats") from e
-        self.parent.set_state(parent)
-        flat = self.ds.ctx.materialize([r for b in refs for r in b])
+    def restore(self, own: Mapping[str, Any]) -> None:
+        window, stats = int(own["window"]), own["stats"]
+        refs: list[list[ExampleRef]] = [[_ref(r) for r in b] for b in own["pending"]]
+        flat = self.ds.parent.rebuild([r for b in refs for r in b])
         self.pending, at = [], 0
         for b in refs:
             self.pending.append(flat[at:at + len(b)])
@@ -135,5 +134,3 @@ class BucketIterator(DatasetIterator[Batch]):
         self.window = window
         self.stats = FillStats.from_state(stats)
 
-    def close(self) -> None:
-        self.parent.close()

@@ -70,6 +70,9 @@ class ConcatBatcher(Batcher):
 class ConcatIterator(DatasetIterator[Batch]):
     """Cursor over a :class:`ConcatBatcher`; :attr:`stats` counts rows and tokens."""
 
+    NAME = "concat"
+    STATE_KEYS = ("carry", "stats")
+
     def __init__(self, ds: ConcatBatcher) -> None:
         self.ds = ds
         self.opts: ConcatOptions = ds.options
@@ -118,16 +121,12 @@ class ConcatIterator(DatasetIterator[Batch]):
         return collate_rows(rows, self.max_length, o.max_docs_per_row, self.ds.ctx.task.pad_values,
                             reset_positions=o.reset_positions, mask_first=o.mask_first_token, attention=o.attention)
 
-    def get_state(self) -> State:
+    def own_state(self) -> State:
         carry = None if self.carry is None else [*self.carry[0].ref, self.carry[1]]
-        return {"parent": self.parent.get_state(), "carry": carry, "stats": self.stats.get_state()}
+        return {"carry": carry, "stats": self.stats.get_state()}
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        try:
-            parent, carry, stats = state["parent"], state["carry"], state["stats"]
-        except (KeyError, TypeError) as e:
-            raise StateError(f"concat: malformed state ({e}); expected keys parent, carry, stats") from e
-        self.parent.set_state(parent)
+    def restore(self, own: Mapping[str, Any]) -> None:
+        carry, stats = own["carry"], own["stats"]
         self.carry = None
         if carry is not None:
             try:
@@ -135,12 +134,9 @@ class ConcatIterator(DatasetIterator[Batch]):
                 ref = (src, fi, pos, ep, sub)
             except (TypeError, ValueError, IndexError) as e:
                 raise StateError(f"concat: malformed carry {carry!r} in state ({e})") from e
-            ex = self.ds.ctx.materialize([ref])[0]
+            ex = self.ds.parent.rebuild([ref])[0]
             if not 0 < start < ex.length:
                 raise StateError(f"concat: carry offset {start} is outside example {ref} of {ex.length} tokens; "
                                  "the data changed since the state was saved")
             self.carry = (ex, start)
         self.stats = FillStats.from_state(stats)
-
-    def close(self) -> None:
-        self.parent.close()

@@ -123,6 +123,9 @@ class PackBatcher(Batcher):
 class PackIterator(DatasetIterator[Batch]):
     """Cursor over a :class:`PackBatcher`; :attr:`stats` reports rows, tokens and efficiency."""
 
+    NAME = "pack"
+    STATE_KEYS = ("ready", "open", "stats")
+
     def __init__(self, ds: PackBatcher) -> None:
         self.ds = ds
         self.opts: PackOptions = ds.options
@@ -206,34 +209,24 @@ class PackIterator(DatasetIterator[Batch]):
             self._refs, self._taken = (lengths, starts, _stack(tables[:len(ready)]), open_state), 0
         return self._refs
 
-    def get_state(self) -> State:
+    def own_state(self) -> State:
         lengths, starts, refs, open_state = self._row_refs()
         t = self._taken
         return {
-            "parent": self.parent.get_state(),
             "ready": pack_ragged_array(lengths[t:], refs[starts[t]:]),
             "open": open_state,
             "stats": self.stats.get_state(),
         }
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        try:
-            parent, ready, open_rows, stats = state["parent"], state["ready"], state["open"], state["stats"]
-        except (KeyError, TypeError) as e:
-            raise StateError(f"pack: malformed state ({e}); expected keys parent, ready, open, stats") from e
-        ready, open_rows = unpack_ragged(ready, 6, "pack: ready rows"), unpack_ragged(open_rows, 6, "pack: open rows")
-        self.parent.set_state(parent)
+    def restore(self, own: Mapping[str, Any]) -> None:
+        stats = own["stats"]
+        ready, open_rows = unpack_ragged(own["ready"], 6, "pack: ready rows"), unpack_ragged(own["open"], 6, "pack: open rows")
         self._refs = None
-        rows = restore_pieces([*ready, *open_rows], self.ds.ctx.materialize, self._stop, "pack")
+        rows = restore_pieces([*ready, *open_rows], self.ds.parent.rebuild, self._stop, "pack")
         self.packer = self._new_packer()
         self.packer.restore(rows[:len(ready)], [[(p.length, p) for p in row] for row in rows[len(ready):]])
         self.exhausted = False
         self.stats = FillStats.from_state(stats)
-
-    def close(self) -> None:
-        self.parent.close()
-
-
 
 class _RefTables:
     """The ``[pieces, 6]`` state refs of each row, kept between windows.

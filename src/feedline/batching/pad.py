@@ -7,12 +7,11 @@ It holds nothing between batches, so its state is its parent's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from feedline.batching.base import Batch, Batcher, collate_padded
-from feedline.core.dataset import DatasetIterator, State
+from feedline.core.dataset import DatasetIterator
 from feedline.errors import SpecError
 
 __all__ = ["PadBatcher", "PadOptions"]
@@ -48,6 +47,8 @@ class PadBatcher(Batcher):
 
 
 class _PadIterator(DatasetIterator[Batch]):
+    NAME = "pad"  # state: {"parent": ...}, nothing of its own
+
     def __init__(self, ds: PadBatcher) -> None:
         self.ds = ds
         self.parent = iter(ds.parent)
@@ -71,11 +72,3 @@ class _PadIterator(DatasetIterator[Batch]):
         return collate_padded(rows, self.pad_values, self.length, self.ds.options.pad_to_multiple_of,
                               vector_fields=task.vector_fields, target_fields=task.target_fields)
 
-    def get_state(self) -> State:
-        return {"parent": self.parent.get_state()}
-
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        self.parent.set_state(state["parent"])
-
-    def close(self) -> None:
-        self.parent.close()

@@ -26,6 +26,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from feedline.state import find_rejected, mixture_shares
+
 __all__ = ["LATENCY_BUCKETS", "LatencyHistogram", "MetricsEndpoint", "Rate", "SnapshotCollector", "StreamCounters",
            "find_rejected", "mixture_shares", "render_prometheus"]
 
@@ -110,35 +112,6 @@ class StreamCounters:
         out["mixture"] = mixture_shares(self.last_state)
         out["latency"] = self.latency.snapshot()
         return out
-
-
-def find_rejected(state: Any, into: dict[str, int]) -> None:
-    """Sum every ``rejected: {reason: n}`` table found in a nested pipeline state."""
-    if isinstance(state, Mapping):
-        for k, v in state.items():
-            if k == "rejected" and isinstance(v, Mapping):
-                for reason, n in v.items():
-                    if isinstance(n, int):
-                        into[str(reason)] = into.get(str(reason), 0) + n
-            else:
-                find_rejected(v, into)
-    elif isinstance(state, list):
-        for v in state:
-            find_rejected(v, into)
-
-
-def mixture_shares(state: Any) -> list[float] | None:
-    """Realised share of records drawn from each source (from the mixture's ``counts``)."""
-    if isinstance(state, Mapping):
-        counts = state.get("counts")
-        if isinstance(counts, list) and "sources" in state and all(isinstance(c, int) for c in counts):
-            total = sum(counts)
-            return [round(c / total, 4) for c in counts] if total else None
-        for v in state.values():
-            found = mixture_shares(v)
-            if found is not None:
-                return found
-    return None
 
 
 _STREAM_COUNTERS = {

@@ -4,30 +4,26 @@
     producer.start()
     item = producer.poll()     # Produced | End | an exception | None (nothing ready yet)
 
-The thread runs :class:`~feedline.pipeline.GlobalStream` from a start state, splits each global
-batch into the ranks' slices once (:func:`~feedline.batching.planner.assign_rows`), serialises
-the resume state after the step once, and puts the result in a bounded queue: production runs at
-most ``depth`` steps ahead of whoever drains it. ``wake`` is called after every put so the
-server's event loop never has to spin.
+A :class:`~feedline.core.prefetch.Prefetch` stage runs :class:`~feedline.pipeline.GlobalStream`
+from a start state; on its thread each global batch is cut into the ranks' slices once
+(:func:`~feedline.batching.planner.rank_slices`) and the resume state after the step is
+serialised once. Production runs at most ``depth`` steps ahead of whoever drains it. ``wake`` is
+called after every put so the server's event loop never has to spin.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import queue
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from feedline.batching.base import Batch, real_tokens
-from feedline.batching.planner import assign_rows
+from feedline.batching.planner import rank_slices
+from feedline.core.prefetch import Prefetch
 from feedline.pipeline import GlobalStream, Pipeline
-from feedline.state import make_state
+from feedline.state import state_json
 
 __all__ = ["End", "Produced", "Producer"]
 
@@ -63,84 +59,52 @@ class Producer:
         self.pipeline = pipeline
         self.world_size = world_size
         self.start_state = dict(start) if start is not None else None
-        self._initial = dict(initial) if initial is not None else None
         self.spec_hash = pipeline.spec.hash()
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
-        self._stop = threading.Event()
-        self._wake = wake
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._stage = Prefetch(lambda: iter(GlobalStream(pipeline, world_size)), max(1, depth), map=self._produce,
+                               wake=wake, name=name)
+        if start is not None:
+            self._stage.set_state(start)
+        first = start if start is not None else initial
+        self._initial: dict[str, Any] | None = dict(first) if first is not None else None
+        self._over = False
 
     def start(self) -> None:
-        self._thread.start()
+        """Start producing (the thread runs ``depth`` steps ahead of :meth:`poll`)."""
+        self.initial_state()
+        self._stage.start()
 
     def initial_state(self) -> dict[str, Any]:
         """The global state at the start position (computed without producing anything)."""
-        if self.start_state is not None:
-            return self.start_state
-        if self._initial is not None:
-            return self._initial
-        it = iter(GlobalStream(self.pipeline, self.world_size))
-        try:
-            return it.get_state()
-        finally:
-            it.close()
+        if self._initial is None:
+            self._initial = dict(self._stage.get_state())
+        return self._initial
 
     def poll(self) -> Produced | End | BaseException | None:
-        """The next produced item, or ``None`` when none is ready."""
-        try:
-            return self._queue.get_nowait()
-        except queue.Empty:
+        """The next produced item, or ``None`` when none is ready (and after the end or an error)."""
+        if self._over:
             return None
-
-    def close(self) -> None:
-        """Stop the thread (it exits at its next step boundary). Idempotent."""
-        self._stop.set()
-        try:  # unblock a put on a full queue
-            while True:
-                self._queue.get_nowait()
-        except queue.Empty:
-            pass
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
-
-    # ------------------------------------------------------------------ thread
-    def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-            except queue.Full:
-                continue
-            self._wake()
-            return True
-        return False
-
-    def _run(self) -> None:
         try:
-            it = iter(GlobalStream(self.pipeline, self.world_size))
-            try:
-                if self.start_state is not None:
-                    it.set_state(self.start_state)
-                step = it.step
-                for step, batch, state in it:
-                    if not self._put(self._produce(step, batch, state)):
-                        return
-                    if self._stop.is_set():
-                        return
-            finally:
-                it.close()
-            self._put(End(step))
+            item = self._stage.poll()
+        except StopIteration:
+            self._over = True
+            return End(int(self._stage.get_state()["step"]))
         except BaseException as e:  # forwarded to the server, which reports it to clients
             log.error("stream production failed: %s", e)
-            self._put(e)
+            self._over = True
+            return e
+        return None if item is None else item[0]  # type: ignore[no-any-return]
 
-    def _produce(self, step: int, batch: Batch, state: dict[str, Any]) -> Produced:
+    def close(self) -> None:
+        """Stop the thread (it exits at its next step boundary) and close the stream. Idempotent."""
+        self._stage.close()
+
+    def _produce(self, element: tuple[int, Batch, dict[str, Any]]) -> Produced:
+        """Runs on the thread: cut the step into the ranks' slices and serialise its state, once."""
+        step, batch, state = element
         w = self.world_size
-        tokens = real_tokens(batch)
-        parts = [np.arange(len(tokens))] if w == 1 else assign_rows(tokens, w)
-        slices = [batch] if w == 1 else [{k: v[rows] for k, v in batch.items()} for rows in parts]
+        slices = rank_slices(batch, w)
         ids = batch.get("input_ids")
         width = int(ids.size // max(1, len(ids))) if ids is not None else 0
-        slice_tokens = [int(tokens[rows].sum()) for rows in parts]
-        slice_slots = [len(rows) * width if width else t for rows, t in zip(parts, slice_tokens)]
-        state_json = json.dumps(make_state(self.spec_hash, state, w), separators=(",", ":"))
-        return Produced(step, state, state_json, slices, slice_tokens, slice_slots)
+        slice_tokens = [int(real_tokens(s).sum()) for s in slices]
+        slice_slots = [len(s["input_ids"]) * width if width else t for s, t in zip(slices, slice_tokens)]
+        return Produced(step, state, state_json(self.spec_hash, state, w), slices, slice_tokens, slice_slots)

@@ -68,11 +68,7 @@ class Server:
         o = self.options
         initial: dict[str, dict[str, Any]] = {}
         for name, pipeline in self.streams.items():
-            it = iter(GlobalStream(pipeline, 1))
-            try:
-                initial[name] = it.get_state()
-            finally:
-                it.close()
+            initial[name] = GlobalStream(pipeline, 1).initial_state()
         self._ctx = zmq.Context()
         if o.keys is not None:
             from zmq.auth.thread import ThreadAuthenticator

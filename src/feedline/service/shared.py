@@ -15,7 +15,6 @@ batches after ``h`` that were already acked (at-least-once across a server resta
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import deque
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from feedline.pipeline import Pipeline
 from feedline.service.producer import End, Produced, Producer
-from feedline.state import make_state
+from feedline.state import state_json
 
 if TYPE_CHECKING:
     from feedline.service.session import Client
@@ -61,7 +60,7 @@ class SharedQueue:
                                  name=f"feedline-{stream}-shared")
         first = self.producer.initial_state()
         self.watermark = int(first["step"])
-        self.watermark_json = json.dumps(make_state(self.spec_hash, first, 1), separators=(",", ":"))
+        self.watermark_json = state_json(self.spec_hash, first, 1)
         self.fresh: deque[Produced] = deque()
         self.redeliver: deque[Produced] = deque()
         self.inflight: dict[bytes, dict[int, Lease]] = {}

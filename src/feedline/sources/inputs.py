@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from feedline.core.record import Record
-from feedline.sources.report import Rejections
+from feedline.core.report import Rejections
 from feedline.sources.source import FileSource
 from feedline.spec import SourceSpec
 

@@ -21,40 +21,12 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from feedline.core.record import Rejection
+from feedline.core.record import Rejection, text_record
+from feedline.errors import SourceError
 from feedline.sources.lines import BOM, LineReader, open_decoded
-from feedline.sources.reader import Item, Reader, Split, get_path
+from feedline.sources.reader import Item, Reader, Split
 
 __all__ = ["JsonReader", "JsonlReader", "parse_json_line", "text_record"]
-
-
-def text_record(obj: Any, field: str | None, path: str, line: int | None) -> dict[str, Any] | Rejection:
-    """Check that ``obj`` is an object whose ``field`` holds non-empty text; put it under ``"text"``.
-
-    With ``field=None`` any object is accepted unchanged.
-
-        >>> text_record({"body": {"text": "hi"}, "id": 3}, "body.text", "f.jsonl", 1)["text"]
-        'hi'
-        >>> text_record({"id": 3}, "text", "f.jsonl", 7).reason
-        'missing_field'
-    """
-    if not isinstance(obj, dict):
-        return Rejection(path, line, "not_object", f"got {type(obj).__name__}")
-    if field is None:
-        return obj
-    try:
-        text = get_path(obj, field)
-    except KeyError:
-        have = ", ".join(sorted(obj)[:12]) or "no fields"
-        return Rejection(path, line, "missing_field",
-                         f"no field {field!r}; records have: {have}; set the source's text: to the field holding the text")
-    if not isinstance(text, str):
-        return Rejection(path, line, "not_string", f"field {field!r} is {type(text).__name__}")
-    if not text.strip():
-        return Rejection(path, line, "empty", f"field {field!r} is empty")
-    if field != "text" or obj.get("text") is not text:
-        obj = {**obj, "text": text}
-    return obj
 
 
 _SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # the C scanner json.loads uses

@@ -63,7 +63,10 @@ class Mixture(Dataset[Record]):
 
 
 class MixtureIterator(DatasetIterator[Record]):
-    """Cursor over a :class:`Mixture`."""
+    """Cursor over a :class:`Mixture`; its parents are the sources' iterators (states under ``sources``)."""
+
+    NAME = "mixture"
+    STATE_KEYS = ("step", "active", "done", "counts", "sources")
 
     def __init__(self, mix: Mixture) -> None:
         self.mix = mix
@@ -111,17 +114,17 @@ class MixtureIterator(DatasetIterator[Record]):
                 "counts": list(self.counts), "sources": [it.get_state() for it in self.its]}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        try:
-            if len(state["sources"]) != len(self.its):
-                raise StateError(f"state has {len(state['sources'])} sources, the spec has {len(self.its)}")
-            self.step = int(state["step"])
-            self.active = [bool(a) for a in state["active"]]
-            self.done = [bool(a) for a in state["done"]]
-            self.counts = [int(c) for c in state["counts"]]
-            for it, st in zip(self.its, state["sources"], strict=True):
-                it.set_state(st)
-        except (KeyError, TypeError) as e:
-            raise StateError(f"mixture: malformed state ({e})") from e
+        if len(state["sources"]) != len(self.its):
+            raise StateError(f"mixture: state has {len(state['sources'])} sources, the spec has {len(self.its)}")
+        self.step = int(state["step"])
+        self.active = [bool(a) for a in state["active"]]
+        self.done = [bool(a) for a in state["done"]]
+        self.counts = [int(c) for c in state["counts"]]
+        for it, st in zip(self.its, state["sources"], strict=True):
+            it.set_state(st)
+
+    def parents(self) -> tuple[DatasetIterator[Any], ...]:
+        return tuple(self.its)
 
     @property
     def proportions(self) -> list[float]:
@@ -137,6 +140,3 @@ class MixtureIterator(DatasetIterator[Record]):
                 out[k] = out.get(k, 0) + v
         return out
 
-    def close(self) -> None:
-        for it in self.its:
-            it.close()

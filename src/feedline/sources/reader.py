@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from feedline.core.options import close_match
-from feedline.core.record import Rejection
+from feedline.core.record import Rejection, get_path
 from feedline.errors import SourceError, SpecError
 from feedline.sources.files import open_binary, strip_codec
 
@@ -176,18 +176,3 @@ def reader_class(fmt: str) -> type[Reader]:
         raise SpecError(f"format: {fmt!r} is not a format{close_match(fmt, sorted(FORMATS))} (formats: auto, {', '.join(sorted(FORMATS))})")
     module, _, cls = target.partition(":")
     return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
-
-
-def get_path(data: Any, dotted: str) -> Any:
-    """Look up ``a.b.c`` in nested mappings; ``KeyError`` when absent.
-
-        >>> get_path({"body": {"text": "hi"}}, "body.text")
-        'hi'
-    """
-    cur = data
-    for part in dotted.split("."):
-        if isinstance(cur, dict) and part in cur:
-            cur = cur[part]
-        else:
-            raise KeyError(dotted)
-    return cur

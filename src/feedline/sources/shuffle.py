@@ -3,7 +3,8 @@
 The buffer fills to ``size`` records; each output is drawn at index
 ``floor(uniform(seed, salt, counter) * len(buffer))`` and its slot refilled from upstream.
 The state holds the buffered records' *keys* (never their text); on resume they are re-read
-with ``fetch`` so the buffer is restored exactly, unlike HF streaming, which drops it.
+through the parent (``parent.fetch(keys)``) so the buffer is restored exactly, unlike HF
+streaming, which drops it.
 
 State: ``{"parent": ..., "counter": n, "buffer": keys}``, the keys ``[source, file, position, epoch]``
 of the buffered records in buffer order as a packed table (:func:`feedline.core.packed.pack_ints`:
@@ -13,7 +14,7 @@ iterator keeps the keys in an array beside the records, so the state costs one p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -28,17 +29,13 @@ __all__ = ["ShuffleBuffer"]
 
 _SALT = 0x5B0F
 
-Fetch = Callable[[Sequence[Key]], Mapping[Key, dict[str, Any]]]
-
-
 class ShuffleBuffer(Dataset[Record]):
-    """Shuffle ``parent`` through a buffer of ``size`` records; ``fetch`` re-reads records by key."""
+    """Shuffle ``parent`` through a buffer of ``size`` records (restored by ``parent.fetch``)."""
 
-    def __init__(self, parent: Dataset[Record], size: int, *, seed: int, fetch: Fetch) -> None:
+    def __init__(self, parent: Dataset[Record], size: int, *, seed: int) -> None:
         self.parent = parent
         self.size = size
         self.seed = seed
-        self.fetch = fetch
 
     def __iter__(self) -> ShuffleBufferIterator:
         return ShuffleBufferIterator(self)
@@ -46,6 +43,9 @@ class ShuffleBuffer(Dataset[Record]):
 
 class ShuffleBufferIterator(DatasetIterator[Record]):
     """Cursor over a :class:`ShuffleBuffer`."""
+
+    NAME = "shuffle buffer"
+    STATE_KEYS = ("counter", "exhausted", "buffer")
 
     def __init__(self, ds: ShuffleBuffer) -> None:
         self.ds = ds
@@ -80,24 +80,16 @@ class ShuffleBufferIterator(DatasetIterator[Record]):
             self.keys[j] = (*nxt.key, nxt.epoch)
         return out
 
-    def get_state(self) -> State:
-        return {"parent": self.parent.get_state(), "counter": self.counter, "exhausted": self.exhausted,
-                "buffer": pack_ints(self.keys[:len(self.buffer)], 4)}
+    def own_state(self) -> State:
+        return {"counter": self.counter, "exhausted": self.exhausted, "buffer": pack_ints(self.keys[:len(self.buffer)], 4)}
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        try:
-            self.parent.set_state(state["parent"])
-            self.counter = int(state["counter"])
-            self.exhausted = bool(state["exhausted"])
-            table = unpack_ints(state["buffer"], 4, "shuffle buffer")
-            entries = [(s, f, p, e) for s, f, p, e in table.tolist()]
-        except (KeyError, TypeError, ValueError) as e:
-            raise StateError(f"shuffle buffer: malformed state ({e})") from e
+    def restore(self, own: Mapping[str, Any]) -> None:
+        self.counter = int(own["counter"])
+        self.exhausted = bool(own["exhausted"])
+        table = unpack_ints(own["buffer"], 4, "shuffle buffer")
+        entries = [(s, f, p, e) for s, f, p, e in table.tolist()]
         if len(entries) > len(self.keys):
             raise StateError(f"shuffle buffer: the state holds {len(entries)} records, more than shuffle.buffer {self.ds.size}")
         self.keys[:len(entries)] = table
-        found = self.ds.fetch([(s, f, p) for s, f, p, _ in entries])
+        found = self.ds.parent.fetch([(s, f, p) for s, f, p, _ in entries])
         self.buffer = [Record((s, f, p), e, found[(s, f, p)]) for s, f, p, e in entries]
-
-    def close(self) -> None:
-        self.parent.close()

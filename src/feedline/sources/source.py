@@ -19,12 +19,12 @@ from typing import Any
 
 from feedline.core.dataset import Dataset, DatasetIterator, State
 from feedline.core.record import Key, Record, Rejection
+from feedline.core.report import Rejections, nothing_delivered
 from feedline.core.rng import permutation
 from feedline.errors import RecordError, SourceError, StateError
 from feedline.sources.arrow import saved_dataset_files
 from feedline.sources.files import expand
 from feedline.sources.reader import Reader, Split, detect_format, reader_class
-from feedline.sources.report import Rejections, nothing_delivered
 from feedline.spec import SourceSpec
 
 __all__ = ["FileSource", "list_files", "make_reader", "source_format"]
@@ -135,7 +135,9 @@ class FileSource(Dataset[Record]):
 
 
 class FileSourceIterator(DatasetIterator[Record]):
-    """Cursor over a :class:`FileSource`."""
+    """Cursor over a :class:`FileSource` (a leaf: its state is all its own)."""
+
+    STATE_KEYS = ("epoch", "split", "pos", "line", "rejected")
 
     def __init__(self, source: FileSource) -> None:
         self.src = source

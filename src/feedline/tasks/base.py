@@ -32,13 +32,13 @@ inference, encoder-decoder).
 
 A task whose examples join several records (``span`` concatenates documents into full rows)
 overrides :meth:`Task.stream` to put a stage of its own after the task map; that stage keeps the
-refs of the examples it holds in its state and rebuilds them with ``materialize``.
+refs of the examples it holds in its state and rebuilds them through its parent (``rebuild``).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -49,11 +49,9 @@ from feedline.core.record import Example, ExampleRef, Record, Rejection
 from feedline.core.rng import sample_rng
 from feedline.tokenize.tokenizer import Tokenizer
 
-__all__ = ["PAD_VALUES", "Materialize", "Task", "TaskContext", "TaskOutput"]
+__all__ = ["PAD_VALUES", "Task", "TaskContext", "TaskOutput"]
 
 TaskOutput = list[Example] | Rejection
-#: Rebuilds examples from their refs by re-reading and re-processing their records.
-Materialize = Callable[[Sequence[ExampleRef]], list[Example]]
 
 #: How batchers pad the conventional token fields; ``"pad_id"`` means the tokenizer's pad id.
 PAD_VALUES: dict[str, Any] = {
@@ -65,12 +63,13 @@ PAD_VALUES: dict[str, Any] = {
 @dataclass(frozen=True)
 class TaskContext:
     """What a task is built with: the tokenizer (``None`` for tokenizer-free tasks), the seed and,
-    when built by a pipeline, the whole spec (tasks that need a first pass over the data, or that
-    check other settings, read it; it is ``None`` in unit tests)."""
+    when built by a pipeline, ``records``: a picklable factory of one unshuffled epoch of the
+    corpus, for tasks that need a first pass over the data (``None`` in unit tests). Settings
+    of the spec a task cannot work with are refused by its :meth:`Task.check_spec` hook."""
 
     tokenizer: Tokenizer | None
     seed: int
-    spec: Any = field(default=None, compare=False)
+    records: Callable[[], Iterable[Record]] | None = field(default=None, compare=False)
 
 
 class Task(ABC):
@@ -91,6 +90,14 @@ class Task(ABC):
     #: Whether the task takes pre-tokenized records (``{"input_ids": int32 array}``, from the
     #: ``tokens``/``megatron``/``flat`` formats) as well as text.
     accepts_tokens: ClassVar[bool] = False
+
+    @classmethod
+    def check_spec(cls, spec: Any) -> None:
+        """Refuse spec settings this task cannot work with (:class:`~feedline.errors.SpecError`).
+
+        Called by ``Spec.load`` once the spec is built; the default accepts everything.
+        """
+        return None
 
     def __init__(self, options: Any, ctx: TaskContext) -> None:
         self.options = options
@@ -121,11 +128,11 @@ class Task(ABC):
     def process(self, records: Sequence[Record]) -> list[TaskOutput]:
         """Turn records into examples; one entry per record, in order."""
 
-    def stream(self, examples: Dataset[Example], materialize: Materialize) -> Dataset[Example]:
+    def stream(self, examples: Dataset[Example]) -> Dataset[Example]:
         """The example stream the batcher reads: ``examples`` (the task map's output) by default.
 
-        Override to add a stage that joins examples across records; ``materialize`` rebuilds
-        the examples named in that stage's state on resume.
+        Override to add a stage that joins examples across records; that stage rebuilds the
+        examples named in its state through ``examples.rebuild`` on resume.
         """
         return examples
 

@@ -21,7 +21,7 @@ label names, the vocabulary is collected in a deterministic first pass over the 
 (one epoch, unshuffled): the sorted set of names. It is written to ``label_vocab`` when that
 path is set (and read from it on later runs, so a resumed run uses the same ids even if the
 data grew) — save it beside your checkpoint and the loader state, and put it in the model's
-``id2label``. :func:`label_vocabulary` returns it without a loader.
+``id2label``. :func:`feedline.tools.labels.label_vocabulary` returns it without a loader.
 
 Rows are never packed (:attr:`packable` is false): a classifier pools one position per row.
 """
@@ -31,18 +31,17 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from feedline.core.record import Record
+from feedline.core.record import Record, get_path
 from feedline.errors import SpecError, TaskError
-from feedline.sources.reader import get_path
 from feedline.tasks.base import Task, TaskOutput
 
-__all__ = ["Classify", "ClassifyOptions", "label_vocabulary"]
+__all__ = ["Classify", "ClassifyOptions", "label_names"]
 
 Problem = Literal["single_label_classification", "multi_label_classification", "regression"]
 
@@ -103,37 +102,29 @@ def _values(raw: Any, opts: ClassifyOptions) -> list[Any]:
     return out
 
 
-def label_vocabulary(spec: Any) -> list[str]:
-    """The label names of a ``classify`` spec: given, read from ``label_vocab``, or collected.
+def label_names(opts: ClassifyOptions, records: Callable[[], Iterable[Record]] | None) -> list[str]:
+    """The label names: given, read from ``label_vocab``, or collected from ``records()``.
 
-    The collecting pass reads every source once, unshuffled, and returns the sorted set of
-    names, so it does not depend on file order, shuffling or workers.
+    ``records`` is one unshuffled epoch of the corpus (the pipeline hands it to the task as
+    ``TaskContext.records``); the result is the sorted set of names, so it does not depend on
+    file order, shuffling or workers. A collected vocabulary is written to ``label_vocab``.
     """
-    from feedline.spec import MixSpec, Spec
-
-    spec = Spec.load(spec)
-    opts: ClassifyOptions = spec.task.options
     if opts.labels is not None:
         return list(opts.labels)
     if opts.label_vocab and os.path.exists(opts.label_vocab):
         with open(opts.label_vocab, encoding="utf-8") as f:
             return [str(x) for x in json.load(f)]
-    from feedline.pipeline import Pipeline
-
-    one_pass = Pipeline(spec.replace(epochs=1, shuffle=None, mix=MixSpec()))
+    if records is None:
+        raise TaskError("classify: label names need task.labels (or a pipeline to collect them from)")
     names: set[str] = set()
-    it = iter(one_pass.mixture)
-    try:
-        for rec in it:
-            try:
-                raw = get_path(rec.data, opts.label)
-            except KeyError:
-                continue
-            for v in _values(raw, opts):
-                if isinstance(v, str):
-                    names.add(v)
-    finally:
-        it.close()
+    for rec in records():
+        try:
+            raw = get_path(rec.data, opts.label)
+        except KeyError:
+            continue
+        for v in _values(raw, opts):
+            if isinstance(v, str):
+                names.add(v)
     vocab = sorted(names)
     if opts.label_vocab:
         os.makedirs(os.path.dirname(os.path.abspath(opts.label_vocab)), exist_ok=True)
@@ -174,9 +165,18 @@ class Classify(Task):
             return list(opts.labels)
         if opts.label_type == "id" or opts.problem == "regression":
             return []
-        if self.ctx.spec is None:
-            raise TaskError("classify: label names need task.labels (or a pipeline spec to collect them from)")
-        return label_vocabulary(self.ctx.spec)
+        return label_names(opts, self.ctx.records)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (Ray ships tasks to workers): the vocabulary is resolved first, the lock left behind."""
+        _ = self.vocab
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     @property
     def num_labels(self) -> int | None:

@@ -5,7 +5,8 @@ added), truncated to ``max_length`` (or rejected, ``overflow: reject``). Rows ca
 record's ``(source, file, position)`` as a ``[3]`` int64 vector (a :attr:`vector_fields`
 entry: stacked, never padded along tokens); rows added to fill the last batch have key
 ``-1``. The raw text is not put in the batch (batches are numeric arrays end to end, over
-ZeroMQ and into torch/jax); :func:`join_predictions` re-reads it by key instead::
+ZeroMQ and into torch/jax); :func:`feedline.tools.predictions.join_predictions` re-reads it by
+key instead::
 
     spec = {"sources": [{"path": "queries.jsonl"}], "tokenizer": "tok.json",
             "task": {"kind": "infer", "max_length": 512},
@@ -16,8 +17,8 @@ ZeroMQ and into torch/jax); :func:`join_predictions` re-reads it by key instead:
     rows = join_predictions(spec, np.concatenate(keys), np.concatenate(preds))
     # [{"key": (0, 0, 0), "record": {"text": ...}, "prediction": ...}, ...]
 
-The task refuses specs that would break "exactly once, in order": ``shuffle`` set, ``epochs``
-other than 1, or ``remainder: drop``.
+The task refuses specs that would break "exactly once, in order" (its ``check_spec`` hook, which
+``Spec.load`` calls): ``shuffle`` set, ``epochs`` other than 1, or ``remainder: drop``.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from feedline.core.record import Key, Record
+from feedline.core.record import Record
 from feedline.errors import SpecError
-from feedline.tasks.base import Task, TaskContext, TaskOutput
+from feedline.tasks.base import Task, TaskOutput
 
-__all__ = ["Infer", "InferOptions", "join_predictions"]
+__all__ = ["Infer", "InferOptions"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,16 +64,15 @@ class Infer(Task):
     packable = False
     extra_pad_values: ClassVar[dict[str, Any]] = {"key": -1}
 
-    def __init__(self, options: InferOptions, ctx: TaskContext) -> None:
-        super().__init__(options, ctx)
-        spec = ctx.spec
-        if spec is not None:
-            if spec.shuffle is not None and (spec.shuffle.buffer > 1 or spec.shuffle.shards):
-                raise SpecError("task infer: records must come in source order; remove shuffle: from the spec")
-            if spec.epochs != 1:
-                raise SpecError(f"task infer: every record exactly once needs epochs: 1 (got {spec.epochs})")
-            if spec.batching.remainder == "drop":
-                raise SpecError("task infer: the last short batch must not be dropped; set batching.remainder: keep (or pad)")
+    @classmethod
+    def check_spec(cls, spec: Any) -> None:
+        """Every record exactly once, in order: no shuffling, one epoch, no dropped remainder."""
+        if spec.shuffle is not None and (spec.shuffle.buffer > 1 or spec.shuffle.shards):
+            raise SpecError("task infer: records must come in source order; remove shuffle: from the spec")
+        if spec.epochs != 1:
+            raise SpecError(f"task infer: every record exactly once needs epochs: 1 (got {spec.epochs})")
+        if spec.batching.remainder == "drop":
+            raise SpecError("task infer: the last short batch must not be dropped; set batching.remainder: keep (or pad)")
 
     def process(self, records: Sequence[Record]) -> list[TaskOutput]:
         opts: InferOptions = self.options
@@ -93,19 +93,3 @@ class Infer(Task):
             key = np.asarray(rec.key, dtype=np.int64)
             out.append([self.example(rec, 0, input_ids=ids, key=key)])
         return out
-
-
-def join_predictions(spec: Any, keys: np.ndarray | Sequence[Sequence[int]], preds: Sequence[Any] | np.ndarray) -> list[dict[str, Any]]:
-    """Pair predictions with their records, re-read by key; rows with key ``-1`` (fill) are skipped.
-
-    Returns one ``{"key", "record", "prediction"}`` dict per real row, in row order.
-    """
-    from feedline.pipeline import Pipeline
-
-    keys = np.asarray(keys, dtype=np.int64).reshape(-1, 3)
-    if len(keys) != len(preds):
-        raise ValueError(f"join_predictions: {len(keys)} keys but {len(preds)} predictions")
-    real = [i for i in range(len(keys)) if keys[i, 0] >= 0]
-    wanted: list[Key] = [tuple(int(x) for x in keys[i]) for i in real]  # type: ignore[misc]
-    found = Pipeline(spec).fetch(wanted)
-    return [{"key": k, "record": found[k], "prediction": preds[i]} for i, k in zip(real, wanted, strict=True)]

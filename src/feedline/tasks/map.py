@@ -8,6 +8,9 @@ examples were already yielded; a restore re-reads and re-processes that one chun
 which gives the same examples because tasks are pure functions of (record, seed, epoch, key).
 The runner never appears in the state, so a state resumes under any runner.
 
+:meth:`TaskMap.rebuild` answers the stages above (batchers' buffers): it re-reads the records
+of the refs through ``parent.fetch`` and re-processes them in one batched task call.
+
 State: ``{"parent": ..., "skip": n, "rejected": {reason: n}, "chunk": n}``, where ``chunk`` is
 the size of the chunk the state points into (chunks ramp up from :data:`FIRST_CHUNK`, so the
 first batch waits for few records). ``rejected`` counts every
@@ -27,12 +30,12 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from feedline.core.dataset import Dataset, DatasetIterator, State
-from feedline.core.record import Example, Key, Record, Rejection
+from feedline.core.record import Example, ExampleRef, Key, Record, Rejection
+from feedline.core.report import Rejections, add_counts, nothing_delivered, sum_rejected
 from feedline.errors import SourceError, StateError
-from feedline.sources.report import Rejections, add_counts, nothing_delivered, sum_rejected
 from feedline.tasks.base import Task, TaskOutput
 
 __all__ = ["ChunkRunner", "TaskMap", "ThreadRunner"]
@@ -112,9 +115,37 @@ class TaskMap(Dataset[Example]):
     def __iter__(self) -> TaskMapIterator:
         return TaskMapIterator(self)
 
+    def rebuild(self, refs: Sequence[ExampleRef]) -> list[Example]:
+        """The examples named by ``refs``: their records re-read and re-processed in one task call.
+
+        Raises:
+            StateError: a record is now rejected (the data changed since the state was saved).
+        """
+        wanted = list(dict.fromkeys((int(r[0]), int(r[1]), int(r[2]), int(r[3])) for r in refs))
+        found = self.parent.fetch(list(dict.fromkeys((s, f, p) for s, f, p, _e in wanted)))
+        outputs = self.task.process([Record((s, f, p), e, found[(s, f, p)]) for s, f, p, e in wanted]) if wanted else []
+        made: dict[tuple[int, int, int, int], list[Example]] = {}
+        for k, out in zip(wanted, outputs, strict=True):
+            if not isinstance(out, list):
+                raise StateError(f"record {k[:3]} was rejected on re-read; the data changed since the state was saved")
+            made[k] = out
+        try:
+            return [made[(int(r[0]), int(r[1]), int(r[2]), int(r[3]))][int(r[4])] for r in refs]
+        except IndexError as e:
+            raise StateError(f"an example ref in the state names an example its record no longer makes ({e}); "
+                             "the data or the tokenizer changed since the state was saved") from e
+
 
 class TaskMapIterator(DatasetIterator[Example]):
-    """Cursor over a :class:`TaskMap` (or any subclass with its own runner)."""
+    """Cursor over a :class:`TaskMap` (or any subclass with its own runner).
+
+    Its ``parent`` entry is the parent's state at the start of the current chunk (not the
+    parent's live state, which has read ahead), so :meth:`get_state` is its own.
+    """
+
+    NAME = "task map"
+    STATE_KEYS = ("skip", "rejected", "chunk")
+    STATE_DEFAULTS: ClassVar[Mapping[str, Any]] = {"chunk": None}
 
     def __init__(self, ds: TaskMap) -> None:
         self.ds = ds
@@ -203,14 +234,10 @@ class TaskMapIterator(DatasetIterator[Example]):
         return {"parent": self.current_state, "skip": self.skip, "rejected": self.current_rejected,
                 "chunk": self.current_size}
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        try:
-            parent, skip, rejected = state["parent"], int(state["skip"]), state["rejected"]
-            chunk = int(state.get("chunk", self.ds.chunk))  # states written before the ramp: whole chunks
-        except (KeyError, TypeError, ValueError) as e:
-            raise StateError(f"task map: malformed state ({e})") from e
+    def restore(self, own: Mapping[str, Any]) -> None:
+        skip, rejected = int(own["skip"]), own["rejected"]
+        chunk = self.ds.chunk if own["chunk"] is None else int(own["chunk"])  # older states: whole chunks
         self._drop_inflight()
-        self.parent.set_state(parent)
         self.rejections.set_state(rejected)
         self.exhausted, self.current, self.current_state, self.current_end, self.skip = False, [], None, None, 0
         self._next_start, self._watch = None, False
@@ -239,8 +266,7 @@ class TaskMapIterator(DatasetIterator[Example]):
         """Every rejection counted so far (the parent's and the task's), as the state reports them."""
         return sum_rejected(self.get_state())
 
-    def close(self) -> None:
+    def release(self) -> None:
         self._drop_inflight()
         self.current = []
         self.runner.close()
-        self.parent.close()

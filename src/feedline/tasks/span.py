@@ -53,7 +53,7 @@ import numpy as np
 from feedline.core.dataset import Dataset
 from feedline.core.record import Example, Record
 from feedline.errors import SpecError, TaskError
-from feedline.tasks.base import Materialize, Task, TaskContext, TaskOutput
+from feedline.tasks.base import Task, TaskContext, TaskOutput
 
 __all__ = ["SpanCorruption", "SpanCorruptionOptions", "noise_mask", "span_lengths"]
 
@@ -185,13 +185,13 @@ class SpanCorruption(Task):
                 "max_length wide); use strategy 'pad', or set task.concat_documents: false"
             )
 
-    def stream(self, examples: Dataset[Example], materialize: Materialize) -> Dataset[Example]:
+    def stream(self, examples: Dataset[Example]) -> Dataset[Example]:
         """Concatenate documents into full rows (default), or pass per-document rows through."""
         if not self.options.concat_documents:
             return examples
         from feedline.tasks.span_stream import SpanStream
 
-        return SpanStream(examples, self, materialize)
+        return SpanStream(examples, self)
 
     def process(self, records: Sequence[Record]) -> list[TaskOutput]:
         opts: SpanCorruptionOptions = self.options

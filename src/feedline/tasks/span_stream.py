@@ -16,21 +16,20 @@ threads or resume. The row's example is named by that document (``sub`` = ``star
 
 State: ``{"parent": <task map>, "carry": null or [source, file, position, epoch, sub, start]}``:
 between rows the only held tokens are the rest of the document being cut, restored by
-re-reading its record (``materialize``), as the ``concat`` batcher does.
+re-reading its record through the parent (``rebuild``), as the ``concat`` batcher does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from feedline.core.dataset import Dataset, DatasetIterator, State
-from feedline.core.record import Example
+from feedline.core.record import Example, ExampleRef
 from feedline.core.rng import sample_rng
 from feedline.errors import StateError
-from feedline.tasks.base import Materialize
 
 if TYPE_CHECKING:
     from feedline.tasks.span import SpanCorruption
@@ -41,10 +40,14 @@ __all__ = ["SpanStream"]
 class SpanStream(Dataset[Example]):
     """Full span-corruption rows over a stream of per-document token examples."""
 
-    def __init__(self, parent: Dataset[Example], task: SpanCorruption, materialize: Materialize) -> None:
+    def __init__(self, parent: Dataset[Example], task: SpanCorruption) -> None:
         self.parent = parent
         self.task = task
-        self.materialize = materialize
+
+    def rebuild(self, refs: Sequence[ExampleRef]) -> list[Example]:
+        """Refused: a row joins several documents, so no ref names it (no batcher buffers span rows)."""
+        raise StateError("span rows join several documents and cannot be rebuilt from refs; "
+                         "use batching: pad with task: span")
 
     def __iter__(self) -> SpanStreamIterator:
         return SpanStreamIterator(self)
@@ -55,6 +58,9 @@ class SpanStream(Dataset[Example]):
 
 class SpanStreamIterator(DatasetIterator[Example]):
     """Cursor over a :class:`SpanStream`."""
+
+    NAME = "span"
+    STATE_KEYS = ("carry",)
 
     def __init__(self, ds: SpanStream) -> None:
         self.ds = ds
@@ -87,23 +93,18 @@ class SpanStreamIterator(DatasetIterator[Example]):
         rng = sample_rng(self.ds.task.seed, first.epoch, first.key, offset, 0)
         return Example(first.key, first.epoch, offset, self.ds.task.corrupt(np.concatenate(pieces), rng))
 
-    def get_state(self) -> State:
-        carry = None if self.carry is None else [*self.carry[0].ref, self.carry[1]]
-        return {"parent": self.parent.get_state(), "carry": carry}
+    def own_state(self) -> State:
+        return {"carry": None if self.carry is None else [*self.carry[0].ref, self.carry[1]]}
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        try:
-            parent, carry = state["parent"], state["carry"]
-        except (KeyError, TypeError) as e:
-            raise StateError(f"span: malformed state ({e}); expected keys parent, carry") from e
-        self.parent.set_state(parent)
+    def restore(self, own: Mapping[str, Any]) -> None:
+        carry = own["carry"]
         self.carry = None
         if carry is not None:
             try:
                 src, fi, pos, ep, sub, start = (int(x) for x in carry[:6])
             except (TypeError, ValueError, IndexError) as e:
                 raise StateError(f"span: malformed carry {carry!r} in state ({e})") from e
-            ex = self.ds.materialize([(src, fi, pos, ep, sub)])[0]
+            ex = self.ds.parent.rebuild([(src, fi, pos, ep, sub)])[0]
             if not 0 < start < ex.length:
                 raise StateError(f"span: carry offset {start} is outside document {(src, fi, pos)} of {ex.length} "
                                  "tokens; the data changed since the state was saved")
@@ -113,6 +114,3 @@ class SpanStreamIterator(DatasetIterator[Example]):
     def rejected(self) -> dict[str, int]:
         """The task map's rejected records by reason."""
         return dict(getattr(self.parent, "rejected", {}) or {})
-
-    def close(self) -> None:
-        self.parent.close()

@@ -16,10 +16,10 @@ import collections
 import os
 from collections.abc import Sequence
 
+from feedline.core.report import Rejections
 from feedline.errors import SourceError
 from feedline.sources.files import open_binary, strip_codec
 from feedline.sources.inputs import read_inputs
-from feedline.sources.report import Rejections
 from feedline.tools.progress import track
 
 __all__ = ["count_tokens", "is_count_file", "write_counts"]

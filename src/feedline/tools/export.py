@@ -26,7 +26,7 @@ import numpy as np
 
 from feedline.errors import SpecError
 from feedline.pipeline import GlobalStream, Pipeline
-from feedline.sources.report import rejected_along
+from feedline.core.report import rejected_along
 from feedline.spec import Spec
 from feedline.tools.output import AtomicOutput
 from feedline.tools.progress import track

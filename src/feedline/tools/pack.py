@@ -33,7 +33,7 @@ from typing import Any
 from feedline.batching.base import FillStats
 from feedline.errors import SourceError, SpecError
 from feedline.pipeline import GlobalStream, Pipeline
-from feedline.sources.report import rejected_along
+from feedline.core.report import rejected_along
 from feedline.tools.output import AtomicOutput
 from feedline.tools.progress import track
 from feedline.tools.writers import FORMATS, Format, RowWriter

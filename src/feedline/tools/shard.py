@@ -25,11 +25,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from feedline.core.report import Rejections
 from feedline.core.rng import mix64, permutation
 from feedline.errors import SourceError, SpecError
 from feedline.sources.files import open_binary
 from feedline.sources.inputs import read_inputs
-from feedline.sources.report import Rejections
 from feedline.tools.output import AtomicOutput
 from feedline.tools.progress import track
 

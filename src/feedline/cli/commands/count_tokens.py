@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     setup_progress(args)
-    from feedline.sources.report import Rejections
+    from feedline.core.report import Rejections
     from feedline.tools.count_tokens import count_tokens, write_counts
 
     rejections = Rejections()

@@ -11,6 +11,7 @@ import threading
 from types import FrameType
 
 from feedline.cli._common import add_spec_argument
+from feedline.cli.options import add_option_arguments, options_from_args
 from feedline.errors import SpecError
 from feedline.service.auth import ClientKeys, ServerKeys
 from feedline.service.http import HttpGateway, HttpOptions, parse_http_bind, read_token
@@ -27,6 +28,11 @@ EXAMPLE = ("feedline serve train.yaml --bind tcp://127.0.0.1:5555 --stream valid
            "'http://127.0.0.1:8080/?stream=train'")
 
 
+# Every simple ServerOptions field is a flag (--bind, --window, --timeout, ...), generated with its
+# default and help from the dataclass; these are the ones the command sets itself.
+_OWN = frozenset({"bind", "keys", "progress"})
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_spec_argument(parser)
     parser.add_argument("--bind", default=None,
@@ -39,30 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream", action="append", default=[], metavar="NAME=SPEC",
                         help="serve another named stream from a spec file (repeatable), e.g. validation=val.yaml")
     parser.add_argument("--keys", metavar="DIR", help="CurveZMQ keys from 'feedline keys generate DIR'")
-    parser.add_argument("--insecure", action="store_true",
-                        help="allow a plaintext bind outside loopback (trusted networks only)")
-    parser.add_argument("--window", type=int, default=8, help="global steps buffered ahead of the slowest rank (default: %(default)s)")
-    parser.add_argument("--heartbeat", type=float, default=1.0, help="seconds between client heartbeats (default: %(default)s)")
-    parser.add_argument("--timeout", type=float, default=10.0,
-                        help="seconds of client silence before it is dropped (shared mode: re-delivered; "
-                             "default: %(default)s)")
-    parser.add_argument("--max-message", type=int, default=16 << 20, help="largest inbound message, bytes (default: %(default)s)")
-    parser.add_argument("--drain-timeout", type=float, default=10.0,
-                        help="on SIGTERM, seconds to wait for shared-mode acks (default: %(default)s)")
-    parser.add_argument("--max-prefetch", type=int, default=16,
-                        help="the most batches one client may have in flight (caps its declared prefetch; default: %(default)s)")
-    parser.add_argument("--lease", type=float, default=60.0,
-                        help="shared mode: seconds a client may hold a batch unacked before it goes to another client (default: %(default)s)")
-    parser.add_argument("--max-cursors", type=int, default=8,
-                        help="ranked cursors (pipeline + producer thread) per stream; the longest-idle one is closed "
-                             "to make room, and with none idle a new job is refused (default: %(default)s)")
-    parser.add_argument("--idle-close", type=float, default=60.0,
-                        help="seconds a cursor without clients is kept for reconnects before it is closed (default: %(default)s)")
-    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    parser.add_argument("--metrics-host", default="127.0.0.1",
-                        help="address of the metrics endpoint (off loopback with --keys: needs --metrics-insecure)")
-    parser.add_argument("--metrics-insecure", action="store_true",
-                        help="allow the unauthenticated metrics endpoint off loopback although the service uses keys")
+    add_option_arguments(parser, ServerOptions, skip=_OWN)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,14 +63,8 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--http-token-file is only used with --http HOST:PORT")
     bind = args.bind or ("tcp://127.0.0.1:0" if http is not None else DEFAULT_BIND)
     streams = load_streams(spec, extra)  # type: ignore[arg-type]
-    options = ServerOptions(
-        bind=bind, window=args.window, heartbeat=args.heartbeat, timeout=args.timeout,
-        max_message=args.max_message, keys=ServerKeys.load(args.keys) if args.keys else None,
-        insecure=args.insecure, drain_timeout=args.drain_timeout, max_cursors=args.max_cursors,
-        max_prefetch=args.max_prefetch, lease=args.lease,
-        idle_close=args.idle_close, metrics_port=args.metrics_port,
-        metrics_host=args.metrics_host, metrics_insecure=args.metrics_insecure, progress=True,
-    )
+    options = options_from_args(ServerOptions, args, skip=_OWN, bind=bind,
+                                keys=ServerKeys.load(args.keys) if args.keys else None, progress=True)
     server = Server(streams, options)
     logging.getLogger("feedline").setLevel(min(logging.getLogger().level, logging.INFO))
     address = server.bind()

@@ -1,0 +1,105 @@
+"""The spec declared by its dataclasses: sections through build, hash exclusion as field metadata,
+registries handed in, the task's check_spec hook, and serve's flags generated from ServerOptions."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import pytest
+
+from feedline import Spec, SpecError
+from feedline.batching.registry import batcher_class
+from feedline.cli.options import add_option_arguments, options_from_args
+from feedline.service.server import ServerOptions
+from feedline.spec import Registry
+from feedline.tasks.clm import CausalLM
+
+BASE = {"sources": ["corpus.jsonl"], "tokenizer": "tok.json", "task": {"kind": "clm", "max_length": 64},
+        "batching": {"strategy": "pad", "batch_size": 4}}
+
+
+def test_hash_covers_exactly_the_fields_not_marked_hash_false() -> None:
+    base = Spec.load(BASE)
+    changed = {"sources": ["other.jsonl"], "task": {"kind": "clm", "max_length": 65},
+               "batching": {"strategy": "pad", "batch_size": 8}, "tokenizer": "t2.json", "seed": 9, "epochs": 2,
+               "mix": {"stopping": "cycle"}, "shuffle": 16, "on_error": "raise", "engine": "ray", "workers": 3,
+               "prefetch": 9, "streams": {"val": "v.yaml"}}
+    assert set(changed) == {f.name for f in dataclasses.fields(Spec)}  # a new field needs a case here
+    for name, value in changed.items():
+        hashed = dataclasses.fields(Spec)[[f.name for f in dataclasses.fields(Spec)].index(name)].metadata.get("hash", True)
+        same = Spec.load({**BASE, name: value}).hash() == base.hash()
+        assert same is not hashed, f"{name}: hashed={hashed} but changing it {'kept' if same else 'changed'} the hash"
+
+
+class Strict(CausalLM):
+    """A plug-in that refuses an endless stream through the check_spec hook."""
+
+    kind: ClassVar[str] = "strict"
+
+    @classmethod
+    def check_spec(cls, spec: Any) -> None:
+        if spec.epochs is None:
+            raise SpecError("task strict: needs a finite number of epochs")
+
+
+def test_registries_are_handed_to_spec_load_and_check_spec_is_called() -> None:
+    reg = Registry(task=lambda kind: Strict if kind == "strict" else pytest.fail(kind), batcher=batcher_class)
+    spec = Spec.load({**BASE, "task": {"kind": "strict", "max_length": 8}}, registry=reg)
+    assert spec.task.options.max_length == 8
+    with pytest.raises(SpecError, match="needs a finite number of epochs"):
+        Spec.load({**BASE, "task": "strict", "epochs": None}, registry=reg)
+
+
+def test_sections_take_their_defaults_from_the_dataclasses() -> None:
+    spec = Spec.load({"sources": "c.jsonl"})
+    assert (spec.task.kind, spec.batching.strategy, spec.batching.batch_size, spec.batching.remainder) == ("clm", "pad", 8, "drop")
+    assert Spec.load({**BASE, "shuffle": 5}).shuffle.buffer == 5  # type: ignore[union-attr]
+    with pytest.raises(SpecError, match="batching.remainder: 'dorp' is not allowed; did you mean 'drop'"):
+        Spec.load({**BASE, "batching": {"remainder": "dorp"}})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Knobs:
+    """Knobs of a made-up command.
+
+    Attributes:
+        rate: per second.
+        mode: ``fast`` or ``slow``.
+        limit: optional cap.
+        loud: shout.
+        quiet: keep quiet (on by default).
+    """
+
+    rate: float = 2.5
+    mode: Literal["fast", "slow"] = "fast"
+    limit: int | None = None
+    loud: bool = False
+    quiet: bool = True
+    blob: dict[str, int] | None = None  # not a flag: the command handles it
+
+
+def test_flags_are_generated_from_any_options_dataclass() -> None:
+    parser = argparse.ArgumentParser()
+    add_option_arguments(parser, Knobs)
+    assert options_from_args(Knobs, parser.parse_args([])) == Knobs()
+    got = options_from_args(Knobs, parser.parse_args(["--rate", "4", "--mode", "slow", "--limit", "7", "--loud", "--no-quiet"]))
+    assert got == Knobs(rate=4.0, mode="slow", limit=7, loud=True, quiet=False)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--blob", "x"])
+    assert "per second. (default: 2.5)" in parser.format_help()
+
+
+def test_serve_has_a_flag_for_every_simple_server_option_with_its_default() -> None:
+    out = subprocess.run([sys.executable, "-m", "feedline.cli", "serve", "--help"], capture_output=True, text=True, check=True).stdout
+    parser = argparse.ArgumentParser()
+    add_option_arguments(parser, ServerOptions, skip={"keys", "progress"})
+    built = options_from_args(ServerOptions, parser.parse_args([]), skip={"keys", "progress"})
+    assert built == ServerOptions()
+    for f in dataclasses.fields(ServerOptions):
+        if f.name not in ("keys", "progress"):
+            assert "--" + f.name.replace("_", "-") in out, f.name
