@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 import feedline
+from feedline.core.report import sum_rejected
 from feedline.errors import SourceError
 from feedline.pipeline import Pipeline
-from feedline.core.report import sum_rejected
 
 EXE = [sys.executable, "-m", "feedline.cli"]
 

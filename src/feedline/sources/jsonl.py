@@ -21,8 +21,7 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from feedline.core.record import Rejection, text_record
-from feedline.errors import SourceError
+from feedline.core.record import Rejection, get_path, text_record
 from feedline.sources.lines import BOM, LineReader, open_decoded
 from feedline.sources.reader import Item, Reader, Split
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from feedline.core.dataset import Dataset, DatasetIterator, State
 from feedline.core.packed import pack_ints, unpack_ints
-from feedline.core.record import Key, Record
+from feedline.core.record import Record
 from feedline.core.rng import uniform
 from feedline.errors import StateError
 

@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from feedline.core.dataset import Dataset
-from feedline.core.record import Example, ExampleRef, Record, Rejection
+from feedline.core.record import Example, Record, Rejection
 from feedline.core.rng import sample_rng
 from feedline.tokenize.tokenizer import Tokenizer
 

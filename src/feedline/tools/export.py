@@ -24,9 +24,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from feedline.core.report import rejected_along
 from feedline.errors import SpecError
 from feedline.pipeline import GlobalStream, Pipeline
-from feedline.core.report import rejected_along
 from feedline.spec import Spec
 from feedline.tools.output import AtomicOutput
 from feedline.tools.progress import track

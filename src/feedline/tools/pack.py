@@ -31,9 +31,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from feedline.batching.base import FillStats
+from feedline.core.report import rejected_along
 from feedline.errors import SourceError, SpecError
 from feedline.pipeline import GlobalStream, Pipeline
-from feedline.core.report import rejected_along
 from feedline.tools.output import AtomicOutput
 from feedline.tools.progress import track
 from feedline.tools.writers import FORMATS, Format, RowWriter
