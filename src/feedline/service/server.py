@@ -90,8 +90,8 @@ class Server:
             self.close()
             raise SpecError(f"cannot bind {o.bind}: {e}") from e
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.dispatcher = Dispatcher(self.streams, o, RouterTransport(self._sock), initial=initial, wake=self.wake)
-        self.dispatcher.stats = self.stats
+        self.dispatcher = Dispatcher(self.streams, o, RouterTransport(self._sock), initial=initial, wake=self.wake,
+                                     stats=self.stats)
         self._wake_addr = f"inproc://feedline-wake-{id(self)}"
         self._wake_sock = self._ctx.socket(zmq.PULL)
         self._wake_sock.bind(self._wake_addr)
