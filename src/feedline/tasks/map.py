@@ -109,7 +109,8 @@ class TaskMapIterator(DatasetIterator[Example]):
         self.runner = ds.runner()
         self.parent = iter(ds.parent)
         self.rejections = Rejections(ds.on_error)
-        # (parent state at the chunk's start, runner handle, parent rejections made reading it, state at its end)
+        # (parent state at the chunk's start, runner handle (None: no record), parent rejections
+        # made reading it, parent state at its end)
         self.inflight: collections.deque[tuple[State, Any, dict[str, int], State]] = collections.deque()
         self.exhausted = False
         self.current: list[Example] = []
@@ -118,7 +119,7 @@ class TaskMapIterator(DatasetIterator[Example]):
         self.current_rejected: dict[str, int] = {}
         self.skip = 0
         self._next_start: State | None = None  # parent state where the next chunk starts (cached)
-        self._watch = ds.reject_limit > 0  # fresh and no example yet: see _check_nothing
+        self._watch = ds.reject_limit > 0  # fresh and no example yet: see _nothing
 
     def _submit(self) -> None:
         """Read chunks until ``runner.ahead`` are in flight or the parent is exhausted."""
@@ -135,7 +136,7 @@ class TaskMapIterator(DatasetIterator[Example]):
             read = add_counts(sum_rejected(end), sum_rejected(state), -1)
             if not recs:
                 if read:  # rejections after the last record: counted with an empty chunk
-                    self.inflight.append((state, [], read, end))
+                    self.inflight.append((state, None, read, end))
                 break
             self.inflight.append((state, self.runner.submit(recs), read, end))
 
@@ -144,7 +145,7 @@ class TaskMapIterator(DatasetIterator[Example]):
         if not self.inflight:
             return False
         state, handle, read, self.current_end = self.inflight.popleft()
-        outputs = self.runner.result(handle, state) if handle != [] else []
+        outputs = self.runner.result(handle, state) if handle is not None else []
         self.current_state = state
         examples: list[Example] = []
         for out in outputs:
