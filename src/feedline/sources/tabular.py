@@ -114,7 +114,7 @@ class CsvReader(LineReader):
             return
         if position < data_start:
             position, line = data_start, 1 if self.spec.header else 0
-        yield from super().read(Split(split.file, split.path, 0, None), position, line)
+        yield from super().read(Split(split.file, split.path, 0, None, split.size), position, line)
 
     def records(self, lines: Iterator[tuple[int, bytes]], path: str, line: int, known: bool,
                 end: int | None) -> Iterator[Item]:

@@ -152,8 +152,8 @@ class TaskMapIterator(DatasetIterator[Example]):
         self.runner = ds.runner()
         self.parent = iter(ds.parent)
         self.rejections = Rejections(ds.on_error, locate=getattr(ds, "locate", None))
-        # (parent state at the chunk's start, its size, runner handle, parent rejections made reading it,
-        #  state at its end)
+        # (parent state at the chunk's start, its size, runner handle (None: no record), parent
+        #  rejections made reading it, parent state at its end)
         self.inflight: collections.deque[tuple[State, int, Any, dict[str, int], State]] = collections.deque()
         self.exhausted = False
         self.current: list[Example] = []
@@ -162,7 +162,7 @@ class TaskMapIterator(DatasetIterator[Example]):
         self.current_rejected: dict[str, int] = {}
         self.skip = 0
         self._next_start: State | None = None  # parent state where the next chunk starts (cached)
-        self._watch = ds.reject_limit > 0  # fresh and no example yet: see _check_nothing
+        self._watch = ds.reject_limit > 0  # fresh and no example yet: see _nothing
         self.chunk = min(FIRST_CHUNK, ds.chunk)  # the next chunk's size (ramps up to ds.chunk)
         self.current_size = self.chunk  # the size of the chunk current_state points into
 
@@ -184,7 +184,7 @@ class TaskMapIterator(DatasetIterator[Example]):
             read = add_counts(sum_rejected(end), sum_rejected(state), -1)
             if not recs:
                 if read:  # rejections after the last record: counted with an empty chunk
-                    self.inflight.append((state, size, [], read, end))
+                    self.inflight.append((state, size, None, read, end))
                 break
             self.inflight.append((state, size, self.runner.submit(recs), read, end))
 
@@ -193,7 +193,7 @@ class TaskMapIterator(DatasetIterator[Example]):
         if not self.inflight:
             return False
         state, self.current_size, handle, read, self.current_end = self.inflight.popleft()
-        outputs = self.runner.result(handle, state) if handle != [] else []
+        outputs = self.runner.result(handle, state) if handle is not None else []
         self.current_state = state
         examples: list[Example] = []
         for out in outputs:
