@@ -130,6 +130,18 @@ def test_r1_distill_drops_earlier_reasoning_and_never_trains_it() -> None:
     assert trained == ["\n\nFour.<｜end▁of▁sentence｜>", "\n\nSix.<｜end▁of▁sentence｜>"]
 
 
+@pytest.mark.parametrize("family", ["qwen2.5", "llama3-r1-distill"])
+def test_a_conversation_opening_with_the_assistant_trains_no_system_prompt(family: str) -> None:
+    """Qwen2.5 writes a default system prompt before a first assistant turn: it is not trained."""
+    task = _task(family)
+    conv = {"messages": [{"role": "assistant", "content": "Welcome! Ask me."}, {"role": "user", "content": "Hi there"},
+                         {"role": "assistant", "content": "Hello."}]}
+    ex = task.process([Record((0, 0, 0), 0, conv)])[0][0]
+    ids, labels = ex.fields["input_ids"], ex.fields["labels"]
+    eot = FAMILIES[family]["eot"]
+    assert [task.tok.decode(ids[s:e]) for s, e in _runs(labels != -100)] == [f"Welcome! Ask me.{eot}", f"Hello.{eot}"]
+
+
 def test_truncation_keeps_whole_turns_on_non_prefix_templates() -> None:
     rows = [r for r in _rows("oasst") if sum(m["role"] == "assistant" for m in r["messages"]) >= 2][:8]
     full = [o[0] for o in _task("qwen3.5").process([Record((0, 0, i), 0, r) for i, r in enumerate(rows)])]
