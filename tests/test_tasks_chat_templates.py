@@ -86,6 +86,8 @@ def _check_turns(task: Chat, family: str, msgs: list[dict[str, Any]], ids: np.nd
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_every_conversation_kept_and_masked_turn_by_turn(family: str, dataset: str) -> None:
     rows = _rows(dataset)
+    if family == "qwen2.5" and dataset == "glaive":
+        rows = rows[:100]  # prefix-stable, already kept 300/300 before; keeps the suite short
     task = _task(family)
     outs = task.process([Record((0, 0, i), 0, r) for i, r in enumerate(rows)])
     rejected = [(i, o.reason, o.detail) for i, o in enumerate(outs) if not isinstance(o, list)]
@@ -128,6 +130,18 @@ def test_r1_distill_drops_earlier_reasoning_and_never_trains_it() -> None:
     assert "adding" not in task.tok.decode(ids)
     trained = [task.tok.decode(ids[s:e]) for s, e in _runs(labels != -100)]
     assert trained == ["\n\nFour.<｜end▁of▁sentence｜>", "\n\nSix.<｜end▁of▁sentence｜>"]
+
+
+@pytest.mark.parametrize("family", ["qwen2.5", "llama3-r1-distill"])
+def test_a_conversation_opening_with_the_assistant_trains_no_system_prompt(family: str) -> None:
+    """Qwen2.5 writes a default system prompt before a first assistant turn: it is not trained."""
+    task = _task(family)
+    conv = {"messages": [{"role": "assistant", "content": "Welcome! Ask me."}, {"role": "user", "content": "Hi there"},
+                         {"role": "assistant", "content": "Hello."}]}
+    ex = task.process([Record((0, 0, 0), 0, conv)])[0][0]
+    ids, labels = ex.fields["input_ids"], ex.fields["labels"]
+    eot = FAMILIES[family]["eot"]
+    assert [task.tok.decode(ids[s:e]) for s, e in _runs(labels != -100)] == [f"Welcome! Ask me.{eot}", f"Hello.{eot}"]
 
 
 def test_truncation_keeps_whole_turns_on_non_prefix_templates() -> None:

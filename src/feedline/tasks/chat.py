@@ -277,13 +277,23 @@ class Chat(Task):
 
     def _locate_turn(self, text: str, cursor: int, msgs: list[dict[str, Any]], i: int, tools: Any) -> tuple[int, int, int] | None:
         """Assistant turn ``i`` in ``text`` at or after ``cursor`` (see :func:`~feedline.tasks.chat_turns.locate_turn`)."""
-        before = self._render_or_none(msgs[:i], tools)
         last = self._render_or_none(msgs[:i + 1], tools)
+        before = self._render_or_none(msgs[:i], tools) if i else self._opening(last, tools)
         if before is None or last is None:
             return None
-        prompt = self._render_or_none(msgs[:i], tools, gen_prompt=True)
+        prompt = self._render_or_none(msgs[:i], tools, gen_prompt=True) if i else None
         return locate_turn(text, cursor, before=before, prompt=prompt, last=last,
                            token_ends=self._token_boundaries, needed=reply_pieces(msgs[i]))
+
+    def _opening(self, last: str | None, tools: Any) -> str | None:
+        """What a template writes before a first message that is the assistant's (a default
+        system prompt, the header): the part of ``last`` an empty assistant message shares,
+        cut at a token boundary."""
+        empty = self._render_or_none([{"role": "assistant", "content": ""}], tools)
+        if last is None or empty is None:
+            return None
+        n = next((k for k, (a, b) in enumerate(zip(last, empty, strict=False)) if a != b), min(len(last), len(empty)))
+        return last[:max(c for c in self._token_boundaries(last) if c <= n)]
 
     def _token_boundaries(self, s: str) -> list[int]:
         """Character offsets in ``s`` where its tokens end (so a header is never cut inside a token)."""
