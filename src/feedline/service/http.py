@@ -52,7 +52,7 @@ import numpy as np
 from feedline.errors import FeedlineError, SpecError, TransportError
 from feedline.pipeline import Pipeline
 from feedline.service.auth import ClientKeys
-from feedline.service.connection import Connection
+from feedline.service.connection import Connection, Delivered, Ended, Failed, Item, Welcome
 from feedline.service.protocol import PROTOCOL_VERSION
 
 __all__ = ["Delivery", "HttpGateway", "HttpOptions", "StreamFeed", "check_http_bind", "parse_http_bind",
@@ -179,11 +179,11 @@ class StreamFeed:
             self._conn.start()
         return self._conn
 
-    def _next_item(self) -> tuple[Any, ...] | None:
+    def _next_item(self) -> Item | None:
         """The connection's next item, or ``None`` after a short wait (so given-back batches are seen)."""
         conn = self._connect()
         try:
-            return conn.items.get(timeout=0.05)  # type: ignore[no-any-return]
+            return conn.items.get(timeout=0.05)
         except queue.Empty:
             if not conn._thread.is_alive() and conn.items.empty():
                 raise TransportError("the gateway's connection to the loader service stopped") from None
@@ -199,17 +199,15 @@ class StreamFeed:
             item = self._next_item()
             if item is None:
                 continue
-            kind, *payload = item
-            if kind == "welcome":
-                self.state_json = self.state_json or payload[0]
-            elif kind == "batch":
-                step, state_json, arrays = payload
-                self.state_json = state_json
-                return Delivery(step, state_json, arrays)
-            elif kind == "end":
-                self.ended_at = int(payload[0] or 0)
+            if isinstance(item, Welcome):
+                self.state_json = self.state_json or item.state
+            elif isinstance(item, Delivered):
+                self.state_json = item.state
+                return Delivery(item.step, item.state, item.arrays)
+            elif isinstance(item, Ended):
+                self.ended_at = int(item.step or 0)
             else:
-                raise payload[0]
+                raise item.error
 
     def ack(self, step: int) -> None:
         """The batch of ``step`` was written to its client: ack it (and ask the server for another).
@@ -232,12 +230,12 @@ class StreamFeed:
             item = self._next_item()
             if item is None:
                 continue
-            if item[0] == "welcome":
-                self.state_json = item[1]
-            elif item[0] == "error":
-                raise item[1]
-            else:  # cannot happen: the welcome comes first; keep the item for take()
-                raise TransportError(f"expected a welcome from the server, got {item[0]!r}")
+            if isinstance(item, Welcome):
+                self.state_json = item.state
+            elif isinstance(item, Failed):
+                raise item.error
+            else:  # cannot happen: the welcome comes first
+                raise TransportError(f"expected a welcome from the server, got {type(item).__name__}")
         return self.state_json
 
     def close(self) -> None:

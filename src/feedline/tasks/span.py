@@ -46,14 +46,14 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from feedline.core.dataset import Dataset
 from feedline.core.record import Example, Record
 from feedline.errors import SpecError, TaskError
-from feedline.tasks.base import Task, TaskContext, TaskOutput
+from feedline.tasks.base import Task, TaskOutput
 
 __all__ = ["SpanCorruption", "SpanCorruptionOptions", "noise_mask", "span_lengths"]
 
@@ -176,10 +176,10 @@ class SpanCorruption(Task):
             )
         return first, available
 
-    def __init__(self, options: SpanCorruptionOptions, ctx: TaskContext) -> None:
-        super().__init__(options, ctx)
-        spec = ctx.spec
-        if options.concat_documents and spec is not None and spec.batching.strategy == "bucket":
+    @classmethod
+    def check_spec(cls, spec: Any) -> None:
+        """Concatenated rows are all one width: ``bucket`` could neither sort nor rebuild them."""
+        if spec.task.options.concat_documents and spec.batching.strategy == "bucket":
             raise SpecError(
                 "batching.strategy: 'bucket' cannot hold span rows of concatenated documents (every row is already "
                 "max_length wide); use strategy 'pad', or set task.concat_documents: false"
