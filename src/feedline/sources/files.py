@@ -69,7 +69,8 @@ def expand(path: str) -> list[str]:
 
 
 # What each URL protocol needs beyond fsspec, and how to install it.
-_BACKENDS = {"http": ("aiohttp", "'feedline[text]'"), "https": ("aiohttp", "'feedline[text]'"),
+# http(s) is in the base install (aiohttp is a dependency): missing it means a broken install.
+_BACKENDS = {"http": ("aiohttp", "'aiohttp>=3.9'"), "https": ("aiohttp", "'aiohttp>=3.9'"),
              "s3": ("s3fs", "s3fs"), "gs": ("gcsfs", "gcsfs"), "gcs": ("gcsfs", "gcsfs"),
              "hf": ("huggingface_hub", "'feedline[hf]'"), "az": ("adlfs", "adlfs"), "abfs": ("adlfs", "adlfs")}
 
