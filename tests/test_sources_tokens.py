@@ -204,3 +204,14 @@ def test_a_directory_with_both_files_reads_each_document_once(layouts: dict[str,
     folder = str(Path(layouts["megatron"]["source"]["path"]).parent / "c4_text_document.*")
     recs = list(records({"sources": [{"path": folder, "format": "megatron"}]}))
     assert len(recs) == len(layouts["megatron"]["docs"])
+
+
+def test_a_datasets_save_to_disk_folder(docs: list[np.ndarray], tmp_path: Path) -> None:
+    """What ``datasets.map(tokenize).save_to_disk`` writes reads as a tokens source (labels dropped here)."""
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_dict({"input_ids": [x.tolist() for x in docs[:60]],
+                                     "attention_mask": [[1] * len(x) for x in docs[:60]]})
+    ds.save_to_disk(str(tmp_path / "saved"))
+    recs = list(records({"sources": [{"path": str(tmp_path / "saved"), "format": "tokens", "tokens": {"labels": None}}]}))
+    assert [r["input_ids"].tolist() for r in recs] == [x.tolist() for x in docs[:60]]
+    assert all("labels" not in r for r in recs)
