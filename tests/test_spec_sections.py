@@ -28,11 +28,15 @@ def test_hash_covers_exactly_the_fields_not_marked_hash_false() -> None:
     changed = {"sources": ["other.jsonl"], "task": {"kind": "clm", "max_length": 65},
                "batching": {"strategy": "pad", "batch_size": 8}, "tokenizer": "t2.json", "seed": 9, "epochs": 2,
                "mix": {"stopping": "cycle"}, "shuffle": 16, "on_error": "raise", "engine": "ray", "workers": 3,
-               "prefetch": 9, "streams": {"val": "v.yaml"}}
+               "prefetch": 9, "streams": {"val": "v.yaml"}, "reject_limit": 5,
+               "tokenizer_backend": {"path": "tok.json", "backend": "hf"}}
     assert set(changed) == {f.name for f in dataclasses.fields(Spec)}  # a new field needs a case here
     for name, value in changed.items():
         hashed = dataclasses.fields(Spec)[[f.name for f in dataclasses.fields(Spec)].index(name)].metadata.get("hash", True)
-        same = Spec.load({**BASE, name: value}).hash() == base.hash()
+        key = "tokenizer" if name == "tokenizer_backend" else name  # the backend is written as tokenizer: {path, backend}
+        spec = Spec.load({**BASE, key: value})
+        assert getattr(spec, name) != getattr(base, name)
+        same = spec.hash() == base.hash()
         assert same is not hashed, f"{name}: hashed={hashed} but changing it {'kept' if same else 'changed'} the hash"
 
 

@@ -321,16 +321,14 @@ class Spec:
             if "sources" in data:
                 raise SpecError("give either 'source' or 'sources', not both")
             data["sources"] = [data.pop("source")]
-        if isinstance(data.get("tokenizer"), Mapping):
-            tok = build(TokenizerSpec, data["tokenizer"], "tokenizer")
-            data["tokenizer"], data["tokenizer_backend"] = tok.path, tok.backend
-        elif "tokenizer_backend" in data:
-            raise SpecError("tokenizer_backend: unknown key; write tokenizer: {path: ..., backend: ...}")
         fields = dataclasses.fields(cls)
-        known = {f.name for f in fields} - {"tokenizer_backend"}
+        known = {f.name for f in fields} - {"tokenizer_backend"}  # set by tokenizer: {path, backend}
         for key in data:
             if key not in known:
                 raise SpecError(f"{key}: unknown key{close_match(key, sorted(known))} (allowed: {', '.join(sorted(known))})")
+        if isinstance(data.get("tokenizer"), Mapping):
+            tok = build(TokenizerSpec, data["tokenizer"], "tokenizer")
+            data["tokenizer"], data["tokenizer_backend"] = tok.path, tok.backend
         values: dict[str, Any] = {}
         for f in fields:
             section = f.metadata.get("section")
