@@ -8,9 +8,11 @@
 * ``auto`` (default): fastokens when it is installed, loads the tokenizer, and encodes the
   verification corpus (:func:`verification_corpus`) identically to ``tokenizers``; otherwise
   ``tokenizers``. The choice and its reason are logged (``feedline.tokenize``). The load-time
-  check (fastokens takes 0.3-2 s to load a large vocabulary) runs on a background thread the first
-  time a process sees a tokenizer; ``tokenizers`` encodes meanwhile, so the first batch never
-  waits for it, and batches do not depend on when it finishes.
+  check (fastokens takes 0.3-2 s and ~100 MB to load a large vocabulary) starts once a stream has
+  encoded :data:`START_AFTER_CHARS` characters with ``tokenizers`` (so short runs, ``inspect`` and
+  small corpora never pay for it) and runs on a background thread, once per tokenizer in a
+  process; ``tokenizers`` encodes meanwhile, so no batch waits for it, and batches do not depend
+  on when it finishes.
 
 Verification does not stop at load time. A :class:`VerifiedEncoder` encodes the texts holding the
 first ``window`` characters of the actual data with both encoders and hands out the ``tokenizers``
@@ -35,7 +37,7 @@ import collections
 import concurrent.futures as cf
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -68,6 +70,8 @@ BACKENDS: tuple[str, ...] = ("auto", "hf", "fastokens")
 WINDOW_CHARS = 1 << 18
 #: After the window, one text of every this many calls is re-encoded by ``tokenizers``.
 SPOT_EVERY = 16
+#: ``auto`` starts the fastokens check after a stream has encoded this many characters.
+START_AFTER_CHARS = 1 << 20
 
 
 class Encoder(Protocol):
@@ -140,17 +144,21 @@ class VerifiedEncoder:
         pending: instead of ``fast``, the load-time check still running in the background
             (``auto``): until it is done, ``tokenizers`` encodes; then fastokens takes over
             (starting with the window) if it passed.
+        start, start_after: instead of ``pending``, how to start that check, once this encoder
+            has encoded ``start_after`` characters (or :meth:`wait` is called).
     """
 
     def __init__(self, hf: HfEncoder, fast: FastEncoder | None, *, strict: bool, label: str,
                  window: int = WINDOW_CHARS, spot_every: int = SPOT_EVERY,
-                 pending: cf.Future[Verdict] | None = None) -> None:
+                 pending: cf.Future[Verdict] | None = None,
+                 start: Callable[[], cf.Future[Verdict]] | None = None, start_after: int = 0) -> None:
         self.hf, self.fast, self.pending = hf, fast, pending
+        self.start, self.start_after, self.seen = start, start_after, 0
         self.strict, self.label = strict, label
         self.window, self.spot_every = window, max(1, spot_every)
         self.checked = 0
         self.calls = 0
-        self.fell_back = fast is None and pending is None
+        self.fell_back = fast is None and pending is None and start is None
         self._lock = threading.Lock()
 
     @property
@@ -158,7 +166,10 @@ class VerifiedEncoder:
         return "hf" if self.fell_back or self.fast is None else "fastokens"
 
     def wait(self, timeout: float | None = None) -> str:
-        """Wait for a background load-time check; returns :attr:`name`."""
+        """Start (if deferred) and wait for the load-time check; returns :attr:`name`."""
+        with self._lock:
+            if self.start is not None:
+                self.pending, self.start = self.start(), None
         if self.pending is not None:
             self.pending.result(timeout)
             self._resolve()
@@ -180,6 +191,13 @@ class VerifiedEncoder:
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[np.ndarray]:
         if not texts:
             return []
+        if self.start is not None:
+            with self._lock:
+                self.seen += sum(len(t) for t in texts)
+                if self.start is not None and self.seen >= self.start_after:
+                    self.pending, self.start = self.start(), None
+            if self.pending is None:
+                return self.hf.encode_batch(texts, add_special_tokens)
         if self.pending is not None:
             if not self.pending.done():
                 return self.hf.encode_batch(texts, add_special_tokens)
@@ -280,6 +298,13 @@ def verdict_future(tok: Tokenizer) -> cf.Future[Verdict]:
     return fut
 
 
+def _checked(tok: Tokenizer) -> bool:
+    """Whether the load-time check of ``tok`` has finished (never starts one)."""
+    with _VERDICTS_LOCK:
+        cached = _VERDICTS.get(id(tok.backend))
+    return cached is not None and cached[1].done()
+
+
 def check_fastokens(tok: Tokenizer) -> Verdict:
     """Load ``tok`` into fastokens and compare it with ``tokenizers`` on :func:`verification_corpus`.
 
@@ -327,14 +352,14 @@ def with_backend(tok: Tokenizer, backend: str) -> Tokenizer:
     hf = HfEncoder(tok.backend)
     if backend == "hf":
         return tok.with_encoder(hf, "hf")
-    fut = verdict_future(tok)
-    if backend == "auto" and not fut.done():
-        log.info("tokenizer %r: checking fastokens in the background; encoding with tokenizers until it is verified",
-                 tok.name)
+    if backend == "auto" and not _checked(tok):
+        log.info("tokenizer %r: encoding with tokenizers; fastokens is checked in the background after the first "
+                 "%d characters", tok.name, START_AFTER_CHARS)
         pending = VerifiedEncoder(hf, None, strict=False, label=tok.name, window=WINDOW_CHARS,
-                                  spot_every=SPOT_EVERY, pending=fut)
+                                  spot_every=SPOT_EVERY, start=lambda: verdict_future(tok),
+                                  start_after=START_AFTER_CHARS)
         return tok.with_encoder(pending, backend)
-    verdict = fut.result()
+    verdict = verdict_future(tok).result()
     if verdict.fast is None:
         if backend == "fastokens":
             err = MissingDependency if verdict.missing else TokenizerError
