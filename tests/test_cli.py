@@ -117,7 +117,7 @@ def test_progress_bars_only_when_asked_or_on_a_terminal(command: str, corpus: st
     else:
         spec = {"sources": [corpus], "tokenizer": small_tokenizer, "task": {"kind": "clm", "max_length": 16}}
         (tmp_path / "s.json").write_text(json.dumps(spec))
-        args = [str(tmp_path / "s.json"), "-o", str(tmp_path / "out"), "--format", "jsonl"]
+        args = [str(tmp_path / "s.json"), "-o", str(tmp_path / "out"), "--format", "jsonl", "--overwrite"]
     bar = f"{command}: "
     piped = run(command, *args)                      # standard error is a pipe here: no bar
     assert piped.returncode == 0, piped.stderr

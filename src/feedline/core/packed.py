@@ -92,8 +92,10 @@ def unpack_ints(obj: Any, width: int, what: str = "state table") -> np.ndarray:
     return out
 
 
-def pack_ragged(rows: Sequence[Sequence[Sequence[int]]], width: int) -> dict[str, Any] | list[Any]:
-    """Pack a list of rows of ``width``-integer refs (rows of different lengths); no rows stay ``[]``.
+def pack_ragged(rows: Sequence[Sequence[Sequence[int]]], width: int) -> dict[str, Any]:
+    """Pack a list of rows of ``width``-integer refs (rows of different lengths).
+
+    No rows pack to the same mapping shape (so a state's shape never changes with its contents).
 
         >>> unpack_ragged(pack_ragged([[[1, 2]], [[3, 4], [5, 6]]], 2), 2)
         [[[1, 2]], [[3, 4], [5, 6]]]
@@ -103,10 +105,8 @@ def pack_ragged(rows: Sequence[Sequence[Sequence[int]]], width: int) -> dict[str
     return pack_ragged_array(np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows)), refs)
 
 
-def pack_ragged_array(lengths: np.ndarray, refs: np.ndarray) -> dict[str, Any] | list[Any]:
+def pack_ragged_array(lengths: np.ndarray, refs: np.ndarray) -> dict[str, Any]:
     """:func:`pack_ragged` of rows already laid out as ``lengths`` and ``[sum(lengths), width]`` refs."""
-    if not len(lengths):
-        return []
     return {"lengths": pack_ints(lengths.reshape(-1, 1), 1), "refs": pack_ints(refs, refs.shape[1])}
 
 

@@ -134,16 +134,16 @@ def nothing_delivered(where: str, counts: Mapping[str, int], samples: list[str],
 
 
 def rejected_along(it: object) -> dict[str, int]:
-    """Sum the ``rejected`` counts of an iterator and of every parent below it (task and sources).
+    """The rejected counts as the nearest stage at or below ``it`` reports them (walking ``.parent``).
 
-    Walks ``.parent`` links; each stage reports only its own rejections, so a task's summary
-    alone misses the lines its sources skipped.
+    A task map's ``rejected`` already sums its own and its sources' (the state's every table), so
+    the first stage that reports any is the whole count.
     """
-    out: dict[str, int] = {}
     seen: set[int] = set()
     while it is not None and id(it) not in seen:
         seen.add(id(it))
-        for reason, n in (getattr(it, "rejected", None) or {}).items():
-            out[str(reason)] = out.get(str(reason), 0) + int(n)
+        found = getattr(it, "rejected", None)
+        if found is not None:
+            return dict(sorted((str(k), int(v)) for k, v in found.items()))
         it = getattr(it, "parent", None)
-    return dict(sorted(out.items()))
+    return {}

@@ -18,14 +18,32 @@ dispatcher drives both the same way::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
 from feedline.service.producer import End, Produced
 
-if TYPE_CHECKING:
-    from feedline.service.session import Client
+__all__ = ["Client", "Delivery", "Mode"]
 
-__all__ = ["Delivery"]
+Mode = Literal["ranked", "shared"]
+
+
+@dataclass(kw_only=True, slots=True)
+class Client:
+    """One connected client: the delivery it is seated on, its credit, and liveness."""
+
+    ident: bytes
+    stream: str
+    mode: Mode
+    rank: int
+    world_size: int
+    delivery: Delivery
+    prefetch: int
+    last_seen: float
+    credit: int = 0
+    sent: int = 0
+    acked: int = 0
+    ended: bool = False
 
 
 class Delivery(Protocol):

@@ -9,19 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from feedline.errors import ProtocolError, SpecError
+from feedline.service.delivery import Client, Mode
 from feedline.service.protocol import PROTOCOL_VERSION
 from feedline.state import check_state, parse_state_json
 
 if TYPE_CHECKING:
     from feedline.pipeline import Pipeline
-    from feedline.service.delivery import Delivery
 
 __all__ = ["MAX_PREFETCH", "Client", "Hello", "validate_hello"]
 
-Mode = Literal["ranked", "shared"]
 MAX_PREFETCH = 1024   # the largest prefetch a client may declare (the server caps it lower)
 
 
@@ -37,24 +36,6 @@ class Hello:
     session: str
     state: dict[str, Any] | None
     state_json: str | None
-
-
-@dataclass(kw_only=True, slots=True)
-class Client:
-    """One connected client: the delivery it is seated on, its credit, and liveness."""
-
-    ident: bytes
-    stream: str
-    mode: Mode
-    rank: int
-    world_size: int
-    delivery: Delivery
-    prefetch: int
-    last_seen: float
-    credit: int = 0
-    sent: int = 0
-    acked: int = 0
-    ended: bool = False
 
 
 def _int(h: Mapping[str, Any], key: str, default: int | None = None) -> int:

@@ -15,9 +15,10 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-from feedline.errors import MissingDependency, SourceError
+from feedline.errors import SourceError
+from feedline.sources.remote import missing_backend
 
-__all__ = ["ZstdStream", "codec_of", "expand", "is_url", "missing_backend", "open_binary", "open_raw", "size_of",
+__all__ = ["ZstdStream", "codec_of", "expand", "is_url", "open_binary", "open_raw", "size_of",
            "strip_codec"]
 
 _CODECS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
@@ -69,20 +70,6 @@ def expand(path: str) -> list[str]:
 
 
 # What each URL protocol needs beyond fsspec, and how to install it.
-# http(s) is in the base install (aiohttp is a dependency): missing it means a broken install.
-_BACKENDS = {"http": ("aiohttp", "'aiohttp>=3.9'"), "https": ("aiohttp", "'aiohttp>=3.9'"),
-             "s3": ("s3fs", "s3fs"), "gs": ("gcsfs", "gcsfs"), "gcs": ("gcsfs", "gcsfs"),
-             "hf": ("huggingface_hub", "'feedline[hf]'"), "az": ("adlfs", "adlfs"), "abfs": ("adlfs", "adlfs")}
-
-
-def missing_backend(url: str, error: BaseException) -> MissingDependency:
-    """The one-line error for a URL whose fsspec backend (or fsspec itself) is not installed."""
-    protocol = url.split("://", 1)[0].lower()
-    module, install = _BACKENDS.get(protocol, ("fsspec", "fsspec"))
-    return MissingDependency(f"{url}: reading {protocol}:// URLs needs fsspec and {module} ({error}); "
-                             f"install them with: pip install fsspec {install}")
-
-
 def _expand_url(url: str) -> list[str]:
     try:
         import fsspec

@@ -18,13 +18,28 @@ import logging
 import time
 from typing import IO, Any
 
-from feedline.errors import SourceError
+from feedline.errors import MissingDependency, SourceError
 
-__all__ = ["ResumingStream", "open_url"]
+__all__ = ["ResumingStream", "missing_backend", "open_url"]
 
 log = logging.getLogger("feedline")
 
 _CHUNK = 1 << 20
+
+
+# http(s) is in the base install (aiohttp is a dependency): missing it means a broken install.
+_BACKENDS = {"http": ("aiohttp", "'aiohttp>=3.9'"), "https": ("aiohttp", "'aiohttp>=3.9'"),
+             "s3": ("s3fs", "s3fs"), "gs": ("gcsfs", "gcsfs"), "gcs": ("gcsfs", "gcsfs"),
+             "hf": ("huggingface_hub", "'feedline[hf]'"), "az": ("adlfs", "adlfs"), "abfs": ("adlfs", "adlfs")}
+
+
+def missing_backend(url: str, error: BaseException) -> MissingDependency:
+    """The one-line error for a URL whose fsspec backend (or fsspec itself) is not installed."""
+    protocol = url.split("://", 1)[0].lower()
+    module, install = _BACKENDS.get(protocol, ("fsspec", "fsspec"))
+    return MissingDependency(f"{url}: reading {protocol}:// URLs needs fsspec and {module} ({error}); "
+                             f"install them with: pip install fsspec {install}")
+
 
 
 class ResumingStream(io.RawIOBase):
@@ -142,8 +157,6 @@ def open_url(url: str, *, retries: int = 5, backoff: float = 0.2) -> IO[bytes]:
     try:
         raw = ResumingStream(url, retries=retries, backoff=backoff)
     except ImportError as e:
-        from feedline.sources.files import missing_backend
-
         raise missing_backend(url, e) from e
     except ValueError as e:
         raise SourceError(f"{url}: unsupported URL ({e})") from e

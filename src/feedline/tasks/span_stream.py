@@ -22,7 +22,7 @@ re-reading its record through the parent (``rebuild``), as the ``concat`` batche
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -31,16 +31,25 @@ from feedline.core.record import Example, ExampleRef
 from feedline.core.rng import sample_rng
 from feedline.errors import StateError
 
-if TYPE_CHECKING:
-    from feedline.tasks.span import SpanCorruption
+__all__ = ["Corrupter", "SpanStream"]
 
-__all__ = ["SpanStream"]
+
+class Corrupter(Protocol):
+    """What the stage needs of the span task (:class:`~feedline.tasks.span.SpanCorruption`)."""
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def raw_length(self) -> int: ...
+
+    def corrupt(self, chunk: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]: ...
 
 
 class SpanStream(Dataset[Example]):
     """Full span-corruption rows over a stream of per-document token examples."""
 
-    def __init__(self, parent: Dataset[Example], task: SpanCorruption) -> None:
+    def __init__(self, parent: Dataset[Example], task: Corrupter) -> None:
         self.parent = parent
         self.task = task
 

@@ -39,15 +39,13 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
 from feedline.errors import MissingDependency, TokenizerDivergence, TokenizerError
+from feedline.tokenize.encoder import Encoder, FastEncoder, HfEncoder, TokenizerLike
 from feedline.tokenize.verification import verification_corpus
-
-if TYPE_CHECKING:
-    from feedline.tokenize.tokenizer import Tokenizer
 
 __all__ = [
     "Backend",
@@ -64,6 +62,7 @@ __all__ = [
 log = logging.getLogger("feedline.tokenize")
 
 Backend = Literal["auto", "hf", "fastokens"]
+T = TypeVar("T", bound=TokenizerLike)
 BACKENDS: tuple[str, ...] = ("auto", "hf", "fastokens")
 
 #: Characters of real data encoded by both encoders before fastokens' ids are used.
@@ -72,47 +71,6 @@ WINDOW_CHARS = 1 << 18
 SPOT_EVERY = 16
 #: ``auto`` starts the fastokens check after a stream has encoded this many characters.
 START_AFTER_CHARS = 1 << 20
-
-
-class Encoder(Protocol):
-    """Turns a batch of texts into int32 id arrays; ``name`` says which library does it now."""
-
-    @property
-    def name(self) -> str: ...
-
-    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[np.ndarray]: ...
-
-
-class HfEncoder:
-    """``tokenizers``' ``encode_batch_fast`` (Rust thread pool, GIL released)."""
-
-    name = "hf"
-
-    def __init__(self, backend: Any) -> None:
-        self.backend = backend
-
-    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[np.ndarray]:
-        if not texts:
-            return []
-        encs = self.backend.encode_batch_fast(list(texts), add_special_tokens=add_special_tokens)
-        return [np.asarray(e.ids, dtype=np.int32) for e in encs]
-
-
-class FastEncoder:
-    """fastokens' flat batch call: one buffer of ids and one of offsets, no per-token objects."""
-
-    name = "fastokens"
-
-    def __init__(self, fast: Any) -> None:
-        self.fast = fast
-
-    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[np.ndarray]:
-        if not texts:
-            return []
-        ids, offsets = self.fast.encode_batch_flat(list(texts), add_special_tokens=add_special_tokens)
-        flat = np.frombuffer(ids, dtype=np.uint32).astype(np.int32)
-        bounds = np.frombuffer(offsets, dtype=np.uint64).astype(np.int64)
-        return np.split(flat, bounds[1:-1])
 
 
 def _first_difference(want: Sequence[np.ndarray], got: Sequence[np.ndarray] | None) -> int | None:
@@ -273,7 +231,7 @@ _VERDICTS_KEPT = 32
 _VERDICTS_LOCK = threading.Lock()
 
 
-def verdict_future(tok: Tokenizer) -> cf.Future[Verdict]:
+def verdict_future(tok: T) -> cf.Future[Verdict]:
     """The load-time check of ``tok`` (:func:`check_fastokens`), started on a background thread
     the first time (fastokens releases the GIL while it loads), cached per tokenizer object."""
     key = id(tok.backend)
@@ -298,14 +256,14 @@ def verdict_future(tok: Tokenizer) -> cf.Future[Verdict]:
     return fut
 
 
-def _checked(tok: Tokenizer) -> bool:
+def _checked(tok: T) -> bool:
     """Whether the load-time check of ``tok`` has finished (never starts one)."""
     with _VERDICTS_LOCK:
         cached = _VERDICTS.get(id(tok.backend))
     return cached is not None and cached[1].done()
 
 
-def check_fastokens(tok: Tokenizer) -> Verdict:
+def check_fastokens(tok: T) -> Verdict:
     """Load ``tok`` into fastokens and compare it with ``tokenizers`` on :func:`verification_corpus`.
 
     Cached per tokenizer object; waits for a check already running.
@@ -313,7 +271,7 @@ def check_fastokens(tok: Tokenizer) -> Verdict:
     return verdict_future(tok).result()
 
 
-def _check(tok: Tokenizer) -> Verdict:
+def _check(tok: T) -> Verdict:
     try:
         import fastokens
     except ImportError:
@@ -337,7 +295,7 @@ def _check(tok: Tokenizer) -> Verdict:
     return Verdict(fast, f"verified identical on {len(corpus)} texts, {sum(map(len, corpus))} characters")
 
 
-def with_backend(tok: Tokenizer, backend: str) -> Tokenizer:
+def with_backend(tok: T, backend: str) -> T:
     """A view of ``tok`` whose plain-id encoding uses ``backend`` (``auto``, ``hf`` or ``fastokens``).
 
     Each call makes a fresh :class:`VerifiedEncoder` (its own data window), sharing the loaded

@@ -21,7 +21,7 @@ import numpy as np
 import tokenizers
 
 from feedline.errors import TokenizerError
-from feedline.tokenize.backends import Encoder, HfEncoder
+from feedline.tokenize.encoder import Encoder, HfEncoder
 
 __all__ = ["Tokenizer"]
 

@@ -9,10 +9,7 @@ the tokenizer's own added tokens written as literal text in several contexts.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from feedline.tokenize.tokenizer import Tokenizer
+from feedline.tokenize.encoder import TokenizerLike
 
 __all__ = ["verification_corpus"]
 
@@ -59,7 +56,7 @@ def _prose(limit: int = 24_000) -> list[str]:
     return out
 
 
-def verification_corpus(tok: Tokenizer) -> list[str]:
+def verification_corpus(tok: TokenizerLike) -> list[str]:
     """Texts that must encode identically before fastokens is trusted with ``tok``.
 
     Mixed scripts, CJK, emoji, whitespace runs, very long words, real prose, and every added
