@@ -65,8 +65,11 @@ class GPT(nn.Module):
 
 
 def batch_tokens(batch: dict[str, torch.Tensor]) -> int:
-    """Real tokens in a batch (attention_mask, per-token or block form)."""
+    """Real tokens in a batch: from the 2-D attention_mask, or (packed rows, which reach a model
+    without one) from the documents' lengths ``seq_lens``."""
     m = batch.get("attention_mask")
-    if m is None or m.dim() != 2:
-        return int((batch["labels"] != -100).sum()) if "labels" in batch else int(batch["input_ids"].numel())
-    return int(m.sum())
+    if m is not None and m.dim() == 2:
+        return int(m.sum())
+    if "seq_lens" in batch:
+        return int(batch["seq_lens"].sum())
+    return int(batch["input_ids"].numel())
