@@ -46,6 +46,7 @@ def test_rows_equal_datasets_and_resume_exactly(case: int, parquet_file: str) ->
     expected = hf_rows(builder, files, **kw)
     ds = feedline.load_dataset(builder, data_files=files, split="train", **kw)
     assert list(ds) == expected                                      # fields, values and order
+    assert list(ds) == expected                                      # a new iteration starts again
     cut = len(expected) // 3 + 1
     ds = feedline.load_dataset(builder, data_files=files, split="train", **kw)
     head = []

@@ -40,6 +40,9 @@ _BOM = b"\xef\xbb\xbf"
 class IterableDataset:
     """One split: iterate its rows, checkpoint exactly, shuffle, or turn it into a :class:`~feedline.Loader`.
 
+    As in ``datasets``, each iteration starts at the beginning, or at the state last given to
+    :meth:`load_state_dict`; :meth:`state_dict` is the position after the last row returned.
+
     The state is ``{"version", "spec_hash", "records"}``: the record stage's nested state after the
     last row returned (files, positions, the shuffle buffer's keys), as for ``Loader``.
     """
@@ -49,7 +52,8 @@ class IterableDataset:
         self.builder, self.split = builder, split
         self.sources = [dict(s) for s in sources]
         self.seed, self.shuffle_buffer = seed, shuffle_buffer
-        self._state: dict[str, Any] | None = None
+        self._start: dict[str, Any] | None = None   # from load_state_dict: where every iteration starts
+        self._state: dict[str, Any] | None = None   # after the last row returned
         self._it: Any = None
         self._boms: dict[tuple[int, int], bool] = {}
 
@@ -69,8 +73,8 @@ class IterableDataset:
 
         pipeline = Pipeline({**self._spec(), "task": {"kind": "clm"}})
         it = iter(pipeline.records())
-        if self._state is not None:
-            it.set_state(self._state["records"])
+        if self._start is not None:
+            it.set_state(self._start["records"])
         self._close()
         self._it = it
         try:
@@ -84,10 +88,10 @@ class IterableDataset:
                     row["text"] = "\ufeff" + row["text"]  # datasets keeps a file's byte-order mark
                 yield row
         finally:
-            self._state = {"version": STATE_VERSION, "spec_hash": self.spec_hash, "records": it.get_state()}
-            if self._it is it:
+            if self._it is it:  # not an older iteration closed late
+                self._state = {"version": STATE_VERSION, "spec_hash": self.spec_hash, "records": it.get_state()}
                 self._it = None
-            it.close()
+                it.close()
 
     def _has_bom(self, pipeline: Any, key: tuple[int, int, int]) -> bool:
         found = self._boms.get(key[:2])
@@ -111,6 +115,8 @@ class IterableDataset:
             return {"version": STATE_VERSION, "spec_hash": self.spec_hash, "records": self._it.get_state()}
         if self._state is not None:
             return copy.deepcopy(self._state)
+        if self._start is not None:
+            return copy.deepcopy(self._start)
         from feedline.pipeline import Pipeline
 
         it = iter(Pipeline({**self._spec(), "task": {"kind": "clm"}}).records())
@@ -128,7 +134,7 @@ class IterableDataset:
             raise StateError(f"this state belongs to another dataset (spec hash {state.get('spec_hash')}, this one "
                              f"is {self.spec_hash}): same files, builder, split and shuffle are needed to resume")
         self._close()
-        self._state = copy.deepcopy(dict(state))
+        self._start, self._state = copy.deepcopy(dict(state)), None
 
     # ------------------------------------------------------------ transforms
     def shuffle(self, seed: int | None = None, buffer_size: int = 1000) -> IterableDataset:

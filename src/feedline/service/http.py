@@ -375,9 +375,9 @@ class HttpGateway:
         feed = self._feed(request)
         fmt = _negotiate(request.headers.get("Accept", ""))
         loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(feed.executor, feed.take)
+        fut = loop.run_in_executor(feed.executor, self._take, feed, fmt)
         try:
-            delivery = await asyncio.shield(fut)
+            delivery, body = await asyncio.shield(fut)
         except asyncio.CancelledError:  # the client went away while waiting: keep what was taken
             fut.add_done_callback(lambda f: _giveback_later(feed, f))
             raise
@@ -385,11 +385,12 @@ class HttpGateway:
             return _json_response(web, 500, {"error": type(e).__name__, "message": str(e)})
         if delivery is None:
             return web.Response(status=204, headers={"X-Feedline-End": str(feed.ended_at)})
-        try:
-            body = await loop.run_in_executor(None, self._encode, feed.stream, delivery, fmt)
-        except Exception:
-            feed.giveback(delivery)
-            raise
+        if body is None:  # JSON, or rows whose texts are re-read: not on the stream's thread
+            try:
+                body = await loop.run_in_executor(None, self._encode, feed.stream, delivery, fmt)
+            except Exception:
+                feed.giveback(delivery)
+                raise
         # a Response sends its headers with the body (one segment: no Nagle/delayed-ACK stall);
         # preparing and finishing it here, not after the handler returns, lets a failed write give the batch back
         resp = web.Response(body=body, headers={"Content-Type": fmt, "X-Feedline-Step": str(delivery.step)})
@@ -401,6 +402,17 @@ class HttpGateway:
             raise
         feed.ack(delivery.step)
         return resp
+
+    def _take(self, feed: StreamFeed, fmt: str) -> tuple[Delivery | None, bytes | None]:
+        """The next batch and, when cheap (msgpack without texts), its body: one thread hop per GET."""
+        d = feed.take()
+        if d is None or fmt == JSON or "key" in d.arrays:
+            return d, None
+        try:
+            return d, self._encode(feed.stream, d, fmt)
+        except Exception:
+            feed.giveback(d)
+            raise
 
     def _encode(self, stream: str, d: Delivery, fmt: str) -> bytes:
         out: dict[str, Any] = {"step": d.step, "stream": stream, "state": json.loads(d.state_json)}
@@ -452,8 +464,8 @@ def _negotiate(accept: str) -> str:
 
 
 def _giveback_later(feed: StreamFeed, fut: Any) -> None:
-    if not fut.cancelled() and fut.exception() is None and fut.result() is not None:
-        feed.giveback(fut.result())
+    if not fut.cancelled() and fut.exception() is None and fut.result()[0] is not None:
+        feed.giveback(fut.result()[0])
 
 
 def _json_response(web: Any, status: int, body: Any, headers: Mapping[str, str] | None = None) -> Any:

@@ -117,15 +117,22 @@ class FileSource(Dataset[Record]):
                 out[(self.index, f, p)] = rec
         return out
 
-    def locate(self, key: Key) -> tuple[str, int | None]:
-        """The file and 1-based line (or row) of the record at ``key`` (reads that file up to it)."""
+    def locate(self, key: Key, budget: float = 2.0) -> tuple[str, int | None]:
+        """The file and 1-based line (or row) of the record at ``key``, for reports.
+
+        Reads the file up to the record, for at most ``budget`` seconds (then the line is ``None``
+        and the report names the file and the record's position).
+        """
+        import time
+
         path = self.files[key[1]]
-        for position, _next, line, _item in self.reader.read(Split(key[1], path), 0, 0):
+        deadline = time.monotonic() + budget
+        for n, (position, _next, line, _item) in enumerate(self.reader.read(Split(key[1], path), 0, 0)):
             if position == key[2]:
                 return path, line
-            if position > key[2]:
+            if position > key[2] or (n % 1024 == 0 and time.monotonic() > deadline):
                 break
-        return path, None
+        return f"{path} (position {key[2]})", None
 
     def __iter__(self) -> FileSourceIterator:
         return FileSourceIterator(self)
