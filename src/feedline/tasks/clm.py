@@ -72,19 +72,48 @@ class CausalLM(Task):
         eos = [self.tok.special("eos")] if opts.eos else []
         out: list[TaskOutput] = []
         frame_b, frame_e = np.asarray(bos, np.int32), np.asarray(eos, np.int32)
-        for rec, doc in zip(records, ids, strict=True):
-            if opts.frame == "piece":
-                n = (opts.max_length or len(doc) + len(bos) + len(eos)) - len(bos) - len(eos)
-                pieces = [np.concatenate([frame_b, doc[i:i + n], frame_e]) for i in range(0, max(len(doc), 1), max(n, 1))]
-                if opts.overflow == "truncate":
-                    pieces = pieces[:1]
-                out.append([self.example(rec, j, input_ids=p, labels=p) for j, p in enumerate(pieces)])
-                continue
-            if bos or eos:
-                doc = np.concatenate([frame_b, doc, frame_e])
-            n = opts.max_length or max(len(doc), 1)
-            pieces = [doc[i:i + n] for i in range(0, len(doc), n)] or [doc]
+        if opts.frame == "document":
+            return self._documents(records, ids, frame_b, frame_e)
+        for rec, doc in zip(records, ids, strict=True):  # frame: piece
+            n = (opts.max_length or len(doc) + len(bos) + len(eos)) - len(bos) - len(eos)
+            pieces = [np.concatenate([frame_b, doc[i:i + n], frame_e]) for i in range(0, max(len(doc), 1), max(n, 1))]
             if opts.overflow == "truncate":
                 pieces = pieces[:1]
+            out.append([self.example(rec, j, input_ids=p, labels=p) for j, p in enumerate(pieces)])
+        return out
+
+    def _documents(self, records: Sequence[Record], ids: list[np.ndarray], frame_b: np.ndarray,
+                   frame_e: np.ndarray) -> list[TaskOutput]:
+        """``frame: document``: every framed document of the chunk framed in one array, then cut into pieces.
+
+        Each piece is its own copy, so a buffered piece (a packer's open row) never holds the whole chunk.
+        """
+        opts: CausalLMOptions = self.options
+        nb, ne = len(frame_b), len(frame_e)
+        lengths = np.fromiter((len(d) for d in ids), dtype=np.int64, count=len(ids)) + (nb + ne)
+        ends = np.cumsum(lengths)
+        flat = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.int32)
+        if nb or ne:
+            body = np.ones(len(flat), dtype=bool)
+            for k in range(nb):
+                body[ends - lengths + k] = False
+            for k in range(ne):
+                body[ends - ne + k] = False
+            flat[body] = np.concatenate(ids) if ids else 0
+            for k in range(nb):
+                flat[ends - lengths + k] = frame_b[k]
+            for k in range(ne):
+                flat[ends - ne + k] = frame_e[k]
+        elif ids:
+            flat[:] = np.concatenate(ids)
+        out: list[TaskOutput] = []
+        for rec, end, n_doc in zip(records, ends.tolist(), lengths.tolist(), strict=True):
+            start = end - n_doc
+            n = opts.max_length or max(n_doc, 1)
+            if n_doc <= n or opts.overflow == "truncate":
+                p = flat[start:start + min(n, n_doc)].copy()
+                out.append([self.example(rec, 0, input_ids=p, labels=p)])
+                continue
+            pieces = [flat[i:min(i + n, end)].copy() for i in range(start, end, n)]
             out.append([self.example(rec, j, input_ids=p, labels=p) for j, p in enumerate(pieces)])
         return out
