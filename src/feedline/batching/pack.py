@@ -31,7 +31,7 @@ import numpy as np
 
 from feedline.batching.base import Batch, Batcher, FillStats
 from feedline.batching.bestfit import BestFitPacker
-from feedline.batching.rows import Attention, Piece, collate_rows, piece_of
+from feedline.batching.rows import Attention, Piece, collate_rows, piece_of, token_fields
 from feedline.core.dataset import DatasetIterator, State
 from feedline.core.packed import pack_ragged_array, unpack_ragged
 from feedline.core.record import Example
@@ -169,6 +169,9 @@ class PackIterator(DatasetIterator[Batch]):
         n = ex.length
         self.stats.documents += 1
         if n == 0:
+            return
+        if n <= self.max_length:  # the common case: the whole example is one piece (no slicing)
+            self.packer.add(n, Piece(ex.ref, 0, token_fields(ex, "pack")))
             return
         starts = range(0, n, self.max_length)
         if len(starts) > 1:

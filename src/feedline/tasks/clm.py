@@ -76,33 +76,66 @@ class CausalLM(Task):
         out: list[TaskOutput | None] = [None] * len(records)
         texts = [i for i, r in enumerate(records) if not isinstance(r.data.get("input_ids"), np.ndarray)]
         if texts:
-            ids = self.tok.encode_batch([records[i].data["text"] for i in texts])
-            bos = np.asarray([self.tok.special("bos")] if opts.bos else [], np.int32)
-            eos = np.asarray([self.tok.special("eos")] if opts.eos else [], np.int32)
-            for i, doc in zip(texts, ids, strict=True):
-                out[i] = self._framed(records[i], doc, bos, eos)
+            recs = [records[i] for i in texts]
+            ids = self.tok.encode_batch([r.data["text"] for r in recs])
+            frame_b = np.asarray([self.tok.special("bos")] if opts.bos else [], np.int32)
+            frame_e = np.asarray([self.tok.special("eos")] if opts.eos else [], np.int32)
+            if opts.frame == "document":
+                made = self._documents(recs, ids, frame_b, frame_e)
+            else:
+                made = [self._pieces(rec, doc, frame_b, frame_e) for rec, doc in zip(recs, ids, strict=True)]
+            for i, m in zip(texts, made, strict=True):
+                out[i] = m
         for i, rec in enumerate(records):
             if out[i] is None:
                 out[i] = self._stored(rec)
         return out  # type: ignore[return-value]
 
-    def _framed(self, rec: Record, doc: np.ndarray, frame_b: np.ndarray, frame_e: np.ndarray) -> TaskOutput:
-        """A text document: framed with BOS/EOS as configured, cut at ``max_length``."""
+    def _pieces(self, rec: Record, doc: np.ndarray, frame_b: np.ndarray, frame_e: np.ndarray) -> TaskOutput:
+        """``frame: piece``: a text document cut at ``max_length`` with BOS/EOS around every piece."""
         opts: CausalLMOptions = self.options
-        bos, eos = frame_b.tolist(), frame_e.tolist()
-        if opts.frame == "piece":
-            n = (opts.max_length or len(doc) + len(bos) + len(eos)) - len(bos) - len(eos)
-            pieces = [np.concatenate([frame_b, doc[i:i + n], frame_e]) for i in range(0, max(len(doc), 1), max(n, 1))]
-            if opts.overflow == "truncate":
-                pieces = pieces[:1]
-            return [self.example(rec, j, input_ids=p, labels=p) for j, p in enumerate(pieces)]
-        if bos or eos:
-            doc = np.concatenate([frame_b, doc, frame_e])
-        n = opts.max_length or max(len(doc), 1)
-        pieces = [doc[i:i + n] for i in range(0, len(doc), n)] or [doc]
+        nb, ne = len(frame_b), len(frame_e)
+        n = (opts.max_length or len(doc) + nb + ne) - nb - ne
+        pieces = [np.concatenate([frame_b, doc[i:i + n], frame_e]) for i in range(0, max(len(doc), 1), max(n, 1))]
         if opts.overflow == "truncate":
             pieces = pieces[:1]
         return [self.example(rec, j, input_ids=p, labels=p) for j, p in enumerate(pieces)]
+
+    def _documents(self, records: Sequence[Record], ids: list[np.ndarray], frame_b: np.ndarray,
+                   frame_e: np.ndarray) -> list[TaskOutput]:
+        """``frame: document``: every framed document of the chunk framed in one array, then cut into pieces.
+
+        Each piece is its own copy, so a buffered piece (a packer's open row) never holds the whole chunk.
+        """
+        opts: CausalLMOptions = self.options
+        nb, ne = len(frame_b), len(frame_e)
+        lengths = np.fromiter((len(d) for d in ids), dtype=np.int64, count=len(ids)) + (nb + ne)
+        ends = np.cumsum(lengths)
+        flat = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.int32)
+        if nb or ne:
+            body = np.ones(len(flat), dtype=bool)
+            for k in range(nb):
+                body[ends - lengths + k] = False
+            for k in range(ne):
+                body[ends - ne + k] = False
+            flat[body] = np.concatenate(ids) if ids else 0
+            for k in range(nb):
+                flat[ends - lengths + k] = frame_b[k]
+            for k in range(ne):
+                flat[ends - ne + k] = frame_e[k]
+        elif ids:
+            flat[:] = np.concatenate(ids)
+        out: list[TaskOutput] = []
+        for rec, end, n_doc in zip(records, ends.tolist(), lengths.tolist(), strict=True):
+            start = end - n_doc
+            n = opts.max_length or max(n_doc, 1)
+            if n_doc <= n or opts.overflow == "truncate":
+                p = flat[start:start + min(n, n_doc)].copy()
+                out.append([self.example(rec, 0, input_ids=p, labels=p)])
+                continue
+            pieces = [flat[i:min(i + n, end)].copy() for i in range(start, end, n)]
+            out.append([self.example(rec, j, input_ids=p, labels=p) for j, p in enumerate(pieces)])
+        return out
 
     def _stored(self, rec: Record) -> TaskOutput:
         """A pre-tokenized document: its ids as stored (never re-framed), cut at ``max_length``;

@@ -164,7 +164,8 @@ class MaskedLM(Task):
         out: list[TaskOutput] = [[] for _ in records]
         types = np.zeros(int(blen.max(initial=0)) + 2, np.int32)
         for i, j, a, b in zip(owner.tolist(), subs.tolist(), offs[:-1].tolist(), offs[1:].tolist(), strict=True):
-            out[i].append(self.example(records[i], j, input_ids=inp[a:b], labels=labels[a:b],  # type: ignore[union-attr]
+            # Copies: a buffered example (bucket or pack batcher) must not hold the whole chunk's arrays.
+            out[i].append(self.example(records[i], j, input_ids=inp[a:b].copy(), labels=labels[a:b].copy(),  # type: ignore[union-attr]
                                        token_type_ids=types[:b - a]))
         return out
 
