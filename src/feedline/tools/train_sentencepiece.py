@@ -18,9 +18,9 @@ spec source reads (each non-blank line of each record is one sentence)::
     >>> train_sentencepiece(["counts.tsv"], "spm/", kind="unigram", vocab_size=32000)  # doctest: +SKIP
     PosixPath('spm/spiece.model')
 
-Why SentencePiece for these: its Unigram trainer works on weighted words and finishes a 717k-word
-TSV in minutes where the ``tokenizers`` Unigram trainer (which needs the counts expanded to text)
-ran for over 15; see docs/tokenizers.md for the measurements.
+Why SentencePiece for these: its Unigram trainer works on weighted words and trains on a 715k-word
+TSV with 2.8x less CPU than the ``tokenizers`` Unigram trainer (which needs the counts expanded to text);
+see docs/tokenizers.md for the measurements.
 """
 
 from __future__ import annotations
