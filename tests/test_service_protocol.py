@@ -79,7 +79,7 @@ def test_prometheus_rendering() -> None:
     text = render_prometheus({"streams": {"train": {"batches": 3, "rejected": {"bad_json": 2}, "mixture": [0.5, 0.5],
                                                      "spec_hash": "abc"}},
                               "clients": [{"id": "ab", "stream": "train", "rank": 1, "credit": 2, "lag": 0}]})
-    assert 'feedline_batches{stream="train"} 3' in text
-    assert 'feedline_rejected_records{stream="train",reason="bad_json"} 2' in text
-    assert 'feedline_client_credit{client="ab",stream="train",rank="1"} 2' in text
+    assert 'feedline_batches_total{stream="train"} 3.0' in text
+    assert 'feedline_rejected_records_total{reason="bad_json",stream="train"} 2.0' in text
+    assert 'feedline_client_credit{client="ab",rank="1",stream="train"} 2.0' in text
     assert "spec_hash" not in text
