@@ -52,14 +52,19 @@ def _documents() -> list[str]:
 
 def prose_corpus(mb: float, files: int | None = None) -> Path:
     """A directory of JSONL files holding ``mb`` megabytes of repeated real text (cached)."""
+    return _write_corpus("prose", _documents(), mb, files)
+
+
+def _write_corpus(name: str, docs: list[str], mb: float, files: int | None) -> Path:
+    """``files`` JSONL files (cached) holding ``mb`` megabytes of ``docs``, reshuffled and repeated."""
     require_data()
     files = files or max(2, -(-int(mb) // FILE_MB))
-    out = CORPORA / f"prose-{mb:g}mb-{files}f"
+    out = CORPORA / f"{name}-{mb:g}mb-{files}f"
     done = out / ".complete"
     if done.exists():
         return out
     out.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in _documents()]
+    lines = [json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs]
     per_file = int(mb * (1 << 20) / files)
     rng = random.Random(0)
     for f in range(files):
@@ -100,28 +105,7 @@ def _short_paragraphs() -> list[str]:
 
 def short_corpus(mb: float, files: int | None = None) -> Path:
     """Like :func:`prose_corpus`, of short records (~150 characters): the per-record overhead workload."""
-    require_data()
-    files = files or max(2, -(-int(mb) // FILE_MB))
-    out = CORPORA / f"short-{mb:g}mb-{files}f"
-    done = out / ".complete"
-    if done.exists():
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in _short_paragraphs()]
-    per_file = int(mb * (1 << 20) / files)
-    rng = random.Random(0)
-    for f in range(files):
-        written = 0
-        with (out / f"part-{f:03d}.jsonl").open("w", encoding="utf-8") as fh:
-            while written < per_file:
-                rng.shuffle(lines)
-                for line in lines:
-                    fh.write(line)
-                    written += len(line.encode("utf-8"))
-                    if written >= per_file:
-                        break
-    done.touch()
-    return out
+    return _write_corpus("short", _short_paragraphs(), mb, files)
 
 
 def corpus_files(corpus: Path) -> list[str]:

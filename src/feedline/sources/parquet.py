@@ -18,10 +18,11 @@ from feedline.sources.arrow import rows
 from feedline.sources.files import is_url
 from feedline.sources.reader import Item, Reader, Split
 
-__all__ = ["ParquetReader"]
+__all__ = ["ParquetReader", "open_parquet"]
 
 
-def _open(path: str) -> Any:
+def open_parquet(path: str) -> Any:
+    """A ``pyarrow.parquet.ParquetFile`` for a local path or URL; a :class:`SourceError` naming it if unreadable."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -50,7 +51,7 @@ class ParquetReader(Reader):
         return [*cols, top] if top and top not in cols else list(cols)
 
     def splits(self, file: int, path: str) -> list[Split]:
-        meta = _open(path).metadata
+        meta = open_parquet(path).metadata
         out, start = [], 0
         for g in range(meta.num_row_groups):
             n = meta.row_group(g).num_rows
@@ -69,7 +70,7 @@ class ParquetReader(Reader):
         raise SourceError(f"{pf}: no row {position}; the file changed since the state was saved")
 
     def read(self, split: Split, position: int, line: int) -> Iterator[Item]:
-        pf = _open(split.path)
+        pf = open_parquet(split.path)
         end = split.end if split.end is not None else pf.metadata.num_rows
         while position < end:
             g, first = self._group(pf, position)
@@ -81,7 +82,7 @@ class ParquetReader(Reader):
             position = first + table.num_rows
 
     def fetch(self, path: str, positions: Sequence[int]) -> dict[int, dict[str, Any]]:
-        pf = _open(path)
+        pf = open_parquet(path)
         groups: dict[int, list[int]] = {}
         for p in set(positions):
             g, first = self._group(pf, p)

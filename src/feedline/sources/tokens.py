@@ -24,7 +24,7 @@ import numpy as np
 from feedline.core.record import Rejection
 from feedline.errors import SourceError
 from feedline.sources.arrow import open_table
-from feedline.sources.files import is_url
+from feedline.sources.parquet import open_parquet
 from feedline.sources.reader import Item, Reader, Split, detect_format
 from feedline.spec import TokensSpec
 
@@ -79,21 +79,6 @@ class TokensReader(Reader):
         except SourceError:
             return False
 
-    def _open_parquet(self, path: str) -> Any:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        try:
-            if is_url(path):
-                import fsspec
-
-                return pq.ParquetFile(fsspec.open(path, "rb").open())
-            return pq.ParquetFile(path)
-        except FileNotFoundError:
-            raise SourceError(f"{path}: file not found") from None
-        except (OSError, pa.ArrowInvalid) as e:
-            raise SourceError(f"{path}: not a readable Parquet file ({e})") from e
-
     def _columns(self, available: Sequence[str]) -> list[str]:
         o = self.options
         return [o.ids] + ([o.labels] if o.labels and o.labels in available and o.labels != o.ids else [])
@@ -101,7 +86,7 @@ class TokensReader(Reader):
     def splits(self, file: int, path: str) -> list[Split]:
         if not self._parquet(path):
             return [Split(file, path)]
-        meta = self._open_parquet(path).metadata
+        meta = open_parquet(path).metadata
         out, start = [], 0
         for g in range(meta.num_row_groups):
             n = meta.row_group(g).num_rows
@@ -112,7 +97,7 @@ class TokensReader(Reader):
     def _blocks(self, path: str, position: int, end: int | None) -> Iterator[tuple[int, Any]]:
         """``(first row, table)`` blocks covering rows from ``position`` (to ``end``)."""
         if self._parquet(path):
-            pf = self._open_parquet(path)
+            pf = open_parquet(path)
             names = pf.schema_arrow.names
             first = 0
             for g in range(pf.metadata.num_row_groups):
