@@ -36,6 +36,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("faults")
     tok = tokenizer_path(tmp)
     spec = make_spec(tmp, tok)
+    # the tokenizers encoder: RSS figures here measure cursors, not a fastokens load that `auto`
+    # starts once the server has encoded 1 MiB (the backend is not hashed: states are the same)
+    spec["tokenizer"] = {"path": tok, "backend": "hf"}
     return {"tmp": tmp, "spec": spec, "path": write_spec(tmp / "train.json", spec),
             "hash": feedline.Spec.load(spec).hash()}
 

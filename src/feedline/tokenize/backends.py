@@ -35,11 +35,12 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import hashlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 import numpy as np
 
@@ -225,22 +226,37 @@ class Verdict:
     missing: bool = False
 
 
-# id(tokenizers.Tokenizer) -> (that tokenizer, kept alive so the id stays its own; its check)
-_VERDICTS: collections.OrderedDict[int, tuple[Any, cf.Future[Verdict]]] = collections.OrderedDict()
-_VERDICTS_KEPT = 32
+# digest of a tokenizer's JSON -> its check: every pipeline (a service cursor, a loader) loads its
+# own tokenizer object, and one check (one fastokens load, ~100 MB for a large vocabulary) per
+# distinct tokenizer in a process is enough.
+_VERDICTS: collections.OrderedDict[str, cf.Future[Verdict]] = collections.OrderedDict()
+_VERDICTS_KEPT = 8
 _VERDICTS_LOCK = threading.Lock()
+
+
+def _key(tok: TokenizerLike) -> str:
+    """The digest of ``tok``'s JSON, computed once per tokenizer object."""
+    key: str | None = getattr(tok, "_fastokens_key", None)
+    if key is None:
+        key = hashlib.blake2b(tok.backend.to_str().encode(), digest_size=16).hexdigest()
+        try:
+            tok._fastokens_key = key  # type: ignore[attr-defined]
+        except AttributeError:  # a tokenizer with __slots__: recomputed next time
+            pass
+    return key
 
 
 def verdict_future(tok: T) -> cf.Future[Verdict]:
     """The load-time check of ``tok`` (:func:`check_fastokens`), started on a background thread
-    the first time (fastokens releases the GIL while it loads), cached per tokenizer object."""
-    key = id(tok.backend)
+    the first time (fastokens releases the GIL while it loads), cached per distinct tokenizer."""
+    key = _key(tok)
     with _VERDICTS_LOCK:
         cached = _VERDICTS.get(key)
         if cached is not None:
-            return cached[1]
+            _VERDICTS.move_to_end(key)
+            return cached
         fut: cf.Future[Verdict] = cf.Future()
-        _VERDICTS[key] = (tok.backend, fut)
+        _VERDICTS[key] = fut
         while len(_VERDICTS) > _VERDICTS_KEPT:
             _VERDICTS.popitem(last=False)
 
@@ -258,15 +274,16 @@ def verdict_future(tok: T) -> cf.Future[Verdict]:
 
 def _checked(tok: T) -> bool:
     """Whether the load-time check of ``tok`` has finished (never starts one)."""
+    key = _key(tok)
     with _VERDICTS_LOCK:
-        cached = _VERDICTS.get(id(tok.backend))
-    return cached is not None and cached[1].done()
+        cached = _VERDICTS.get(key)
+    return cached is not None and cached.done()
 
 
 def check_fastokens(tok: T) -> Verdict:
     """Load ``tok`` into fastokens and compare it with ``tokenizers`` on :func:`verification_corpus`.
 
-    Cached per tokenizer object; waits for a check already running.
+    Cached per distinct tokenizer; waits for a check already running.
     """
     return verdict_future(tok).result()
 
