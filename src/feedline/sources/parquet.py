@@ -18,7 +18,7 @@ from feedline.sources.arrow import rows
 from feedline.sources.files import is_url
 from feedline.sources.reader import Item, Reader, Split
 
-__all__ = ["ParquetReader", "open_parquet"]
+__all__ = ["ParquetReader", "open_parquet", "row_group_splits"]
 
 
 def open_parquet(path: str) -> Any:
@@ -38,6 +38,17 @@ def open_parquet(path: str) -> Any:
         raise SourceError(f"{path}: not a readable Parquet file ({e})") from e
 
 
+def row_group_splits(file: int, path: str) -> list[Split]:
+    """One split per row group of a Parquet file (rows ``[start, end)``)."""
+    meta = open_parquet(path).metadata
+    out, start = [], 0
+    for g in range(meta.num_row_groups):
+        n = meta.row_group(g).num_rows
+        out.append(Split(file, path, start, start + n))
+        start += n
+    return out or [Split(file, path, 0, 0)]
+
+
 class ParquetReader(Reader):
     """Reads Parquet files, one split per row group."""
 
@@ -51,13 +62,7 @@ class ParquetReader(Reader):
         return [*cols, top] if top and top not in cols else list(cols)
 
     def splits(self, file: int, path: str) -> list[Split]:
-        meta = open_parquet(path).metadata
-        out, start = [], 0
-        for g in range(meta.num_row_groups):
-            n = meta.row_group(g).num_rows
-            out.append(Split(file, path, start, start + n))
-            start += n
-        return out or [Split(file, path, 0, 0)]
+        return row_group_splits(file, path)
 
     def _group(self, pf: Any, position: int) -> tuple[int, int]:
         """The row group holding ``position`` and the group's first row."""

@@ -24,7 +24,7 @@ import numpy as np
 from feedline.core.record import Rejection
 from feedline.errors import SourceError
 from feedline.sources.arrow import open_table
-from feedline.sources.parquet import open_parquet
+from feedline.sources.parquet import open_parquet, row_group_splits
 from feedline.sources.reader import Item, Reader, Split, detect_format
 from feedline.spec import TokensSpec
 
@@ -86,13 +86,7 @@ class TokensReader(Reader):
     def splits(self, file: int, path: str) -> list[Split]:
         if not self._parquet(path):
             return [Split(file, path)]
-        meta = open_parquet(path).metadata
-        out, start = [], 0
-        for g in range(meta.num_row_groups):
-            n = meta.row_group(g).num_rows
-            out.append(Split(file, path, start, start + n))
-            start += n
-        return out or [Split(file, path, 0, 0)]
+        return row_group_splits(file, path)
 
     def _blocks(self, path: str, position: int, end: int | None) -> Iterator[tuple[int, Any]]:
         """``(first row, table)`` blocks covering rows from ``position`` (to ``end``)."""
