@@ -117,7 +117,7 @@ def test_crafted_states_are_refused_and_the_server_keeps_serving(env: dict, serv
         assert peer.answer_to(deep)["kind"] == "ProtocolError"
     finally:
         peer.close()
-        ctx.term()
+        ctx.destroy(linger=0)   # closes any socket an assertion left open (term() would block)
     with feedline.Loader(address) as loader:   # everyone else is still served
         assert len(collect(loader, limit=2)) == 2
 
@@ -141,13 +141,13 @@ def _server_usage(pid: int) -> tuple[float, int]:
 def test_a_hello_flood_for_a_held_rank_does_not_leak_cursors(env: dict) -> None:
     proc, address = start_server(env["path"], *FAST)
     ctx = zmq.Context()
+    peers: list[Peer] = []
     try:
         with feedline.Loader(address) as loader:      # states of a trainer's old checkpoints
             collect(loader, limit=2)
             old = json.dumps(loader.state_dict())
         time.sleep(0.5)
         rss0, threads0 = _server_usage(proc.pid)
-        peers = []
         for i in range(200):   # a trainer crash-looping: a new process (connection, session) each time
             peer = Peer(ctx, address)
             assert peer.answer_to(hello([None, old][i % 2], session=f"crash-{i}"))["op"] == "welcome"
@@ -162,10 +162,10 @@ def test_a_hello_flood_for_a_held_rank_does_not_leak_cursors(env: dict) -> None:
         assert len(cursors) <= 2, cursors
         assert threads1 <= threads0 + 4, f"threads grew from {threads0} to {threads1}"
         assert rss1 - rss0 < 100, f"server RSS grew from {rss0:.0f} to {rss1:.0f} MB"
+    finally:   # also when an assertion failed: open peers would block ctx.term() and leak the server
         for peer in peers:
             peer.close()
-    finally:
-        ctx.term()
+        ctx.destroy(linger=0)
         stop(proc)
 
 
@@ -193,7 +193,7 @@ def test_cursors_per_stream_are_capped_and_idle_ones_released(env: dict, server:
         for peer in peers:
             peer.send(pack("bye"))
             peer.close()
-        ctx.term()
+        ctx.destroy(linger=0)   # closes any socket an assertion left open (term() would block)
 
 
 # ----------------------------------------------------------------------------- 3. restarts
@@ -385,7 +385,7 @@ def test_the_server_caps_what_a_client_makes_it_hold(server: Any) -> None:
         idle.send(pack("bye"))
         idle.close()
     finally:
-        ctx.term()
+        ctx.destroy(linger=0)   # closes any socket an assertion left open (term() would block)
 
 
 # ----------------------------------------------------------------------------- 7. keys, stats, metrics
@@ -467,7 +467,7 @@ def test_stats_are_answered_only_to_authenticated_peers(env: dict, tmp_path: Pat
         server._auth = None
         server.stop()
         loop.join(30)
-        ctx.term()
+        ctx.destroy(linger=0)   # closes any socket an assertion left open (term() would block)
 
 
 # ----------------------------------------------------------------------------- 6. a stalled ranked window
