@@ -252,13 +252,18 @@ def test_auto_checks_in_the_background_without_changing_ids(gpt2_path: str) -> N
 def test_a_process_may_exit_while_the_check_runs(gpt2_path: str) -> None:
     """Exiting right after the first batch, with the background check still inside fastokens' Rust
     code, must exit cleanly (a daemon thread there made the process abort)."""
-    script = ("import sys, feedline\n"
+    script = ("import sys, threading, feedline\n"
+              "from feedline.tokenize import backends\n"
+              "backends.START_AFTER_CHARS = 0  # start the check at the first encode (by default after 1 MiB)\n"
               "spec = {'sources': [sys.argv[1]], 'tokenizer': sys.argv[2], 'batching': {'batch_size': 2}}\n"
-              "print(next(iter(feedline.Loader(spec)))['input_ids'].shape)\n")
+              "print(next(iter(feedline.Loader(spec)))['input_ids'].shape)\n"
+              "print('check started:', any(t.name == 'feedline-fastokens-check' for t in threading.enumerate())\n"
+              "      or backends._checked(feedline.load_tokenizer(sys.argv[2])))\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"), *sys.path])}
     r = subprocess.run([sys.executable, "-c", script, str(shared("prose", "c4_demo.jsonl")), gpt2_path],
                        capture_output=True, text=True, env=env, timeout=240)
     assert r.returncode == 0, r.stderr[-2000:]
+    assert "check started: True" in r.stdout, r.stdout  # the exit really raced the check
 
 
 def test_pickled_tokenizer_keeps_its_backend(gpt2_path: str) -> None:
