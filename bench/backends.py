@@ -53,8 +53,8 @@ def encoder_contenders(tokenizer: str, texts: list[str]) -> dict[str, Callable[[
     import fastokens
     import tokenizers
 
-    from feedline.tokenize.backends import with_backend
-    from feedline.tokenize.load import load_tokenizer
+    from feedline._tokenize.backends import with_backend
+    from feedline._tokenize.load import load_tokenizer
 
     raw = tokenizers.Tokenizer.from_file(str(Path(tokenizer) / "tokenizer.json"))
     raw.no_padding()
