@@ -4,6 +4,7 @@ from __future__ import annotations
 import __future__
 
 import importlib
+import re
 import types
 from pathlib import Path
 
@@ -90,3 +91,14 @@ def test_in_process_and_remote_loaders_are_both_loaders(tmp_path: Path, small_to
 def test_stream_is_refused_in_process(tmp_path: Path) -> None:
     with pytest.raises(feedline.SpecError, match="stream='validation'.*in-process.*service address"):
         feedline.Loader({"sources": [str(tmp_path)]}, stream="validation")
+
+
+def test_examples_and_user_docs_use_only_public_paths() -> None:
+    """What users copy (examples, README, the guides) never names a private module."""
+    root = Path(__file__).resolve().parents[1]
+    texts = [*sorted((root / "examples").glob("*.py")), root / "README.md",
+             *(p for p in sorted((root / "docs").glob("*.md")) if p.name != "architecture.md")]
+    private = re.compile(r"\bfeedline\._[a-z]")
+    offenders = [f"{p.relative_to(root)}:{i}" for p in texts for i, line in enumerate(p.read_text().splitlines(), 1)
+                 if private.search(line)]
+    assert not offenders, offenders

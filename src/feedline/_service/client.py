@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import secrets
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
@@ -101,12 +100,9 @@ class RemoteLoader:
     def _next_item(self) -> Item:
         """The connection thread's next item, failing if the thread died with nothing queued."""
         conn = self._connect()
-        while True:
-            try:
-                return conn.items.get(timeout=1.0)
-            except queue.Empty:
-                if not conn._thread.is_alive() and conn.items.empty():
-                    raise TransportError("the client connection thread stopped unexpectedly") from None
+        while (item := conn.next_item(timeout=1.0)) is None:
+            pass
+        return item
 
     def _get(self) -> Delivered | Ended | Failed:
         while True:

@@ -150,6 +150,19 @@ class Connection:
         self._commands.put(command)
         self._pipe_out.send(b"", flags)   # wakes the thread's poller
 
+    def next_item(self, timeout: float) -> Item | None:
+        """The thread's next item, or ``None`` after ``timeout`` seconds.
+
+        Raises:
+            TransportError: the thread is gone and left nothing queued (it cannot answer any more).
+        """
+        try:
+            return self.items.get(timeout=timeout)
+        except queue.Empty:
+            if not self._thread.is_alive() and self.items.empty():
+                raise TransportError("the client connection thread stopped unexpectedly") from None
+            return None
+
     def close(self, ack: int | None = None, wait: float = 5.0) -> None:
         """Ack ``ack`` (if given), say bye, stop the thread and free the sockets. Idempotent.
 

@@ -36,7 +36,6 @@ import hmac
 import ipaddress
 import json
 import logging
-import queue
 import secrets
 import threading
 from collections import deque
@@ -181,13 +180,7 @@ class StreamFeed:
 
     def _next_item(self) -> Item | None:
         """The connection's next item, or ``None`` after a short wait (so given-back batches are seen)."""
-        conn = self._connect()
-        try:
-            return conn.items.get(timeout=0.05)
-        except queue.Empty:
-            if not conn._thread.is_alive() and conn.items.empty():
-                raise TransportError("the gateway's connection to the loader service stopped") from None
-            return None
+        return self._connect().next_item(timeout=0.05)
 
     def take(self) -> Delivery | None:
         """The next batch (a given-back one first), or ``None`` once the stream has ended."""
