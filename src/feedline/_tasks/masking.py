@@ -40,6 +40,7 @@ chosen, groups are kept in random order while they fit.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -94,6 +95,14 @@ class Masker:
         self.special = tok.all_special_ids
         #: Random replacements come from the non-special vocabulary.
         self.pool = np.setdiff1d(np.arange(tok.vocab_size, dtype=np.int32), self.special)
+        #: ``_special_table[i]``: id ``i`` is special (one gather instead of one pass per special id);
+        #: the last entry stands for every id past the table, which no special id is.
+        self._special_table = np.zeros(max(tok.vocab_size, int(self.special.max(initial=-1)) + 1) + 1, dtype=bool)
+        self._special_table[self.special] = True
+
+    def _is_special(self, ids: np.ndarray) -> np.ndarray:
+        """``np.isin(ids, self.special)`` for token ids (which are never negative)."""
+        return self._special_table.take(ids, mode="clip")
 
     def candidates(self, ids: np.ndarray) -> np.ndarray:
         """Positions that may be chosen (not a special token)."""
@@ -178,32 +187,36 @@ class Masker:
             return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
         # Per row, the generator's words are consumed as in __call__: one double per candidate
         # (chosen?), one per token (mask/random/keep), then 32-bit draws for random replacements.
+        # A double u = (w >> 11) / 2**53 is compared with p as the integer w >> 11 against
+        # ceil(p * 2**53) (exact: both sides scaled by a power of two).
         lens = np.diff(offs)
-        cand = ~np.isin(flat, self.special)
+        starts = offs[:-1]
+        cand = ~self._is_special(flat)
         ccum = np.zeros(len(flat) + 1, dtype=np.int64)
         np.cumsum(cand, out=ccum[1:])
-        n_cand = ccum[offs[1:]] - ccum[offs[:-1]]
+        n_cand = ccum[offs[1:]] - ccum[starts]
         # Spare words for the 32-bit draws: about twice the expected random replacements, plus 8.
         spare = (np.ceil(lens * (opts.mlm_probability * opts.random_replace_prob)) + 4).astype(np.int64)
         counts = np.where(n_cand > 0, n_cand + lens + spare, 0)
         base = np.zeros(n_rows + 1, dtype=np.int64)
         np.cumsum(counts, out=base[1:])
         raw = philox_raw(keys, counts)
-        row_of = np.repeat(np.arange(n_rows), lens)
+        # The word of candidate token i of row r: base[r] + (candidates of r before i).
+        word_at = np.repeat(base[:-1] - ccum[starts], lens)
+        word_at += ccum[:-1]
         ci = np.flatnonzero(cand)
-        crow = row_of[ci]
-        u = _doubles(raw[base[crow] + (ccum[ci] - ccum[offs[crow]])])
-        si = ci[u < opts.mlm_probability]  # chosen tokens
-        srow = row_of[si]
-        r = _doubles(raw[base[srow] + n_cand[srow] + (si - offs[srow])])
+        si = ci[(raw[word_at[ci]] >> _SHIFT) < _threshold(opts.mlm_probability)]  # chosen tokens
+        srow = np.searchsorted(offs, si, side="right") - 1
+        r = raw[(base[:-1] + n_cand - starts)[srow] + si] >> _SHIFT  # the token's mask/random/keep word
         out = flat.astype(np.int32)
         labels = np.full(len(flat), -100, dtype=np.int32)
         labels[si] = flat[si]
-        to_mask = r < opts.mask_replace_prob
+        to_mask = r < _threshold(opts.mask_replace_prob)
         out[si[to_mask]] = self.mask_id
-        ri = si[~to_mask & (r < opts.mask_replace_prob + opts.random_replace_prob)]
+        pick = ~to_mask & (r < _threshold(opts.mask_replace_prob + opts.random_replace_prob))
+        ri = si[pick]
         if len(ri):
-            rrow = row_of[ri]
+            rrow = srow[pick]
             q = np.arange(len(ri)) - np.searchsorted(rrow, rrow, side="left")  # the draw's index in its row
             word = raw[base[rrow] + n_cand[rrow] + lens[rrow] + q // 2]
             u32 = np.where(q % 2 == 0, word & np.uint64(0xFFFFFFFF), word >> np.uint64(32))
@@ -232,6 +245,14 @@ class Masker:
         return chosen
 
 
-def _doubles(words: np.ndarray) -> np.ndarray:
-    """numpy's ``random()`` of raw 64-bit words: the top 53 bits over 2**53."""
-    return (words >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+_SHIFT = np.uint64(11)
+
+
+def _threshold(p: float) -> np.uint64:
+    """The integer ``t`` with ``(w >> 11) < t`` exactly when numpy's ``random()`` of the word ``w``
+    (``(w >> 11) * 2**-53``) is ``< p``: ``ceil(p * 2**53)``, clipped to ``[0, 2**53]``.
+
+        >>> int(_threshold(0.5)), int(_threshold(0.0)), int(_threshold(1.0)) == 2**53
+        (4503599627370496, 0, True)
+    """
+    return np.uint64(min(max(math.ceil(p * 9007199254740992.0), 0), 1 << 53))

@@ -26,7 +26,7 @@ from typing import Literal
 
 import numpy as np
 
-from feedline._core.record import Record
+from feedline._core.record import Example, Record
 from feedline._core.rng import sample_keys
 from feedline._tasks.base import Task, TaskOutput
 from feedline._tasks.masking import Masker, MaskingOptions
@@ -147,26 +147,37 @@ class MaskedLM(Task):
         blen = np.clip(doc_len[owner] - begin, 0, body)
         offs = np.zeros(len(owner) + 1, dtype=np.int64)
         np.cumsum(blen + 2, out=offs[1:])
-        # Gather every piece's body at once: output index and source index of each body token.
-        within = np.arange(int(blen.sum())) - np.repeat(_starts(blen), blen)
-        dst = np.repeat(offs[:-1] + 1, blen) + within
-        src = np.repeat(_starts(doc_len)[owner] + begin, blen) + within
         flat = np.empty(int(offs[-1]), dtype=np.int32)
-        flat[dst] = np.concatenate([ids for ids, _ in first]).astype(np.int32, copy=False)[src] if len(src) else 0
-        flat[offs[:-1]], flat[offs[1:] - 1] = cls, sep
+        doc_ids = np.concatenate([ids for ids, _ in first]).astype(np.int32, copy=False) if first else np.zeros(0, np.int32)
         words = None
-        if opts.whole_word_mask:
-            wflat = np.full(len(flat), -1, dtype=np.int64)
-            if len(src):
+        if opts.overflow == "split":
+            # Every token of every document lands in order: fill all places but the [CLS]/[SEP] ones.
+            place = np.ones(len(flat), dtype=bool)
+            place[offs[:-1]] = place[offs[1:] - 1] = False
+            flat[place] = doc_ids
+            if opts.whole_word_mask:
+                wflat = np.full(len(flat), -1, dtype=np.int64)
+                wflat[place] = np.concatenate([w for _, w in first])
+        else:
+            # Gather every piece's body at once: output index and source index of each body token.
+            within = np.arange(int(blen.sum())) - np.repeat(_starts(blen), blen)
+            dst = np.repeat(offs[:-1] + 1, blen) + within
+            src = np.repeat(_starts(doc_len)[owner] + begin, blen) + within
+            flat[dst] = doc_ids[src]
+            if opts.whole_word_mask:
+                wflat = np.full(len(flat), -1, dtype=np.int64)
                 wflat[dst] = np.concatenate([w for _, w in first])[src]
+        flat[offs[:-1]], flat[offs[1:] - 1] = cls, sep
+        if opts.whole_word_mask:
             words = [wflat[a:b] for a, b in zip(offs[:-1].tolist(), offs[1:].tolist(), strict=True)]
         inp, labels = self.masker.mask_flat(flat, offs, self._keys(records, owner, subs), words)
         out: list[TaskOutput] = [[] for _ in records]
         types = np.zeros(int(blen.max(initial=0)) + 2, np.int32)
         for i, j, a, b in zip(owner.tolist(), subs.tolist(), offs[:-1].tolist(), offs[1:].tolist(), strict=True):
             # Copies: a buffered example (bucket or pack batcher) must not hold the whole chunk's arrays.
-            out[i].append(self.example(records[i], j, input_ids=inp[a:b].copy(), labels=labels[a:b].copy(),  # type: ignore[union-attr]
-                                       token_type_ids=types[:b - a]))
+            rec = records[i]
+            out[i].append(Example(rec.key, rec.epoch, j, {"input_ids": inp[a:b].copy(), "labels": labels[a:b].copy(),  # type: ignore[union-attr]
+                                                          "token_type_ids": types[:b - a]}))
         return out
 
     def _keys(self, records: Sequence[Record], owner: Sequence[int] | np.ndarray, subs: Sequence[int] | np.ndarray) -> np.ndarray:
