@@ -252,13 +252,19 @@ def test_auto_checks_in_the_background_without_changing_ids(gpt2_path: str) -> N
 def test_a_process_may_exit_while_the_check_runs(gpt2_path: str) -> None:
     """Exiting right after the first batch, with the background check still inside fastokens' Rust
     code, must exit cleanly (a daemon thread there made the process abort)."""
-    script = ("import sys, threading, feedline\n"
+    script = ("import sys, threading, time, feedline\n"
               "from feedline._tokenize import backends\n"
               "backends.START_AFTER_CHARS = 0  # start the check at the first encode (by default after 1 MiB)\n"
               "spec = {'sources': [sys.argv[1]], 'tokenizer': sys.argv[2], 'batching': {'batch_size': 2}}\n"
               "print(next(iter(feedline.Loader(spec)))['input_ids'].shape)\n"
-              "print('check started:', any(t.name == 'feedline-fastokens-check' for t in threading.enumerate())\n"
-              "      or backends._checked(feedline.load_tokenizer(sys.argv[2])))\n")
+              "def started():\n"
+              "    return (any(t.name == 'feedline-fastokens-check' for t in threading.enumerate())\n"
+              "            or backends._checked(feedline.load_tokenizer(sys.argv[2])))\n"
+              "for _ in range(3000):  # the check starts once the first batch is out\n"
+              "    if started():\n"
+              "        break\n"
+              "    time.sleep(0.01)\n"
+              "print('check started:', started())\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"), *sys.path])}
     r = subprocess.run([sys.executable, "-c", script, str(shared("prose", "c4_demo.jsonl")), gpt2_path],
                        capture_output=True, text=True, env=env, timeout=240)

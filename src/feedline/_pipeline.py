@@ -173,6 +173,13 @@ class GlobalStreamIterator(DatasetIterator[tuple[int, Batch, State]]):
         self.parent: DatasetIterator[Batch] = iter(gs.pipeline.batches())
         self.step = 0
         self.done = False
+        # The tokenizer's background backend check (``auto``) waits until this stream's first batch
+        # is out, so it never takes the cores the first batch waits for.
+        encoder = getattr(gs.pipeline.tokenizer, "encoder", None)
+        self._held: Any = encoder if hasattr(encoder, "hold") else None
+        self._out = False
+        if self._held is not None:
+            self._held.hold()
 
     @property
     def it(self) -> DatasetIterator[Batch]:
@@ -182,6 +189,8 @@ class GlobalStreamIterator(DatasetIterator[tuple[int, Batch, State]]):
     def __next__(self) -> tuple[int, Batch, State]:
         p = self.gs.pipeline
         b = p.spec.batching
+        if self._out:  # the first batch is out (starting the check may digest the tokenizer's JSON)
+            self.release()
         while not self.done:
             batch = next(self.parent, None)
             if batch is None:
@@ -191,8 +200,15 @@ class GlobalStreamIterator(DatasetIterator[tuple[int, Batch, State]]):
             if full is None:
                 continue
             self.step += 1
+            self._out = True
             return self.step, full, self.get_state()
         raise StopIteration
+
+    def release(self) -> None:
+        """Let the backend check start (after the first batch, or when the stream closes)."""
+        if self._held is not None:
+            held, self._held = self._held, None
+            held.release_hold()
 
     def own_state(self) -> State:
         return {"step": self.step}

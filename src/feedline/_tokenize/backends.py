@@ -72,6 +72,9 @@ WINDOW_CHARS = 1 << 18
 SPOT_EVERY = 16
 #: ``auto`` starts the fastokens check after a stream has encoded this many characters.
 START_AFTER_CHARS = 1 << 20
+#: While a stream waits for its first batch (:meth:`VerifiedEncoder.hold`), the check waits too,
+#: unless the stream has encoded this many characters.
+HOLD_LIMIT_CHARS = 1 << 23
 
 
 def _first_difference(want: Sequence[np.ndarray], got: Sequence[np.ndarray] | None) -> int | None:
@@ -119,6 +122,7 @@ class VerifiedEncoder:
         self.calls = 0
         self.fell_back = fast is None and pending is None and start is None
         self._lock = threading.Lock()
+        self._holds, self._start_after = 0, start_after
 
     @property
     def name(self) -> str:
@@ -133,6 +137,29 @@ class VerifiedEncoder:
             self.pending.result(timeout)
             self._resolve()
         return self.name
+
+    def hold(self) -> None:
+        """Keep the deferred check from starting until :meth:`release_hold` (or :data:`HOLD_LIMIT_CHARS`).
+
+        A stream holds it until its first batch is out: the check (loading fastokens, encoding the
+        verification corpus) would take the cores that the first batch waits for.
+        """
+        with self._lock:
+            if self.start is not None:
+                if not self._holds:
+                    self._start_after, self.start_after = self.start_after, max(self.start_after, HOLD_LIMIT_CHARS)
+                self._holds += 1
+
+    def release_hold(self) -> None:
+        """Undo one :meth:`hold`; the check starts at once when it is due."""
+        with self._lock:
+            if not self._holds:
+                return
+            self._holds -= 1
+            if not self._holds:
+                self.start_after = self._start_after
+                if self.start is not None and self.seen >= self.start_after:
+                    self.pending, self.start = self.start(), None
 
     def _resolve(self) -> None:
         with self._lock:
@@ -274,6 +301,9 @@ def verdict_future(tok: T) -> cf.Future[Verdict]:
 
 def _checked(tok: T) -> bool:
     """Whether the load-time check of ``tok`` has finished (never starts one)."""
+    with _VERDICTS_LOCK:
+        if not _VERDICTS:  # no check in this process yet: no need to digest the tokenizer's JSON
+            return False
     key = _key(tok)
     with _VERDICTS_LOCK:
         cached = _VERDICTS.get(key)
