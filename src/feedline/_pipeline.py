@@ -178,6 +178,7 @@ class GlobalStreamIterator(DatasetIterator[tuple[int, Batch, State]]):
         encoder = getattr(gs.pipeline.tokenizer, "encoder", None)
         self._held: Any = encoder if hasattr(encoder, "hold") else None
         self._out = False
+        self._state: State | None = None  # the state after the last step, built once per step
         if self._held is not None:
             self._held.hold()
 
@@ -191,6 +192,7 @@ class GlobalStreamIterator(DatasetIterator[tuple[int, Batch, State]]):
         b = p.spec.batching
         if self._out:  # the first batch is out (starting the check may digest the tokenizer's JSON)
             self.release()
+        self._state = None
         while not self.done:
             batch = next(self.parent, None)
             if batch is None:
@@ -210,9 +212,17 @@ class GlobalStreamIterator(DatasetIterator[tuple[int, Batch, State]]):
             held, self._held = self._held, None
             held.release_hold()
 
+    def get_state(self) -> State:
+        """The state after the last step; built once per step (the loader and the service's producer
+        both ask for it after every step, and a packer's state costs a pass over its buffered rows)."""
+        if self._state is None:
+            self._state = super().get_state()
+        return self._state
+
     def own_state(self) -> State:
         return {"step": self.step}
 
     def restore(self, own: Mapping[str, Any]) -> None:
         self.step = int(own["step"])
         self.done = False
+        self._state = None
