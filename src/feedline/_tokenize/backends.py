@@ -10,7 +10,8 @@
   ``tokenizers``. The choice and its reason are logged (``feedline._tokenize``). The load-time
   check (fastokens takes 0.3-2 s and ~100 MB to load a large vocabulary) starts once a stream has
   encoded :data:`START_AFTER_CHARS` characters with ``tokenizers`` (so short runs, ``inspect`` and
-  small corpora never pay for it) and runs on a background thread, once per tokenizer in a
+  small corpora never pay for it) and its first batch is out (a stream holds it until then:
+  :meth:`VerifiedEncoder.hold`), and runs on a background thread, once per tokenizer in a
   process; ``tokenizers`` encodes meanwhile, so no batch waits for it, and batches do not depend
   on when it finishes.
 
