@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import feedline
-from feedline._service.http import HttpOptions, parse_http_bind
+from feedline._service.http_options import HttpOptions, parse_http_bind
 from feedline.errors import SpecError
 from feedline.testing import collect
 from service_helpers import make_spec, tokenizer_path, write_spec

@@ -13,7 +13,8 @@ from types import FrameType
 from feedline._cli._common import add_spec_argument
 from feedline._cli.options import add_option_arguments, options_from_args
 from feedline._service.auth import ClientKeys, ServerKeys
-from feedline._service.http import HttpGateway, HttpOptions, parse_http_bind, read_token
+from feedline._service.http import HttpGateway
+from feedline._service.http_options import HttpOptions, parse_http_bind, read_token
 from feedline._service.launch import READY_PREFIX
 from feedline._service.server import Server, ServerOptions
 from feedline._service.streams import load_streams, parse_stream_option
