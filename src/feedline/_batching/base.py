@@ -114,48 +114,30 @@ def collate_padded(examples: Sequence[Example], pad_values: dict[str, Any], leng
         >>> collate_padded(ex, {"input_ids": 0})["attention_mask"].tolist()
         [[1, 1, 0], [1, 1, 1]]
     """
-    lengths = np.fromiter((ex.length for ex in examples), dtype=np.int64, count=len(examples))
+    lengths = np.array([ex.length for ex in examples], dtype=np.int64)
     t = int(length if length is not None else (lengths.max() if len(lengths) else 0))
     if multiple_of:
         t = -(-t // multiple_of) * multiple_of
     first = examples[0].fields
     batch: Batch = {}
-    places: list[tuple[np.ndarray, int, np.ndarray]] = []  # (row lengths, width, flat places) already computed
     for name, arr in first.items():
-        rows = [ex.fields[name] for ex in examples]
         if arr.ndim == 0 or name in vector_fields:  # per-example scalars and fixed-size vectors
-            batch[name] = np.stack(rows)
+            batch[name] = np.stack([ex.fields[name] for ex in examples])
             continue
         pad = pad_values.get(name, 0)
         width = t
         if name in target_fields:  # own length (decoder side of encoder-decoder tasks)
-            width = max(len(a) for a in rows)
+            width = max(len(ex.fields[name]) for ex in examples)
             if multiple_of:
                 width = -(-width // multiple_of) * multiple_of
         out = np.full((len(examples), width, *arr.shape[1:]), pad, dtype=int_dtype(name, arr))
-        sizes = np.fromiter((len(a) for a in rows), dtype=np.int64, count=len(rows))
-        if sizes.max(initial=0) > width:  # longer rows are cut at the width
-            rows = [a[:width] for a in rows]
-            sizes = np.minimum(sizes, width)
-        flat = out.reshape(len(examples) * width, *arr.shape[1:])
-        flat[_places(places, sizes, width)] = np.concatenate(rows)
+        for i, ex in enumerate(examples):
+            a = ex.fields[name][:width]
+            out[i, : len(a)] = a
         batch[name] = out
     if "attention_mask" not in batch:
         batch["attention_mask"] = (np.arange(t)[None, :] < lengths[:, None]).astype(np.int32)
     return batch
-
-
-def _places(cache: list[tuple[np.ndarray, int, np.ndarray]], sizes: np.ndarray, width: int) -> np.ndarray:
-    """Flat indices in ``[len(sizes) * width]`` of row ``i``'s first ``sizes[i]`` places, for every row
-    (rows of ``width``); reused from ``cache`` when the sizes and width repeat (every field of a batch)."""
-    for known, w, where in cache:
-        if w == width and np.array_equal(known, sizes):
-            return where
-    starts = np.zeros(len(sizes), dtype=np.int64)
-    np.cumsum(sizes[:-1], out=starts[1:])
-    where = np.repeat(np.arange(len(sizes), dtype=np.int64) * width - starts, sizes) + np.arange(int(sizes.sum()))
-    cache.append((sizes, width, where))
-    return where
 
 
 def real_tokens(batch: Batch) -> np.ndarray:
