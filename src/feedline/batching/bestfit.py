@@ -81,6 +81,12 @@ class BestFitPacker(Generic[T]):
             raise ValueError(f"item length {length} is not in [1, {self.capacity}]")
         self._pending.append((length, item))
 
+    def add_many(self, lengths: Sequence[int], items: Iterable[T]) -> None:
+        """:meth:`add` of each ``(length, item)`` pair, in order."""
+        if len(lengths) and not 0 < min(lengths) <= max(lengths) <= self.capacity:
+            raise ValueError(f"item lengths {min(lengths)}..{max(lengths)} are not in [1, {self.capacity}]")
+        self._pending.extend(zip(lengths, items, strict=True))
+
     @property
     def pending(self) -> int:
         """Items waiting for the next window."""
