@@ -174,11 +174,7 @@ class TaskMapIterator(DatasetIterator[Example]):
         while not self.exhausted and len(self.inflight) < ahead:
             state = self._next_start if self._next_start is not None else self.parent.get_state()
             size, self.chunk = self.chunk, min(2 * self.chunk, self.ds.chunk)
-            recs: list[Record] = []
-            for rec in self.parent:
-                recs.append(rec)
-                if len(recs) == size:
-                    break
+            recs: list[Record] = self.parent.take(size)
             if len(recs) < size:
                 self.exhausted = True
             self._next_start = end = self.parent.get_state()
