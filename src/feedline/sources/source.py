@@ -205,7 +205,7 @@ class FileSourceIterator(DatasetIterator[Record]):
             file = self.src.splits[self._order[self.split]].file  # type: ignore[index]
             while len(out) < n:
                 try:
-                    item = next(items, None)
+                    item = next(items, None)  # (one call per record: read() is a generator)
                 except RecordError:
                     raise
                 except SourceError as e:
@@ -224,9 +224,10 @@ class FileSourceIterator(DatasetIterator[Record]):
                     if self._watch:
                         self._check_nothing(at_end=False)
                     continue
-                self._delivered += 1
-                self._watch = False
                 add(Record((index, file, pos), epoch, rec))
+                if self._watch:
+                    self._watch = False
+                self._delivered += 1
         return out
 
     def _check_nothing(self, *, at_end: bool) -> None:
