@@ -14,17 +14,17 @@ from pathlib import Path
 
 import pytest
 
+from conftest import shared
 from feedline.sources.jsonl import JsonlReader
 from feedline.sources.lines import BOM, LineReader
 from feedline.sources.reader import Split
 from feedline.spec import SourceSpec
 
-from conftest import shared
-
 
 def _lines(tmp_path: Path) -> list[bytes]:
     """Real text records and every irregular kind of line, as JSON Lines."""
-    verses = gzip.open(shared("prose", "kjv_bible_verses.txt.gz"), "rt", encoding="utf-8").read().splitlines()
+    with gzip.open(shared("prose", "kjv_bible_verses.txt.gz"), "rt", encoding="utf-8") as fh:
+        verses = fh.read().splitlines()
     out = [json.dumps({"text": v.strip(), "id": i}).encode() + b"\n" for i, v in enumerate(verses[:4000]) if v.strip()]
     odd = [b"\n", b"   \n", b"{not json}\n", b'{"text": ""}\n', b'{"text": "  "}\n', b'{"other": 1}\n',
            b'{"text": 5}\n', b"[1, 2]\n", b'{"text": "crlf line"}\r\n', b'{"text": "\xff bad utf8"}\n',
