@@ -25,6 +25,7 @@ measured in one run, are the figures to compare.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -32,6 +33,8 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -53,8 +56,8 @@ def encoder_contenders(tokenizer: str, texts: list[str]) -> dict[str, Callable[[
     import fastokens
     import tokenizers
 
-    from feedline.tokenize.backends import with_backend
-    from feedline.tokenize.load import load_tokenizer
+    from feedline._tokenize.backends import with_backend
+    from feedline._tokenize.load import load_tokenizer
 
     raw = tokenizers.Tokenizer.from_file(str(Path(tokenizer) / "tokenizer.json"))
     raw.no_padding()
@@ -79,16 +82,20 @@ def encoder_contenders(tokenizer: str, texts: list[str]) -> dict[str, Callable[[
             "encoder hf": encoder("hf"), "encoder fastokens": encoder("fastokens"), "encoder auto": encoder("auto")}
 
 
-def loader_contender(tokenizer: str, corpus: Path, backend: str) -> Callable[[], int]:
+def loader_contender(tokenizer: str, corpus: Path, backend: str, digests: dict[str, str]) -> Callable[[], int]:
+    """The loader on ``backend``; records a digest of every batch's ids and labels in ``digests``."""
     def run() -> int:
         import feedline
 
         spec = {"sources": [{"path": str(corpus)}], "tokenizer": {"path": tokenizer, "backend": backend},
                 "task": {"kind": "clm", "max_length": 1024}, "batching": {"strategy": "pack", "batch_size": 64}}
-        tokens = 0
+        tokens, h = 0, hashlib.sha256()
         with feedline.Loader(spec) as loader:
             for batch in loader:
                 tokens += int(batch["seq_lens"].sum())
+                for key in ("input_ids", "labels", "position_ids"):
+                    h.update(np.ascontiguousarray(batch[key]).tobytes())
+        digests[backend] = h.hexdigest()
         return tokens
     return run
 
@@ -103,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     corpus = prose_corpus(args.mb)
     texts = load_texts(corpus)
     contenders = encoder_contenders(args.tokenizer, texts)
+    digests: dict[str, str] = {}
     for backend in ("hf", "fastokens", "auto"):
-        contenders[f"feedline {backend} (clm pack 1024)"] = loader_contender(args.tokenizer, corpus, backend)
+        contenders[f"feedline {backend} (clm pack 1024)"] = loader_contender(args.tokenizer, corpus, backend, digests)
     load_before = os.getloadavg()
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in contenders}
     for _ in range(args.rounds):
@@ -129,8 +137,11 @@ def main(argv: list[str] | None = None) -> int:
                        ("tokens", "tokens", ","), ("runs", "runs", "")]))
     print(f"\nmachine: {info['cpu']}, {info['cores']} cores; load average before {load_before[0]:.2f}, "
           f"after {info['load_avg_after'][0]:.2f} (1 min)")
+    identical = len(set(digests.values())) == 1
+    print(f"batches (ids, labels, positions of every batch): hf, fastokens and auto are "
+          f"{'identical' if identical else 'DIFFERENT: ' + str(digests)}")
     save_json("backends", {"machine": info, "command": "python bench/backends.py " + " ".join(argv or sys.argv[1:]),
-                           "rows": rows, "runs": runs})
+                           "rows": rows, "runs": runs, "digests": digests, "identical": identical})
     return 0
 
 

@@ -12,8 +12,8 @@ import argparse
 import time
 from pathlib import Path
 
-from feedline.tasks.segment import split_sentences
-from feedline.tokenize.load import load_tokenizer
+from feedline._tasks.segment import split_sentences
+from feedline._tokenize.load import load_tokenizer
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

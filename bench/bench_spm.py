@@ -29,7 +29,7 @@ from pathlib import Path
 
 import zstandard
 
-from feedline.tokenize.load import load_tokenizer
+from feedline._tokenize.load import load_tokenizer
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 MODELS = {"mistral-v3 (bpe)": "mistral-v3/tokenizer.model", "t5 (unigram)": "t5/spiece.model"}

@@ -39,7 +39,9 @@ def imports_of(tree: ast.AST, module: str, is_package: bool) -> set[str]:
                 name = ".".join(base + ([node.module] if node.module else []))
             else:
                 name = node.module or ""
-            if name.startswith("feedline"):
+            if name == "feedline":  # `from feedline import errors` imports the submodule
+                out.update(f"feedline.{a.name}" if (SRC / f"{a.name}.py").exists() else name for a in node.names)
+            elif name.startswith("feedline"):
                 out.add(name)
     return out
 

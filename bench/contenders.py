@@ -132,7 +132,7 @@ def feedline_inprocess(corpus: Path, w: Workload, meter: Meter, window: int | No
 
 def feedline_service(corpus: Path, w: Workload, meter: Meter) -> None:
     import feedline
-    from feedline.service.launch import serve_process
+    from feedline._service.launch import serve_process
 
     meter.start()
     with serve_process(feedline_spec(corpus, w)) as address:

@@ -34,7 +34,7 @@ import msgpack
 import numpy as np
 
 import feedline
-from feedline.service.launch import READY_PREFIX
+from feedline._service.launch import READY_PREFIX
 from feedline.testing import make_corpus
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -113,7 +113,7 @@ def main() -> None:
         tmp = Path(d)
         spec = tmp / "spec.json"
         spec.write_text(json.dumps(make_spec(args, tmp)))
-        proc = subprocess.Popen([sys.executable, "-m", "feedline.cli", "serve", str(spec), "--bind",
+        proc = subprocess.Popen([sys.executable, "-m", "feedline", "serve", str(spec), "--bind",
                                  "tcp://127.0.0.1:0", "--http", "127.0.0.1:0", "--window", str(args.batches + 16),
                                  "--stream", f"zmq={spec}", "--stream", f"msgpack={spec}", "--stream", f"json={spec}"],
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

@@ -11,7 +11,7 @@ Inputs (the same documents for every algorithm):
 * ``real-text-512``: real documents from ``../shared/data/prose`` (C4, Botchan paragraphs, KJV
   verses) tokenized with GPT-2 plus EOS, longer ones cut into 512-token pieces.
 
-Algorithms: feedline's :class:`~feedline.batching.bestfit.BestFitPacker` at several windows (64
+Algorithms: feedline's :class:`~feedline._batching.bestfit.BestFitPacker` at several windows (64
 carried open bins, at most 64 documents per row, as the ``pack`` batcher's defaults), the same
 without carried bins, the ``collate`` tool's greedy (sort by length, fill one bin, close it at the
 first document that does not fit), TRL's ``pack_dataset(strategy="bfd")`` (its default map batch of
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from feedline.batching.bestfit import BestFitPacker
+from feedline._batching.bestfit import BestFitPacker
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -52,7 +52,7 @@ def load_histograms() -> Any:
 
 
 def real_text_lengths(capacity: int) -> list[int]:
-    from feedline.tokenize.load import load_tokenizer
+    from feedline._tokenize.load import load_tokenizer
 
     prose = SHARED / "data" / "prose"
     texts = [json.loads(line)["text"] for line in (prose / "c4_demo.jsonl").read_text(encoding="utf-8").splitlines()]

@@ -39,7 +39,7 @@ TARGET = 10e6
 
 def documents() -> list[np.ndarray]:
     """The real documents as GPT-2 ids, each followed by EOS."""
-    from feedline.tokenize.load import load_tokenizer
+    from feedline._tokenize.load import load_tokenizer
 
     texts = [json.loads(line)["text"] for line in (DATA / "prose" / "c4_demo.jsonl").open(encoding="utf-8")]
     texts += [line.strip() for line in (DATA / "prose" / "wiki_demo.txt").open(encoding="utf-8") if line.strip()]
@@ -52,7 +52,7 @@ def build(mtok: float) -> dict[str, Path]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from feedline.sources.megatron import write_indexed_dataset
+    from feedline._sources.megatron import write_indexed_dataset
 
     out = CORPORA / f"pretokenized-{mtok:g}m"
     paths = {"parquet": out / "train.parquet", "megatron": out / "train_text_document.bin", "flat": out / "train.bin"}

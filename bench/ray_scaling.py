@@ -23,13 +23,13 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from feedline.core.record import Record
-from feedline.pipeline import Pipeline
-from feedline.ray.map import RayTaskMap
-from feedline.spec import EngineSpec
-from feedline.tasks.base import TaskOutput
-from feedline.tasks.clm import CausalLM
-from feedline.tasks.map import TaskMap
+from feedline._core.record import Record
+from feedline._pipeline import Pipeline
+from feedline._ray.map import RayTaskMap
+from feedline._spec import EngineSpec
+from feedline._tasks.base import TaskOutput
+from feedline._tasks.clm import CausalLM
+from feedline._tasks.map import TaskMap
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -73,7 +73,7 @@ def one_core_rate(spec: dict[str, Any], chunk: int) -> float:
     The child runs with ``TOKENIZERS_PARALLELISM=false`` (as Ray workers do), so its CPU time is
     one core's, whatever else the machine is doing: the ``r`` of the model in docs/ray.md.
     """
-    code = ("import json,sys,time; from feedline.pipeline import Pipeline; from feedline.tasks.map import TaskMap\n"
+    code = ("import json,sys,time; from feedline._pipeline import Pipeline; from feedline._tasks.map import TaskMap\n"
             "p=Pipeline(json.loads(sys.argv[1])); c=time.process_time(); n=0\n"
             "for e in TaskMap(p.records(), p.task, chunk=int(sys.argv[2]), workers=1): n+=len(e.fields['input_ids'])\n"
             "print(n/(time.process_time()-c))")

@@ -27,7 +27,7 @@ _FIRST = r"""
 import time, sys
 t0 = time.perf_counter()
 import feedline
-from feedline.records import records
+from feedline._records import records
 t1 = time.perf_counter()
 it = records({"sources": [{"path": sys.argv[1]}], "shuffle": {"buffer": int(sys.argv[2])}, "seed": 1})
 rec = next(it)
@@ -64,8 +64,8 @@ def first_record(path: str, buffer: int) -> tuple[float, float]:
 def scan_memory(path: str, every: int = 50_000) -> dict[str, float]:
     import psutil
 
-    from feedline.sources.source import FileSource
-    from feedline.spec import SourceSpec
+    from feedline._sources.source import FileSource
+    from feedline._spec import SourceSpec
 
     proc = psutil.Process()
     samples = []

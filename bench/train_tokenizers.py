@@ -72,7 +72,7 @@ def build_corpus(path: Path, mb: int) -> None:
 
 
 def train(kind: str, fmt: str, tsv: Path, out: Path, vocab: int, limit: float) -> float | None:
-    cmd = [sys.executable, "-m", "feedline.cli", "train-tokenizer", str(tsv), "-o", str(out), "--kind", kind,
+    cmd = [sys.executable, "-m", "feedline", "train-tokenizer", str(tsv), "-o", str(out), "--kind", kind,
            "--format", fmt, "--vocab-size", str(vocab), "--no-progress"]
     t0 = time.perf_counter()
     try:
@@ -96,7 +96,7 @@ def main() -> None:
         corpus, tsv = tmp / "corpus.txt", tmp / "counts.tsv"
         if not tsv.exists():
             build_corpus(corpus, args.mb)
-            subprocess.run([sys.executable, "-m", "feedline.cli", "count-tokens", str(corpus), "--format", "text",
+            subprocess.run([sys.executable, "-m", "feedline", "count-tokens", str(corpus), "--format", "text",
                             "-o", str(tsv), "--no-progress"], check=True, capture_output=True)
         with open(tsv, encoding="utf-8") as f:
             words = sum(1 for _ in f)

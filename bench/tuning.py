@@ -3,7 +3,7 @@
     .venv/bin/python bench/tuning.py                     # chunk x workers grid, clm-1024, 128 MB corpus
     .venv/bin/python bench/tuning.py --chunks 256 --workers 1,2 --seconds 5 --rounds 3
 
-Runs the task stage alone (records -> tokenized clm examples, ``feedline.tasks.map.TaskMap``) for
+Runs the task stage alone (records -> tokenized clm examples, ``feedline._tasks.map.TaskMap``) for
 ``--seconds`` per setting, in a fresh process each, interleaving settings over ``--rounds`` so that
 load from other work hits every setting alike, and reports the median tokens/s and the cores the
 process kept busy. ``raw`` is the same text through ``encode_batch_fast`` from as many threads,
@@ -46,7 +46,7 @@ class _Pooled:
 
 
 def _pooled_taskmap() -> type:
-    from feedline.tasks.map import TaskMap
+    from feedline._tasks.map import TaskMap
 
     class PooledTaskMap(TaskMap):
         def runner(self) -> Any:
@@ -56,8 +56,8 @@ def _pooled_taskmap() -> type:
 
 
 def child(corpus: Path, workload: str, chunk: int, workers: int, seconds: float) -> dict[str, Any]:
-    from feedline.pipeline import Pipeline
-    from feedline.tasks.map import TaskMap
+    from feedline._pipeline import Pipeline
+    from feedline._tasks.map import TaskMap
 
     PooledTaskMap = _pooled_taskmap()
     p = Pipeline(feedline_spec(corpus, WORKLOADS[workload]))

@@ -23,17 +23,16 @@ def shared(*parts: str) -> Path | None:
 
 def demo_corpus() -> Path:
     """The embedded demo corpus (JSONL, ``{"text": ...}`` per paragraph)."""
-    from feedline.demo.corpus import ensure_demo_assets
+    from feedline.tools import ensure_demo_assets
 
     return ensure_demo_assets()[0]
 
 
 def trained_tokenizer(kind: str, vocab_size: int = 2048) -> str:
     """A ``bpe``/``wordpiece``/``unigram`` tokenizer trained once on the demo corpus."""
-    from feedline.demo.corpus import cache_dir
-    from feedline.tools.train_tokenizer import train_tokenizer
+    from feedline.tools import train_tokenizer
 
-    out = cache_dir() / "examples" / f"tokenizer-{kind}-{vocab_size}"
+    out = demo_corpus().parent / "examples" / f"tokenizer-{kind}-{vocab_size}"
     if not (out / "tokenizer.json").exists():
         tmp = out.with_name(out.name + f".tmp{os.getpid()}")
         train_tokenizer([str(demo_corpus())], str(tmp), kind=kind, vocab_size=vocab_size)

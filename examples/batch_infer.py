@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from _data import keyword_label_tsv, shared, tokenizer
 
-from feedline.tools.predictions import join_predictions
+from feedline.tools import join_predictions
 from feedline.torch import TorchLoader
 
 

@@ -39,8 +39,8 @@ def bert_path() -> str:
 @pytest.fixture(scope="session")
 def small_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A byte-level BPE tokenizer trained here on generated text: always available."""
+    from feedline._tools.train_tokenizer import train_tokenizer
     from feedline.testing import make_corpus
-    from feedline.tools.train_tokenizer import train_tokenizer
 
     d = tmp_path_factory.mktemp("small-tok")
     make_corpus(d / "corpus", files=2, docs=200)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from feedline.service.launch import READY_PREFIX
+from feedline._service.launch import READY_PREFIX
 from feedline.testing import make_corpus
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -59,7 +59,7 @@ def free_port() -> int:
 
 def start_server(spec_path: str, *args: str, bind: str = "tcp://127.0.0.1:0") -> tuple[subprocess.Popen[str], str]:
     """Start ``feedline serve`` and wait until it listens; returns the process and address."""
-    proc = subprocess.Popen([sys.executable, "-m", "feedline.cli", "serve", spec_path, "--bind", bind, *args],
+    proc = subprocess.Popen([sys.executable, "-m", "feedline", "serve", spec_path, "--bind", bind, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
     deadline = time.monotonic() + 60

@@ -18,13 +18,13 @@ import pytest
 
 from conftest import TOKENIZERS, shared
 from feedline import Loader
+from feedline._spec import Spec
+from feedline._tokenize import backends
+from feedline._tokenize.backends import FastEncoder, HfEncoder, VerifiedEncoder, check_fastokens, with_backend
+from feedline._tokenize.load import load_tokenizer
+from feedline._tokenize.tokenizer import Tokenizer
 from feedline.errors import SpecError, TokenizerDivergence, TokenizerError
-from feedline.spec import Spec
 from feedline.testing import assert_batches_equal, collect
-from feedline.tokenize import backends
-from feedline.tokenize.backends import FastEncoder, HfEncoder, VerifiedEncoder, check_fastokens, with_backend
-from feedline.tokenize.load import load_tokenizer
-from feedline.tokenize.tokenizer import Tokenizer
 
 fastokens = pytest.importorskip("fastokens")
 
@@ -253,7 +253,7 @@ def test_a_process_may_exit_while_the_check_runs(gpt2_path: str) -> None:
     """Exiting right after the first batch, with the background check still inside fastokens' Rust
     code, must exit cleanly (a daemon thread there made the process abort)."""
     script = ("import sys, threading, feedline\n"
-              "from feedline.tokenize import backends\n"
+              "from feedline._tokenize import backends\n"
               "backends.START_AFTER_CHARS = 0  # start the check at the first encode (by default after 1 MiB)\n"
               "spec = {'sources': [sys.argv[1]], 'tokenizer': sys.argv[2], 'batching': {'batch_size': 2}}\n"
               "print(next(iter(feedline.Loader(spec)))['input_ids'].shape)\n"

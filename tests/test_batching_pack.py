@@ -11,9 +11,9 @@ import pytest
 
 from conftest import shared
 from feedline import Loader
-from feedline.batching.rows import flat_cu_seqlens
+from feedline._batching.rows import flat_cu_seqlens
+from feedline._pipeline import GlobalStream, Pipeline
 from feedline.errors import SpecError
-from feedline.pipeline import GlobalStream, Pipeline
 from feedline.testing import assert_resumes_exactly, collect
 
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from feedline import Loader
-from feedline.batching.bestfit import BestFitPacker
-from feedline.batching.planner import assign_rows, complete_batch, slice_for_rank
+from feedline._batching.bestfit import BestFitPacker
+from feedline._batching.planner import assign_rows, complete_batch, slice_for_rank
+from feedline._pipeline import GlobalStream, Pipeline
 from feedline.errors import SpecError
-from feedline.pipeline import GlobalStream, Pipeline
 from feedline.testing import assert_resumes_exactly, collect
 
 HISTOGRAMS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "packing_sim" / "histograms.py"
@@ -23,7 +23,7 @@ HISTOGRAMS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "pac
 
 @pytest.mark.parametrize("module", ["base", "bestfit", "rows", "planner"])
 def test_docstring_examples(module: str) -> None:
-    result = doctest.testmod(importlib.import_module(f"feedline.batching.{module}"))
+    result = doctest.testmod(importlib.import_module(f"feedline._batching.{module}"))
     assert result.failed == 0
 
 

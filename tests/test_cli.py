@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from feedline.cli.__main__ import _commands
+from feedline._cli.__main__ import _commands
 
-EXE = [sys.executable, "-m", "feedline.cli"]
+EXE = [sys.executable, "-m", "feedline"]
 
 
 def run(*args: str, stdin: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess[str]:
@@ -79,7 +79,7 @@ def test_serve_help_shows_the_defaults() -> None:
 
 
 def test_inspect_highlighting_keeps_the_spaces_between_words(corpus: str, bert_path: str) -> None:
-    from feedline.tokenize import load_tokenizer
+    from feedline._tokenize import load_tokenizer
 
     spec = {"sources": [corpus], "tokenizer": bert_path, "seed": 5,
             "task": {"kind": "mlm", "max_length": 64, "mlm_probability": 0.3},

@@ -5,8 +5,8 @@ from __future__ import annotations
 import collections
 from pathlib import Path
 
-from feedline.cli.__main__ import main
-from feedline.tools.count_tokens import count_tokens, is_count_file
+from feedline._cli.__main__ import main
+from feedline._tools.count_tokens import count_tokens, is_count_file
 
 
 def _read_tsv(p: Path) -> list[tuple[str, int]]:

@@ -93,7 +93,7 @@ def test_jax_flax(run_example, corpus: str) -> None:  # type: ignore[no-untyped-
 
 def service_available() -> None:
     needs("zmq", "transformers")
-    if importlib.util.find_spec("feedline.service.launch") is None:
+    if importlib.util.find_spec("feedline._service.launch") is None:
         pytest.skip("the loader service (feedline.service) is not available yet")
 
 

@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from feedline.demo.run import DEMO_TASKS, run_demo  # noqa: E402
-from feedline.demo.tasks import KEYWORDS, derived_source  # noqa: E402
+from feedline._demo.run import DEMO_TASKS, run_demo  # noqa: E402
+from feedline._demo.tasks import KEYWORDS, derived_source  # noqa: E402
 from feedline.testing import collect  # noqa: E402
 
 
@@ -39,7 +39,7 @@ def test_derived_multilabel_rows_match_their_text() -> None:
     """The derived labels really are the keywords in each row's text (so the model can learn them)."""
     import json
 
-    from feedline.demo.corpus import ensure_demo_assets
+    from feedline._demo.corpus import ensure_demo_assets
 
     src = derived_source("multilabel", str(ensure_demo_assets()[0]))
     rows = [json.loads(x) for x in Path(src["path"]).read_text(encoding="utf-8").splitlines()]
@@ -50,8 +50,8 @@ def test_derived_multilabel_rows_match_their_text() -> None:
 
 
 def test_demo_specs_batch_with_the_task_fields(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from feedline.demo.corpus import ensure_demo_assets
-    from feedline.demo.tasks import demo_tokenizer
+    from feedline._demo.corpus import ensure_demo_assets
+    from feedline._demo.tasks import demo_tokenizer
 
     corpus = str(ensure_demo_assets()[0])
     want = {"sop": "sentence_order_label", "span": "decoder_input_ids", "multilabel": "labels"}

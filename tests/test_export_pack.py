@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from conftest import shared
-from feedline.cli.__main__ import main
-from feedline.pipeline import Pipeline
-from feedline.tools.export import export
-from feedline.tools.pack import pack
+from feedline._cli.__main__ import main
+from feedline._pipeline import Pipeline
+from feedline._tools.export import export
+from feedline._tools.pack import pack
 
 
 @pytest.fixture(scope="module")

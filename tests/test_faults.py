@@ -21,9 +21,9 @@ import pytest
 import zmq
 
 import feedline
-from feedline.cli.commands.stats import fetch_stats
+from feedline._cli.commands.stats import fetch_stats
+from feedline._service.protocol import pack, unpack_header
 from feedline.errors import StateError
-from feedline.service.protocol import pack, unpack_header
 from feedline.testing import assert_batches_equal, collect
 from service_helpers import free_port, make_spec, rows, start_server, stop, tokenizer_path, write_spec
 
@@ -390,7 +390,7 @@ def test_the_server_caps_what_a_client_makes_it_hold(server: Any) -> None:
 
 # ----------------------------------------------------------------------------- 7. keys, stats, metrics
 def _keys(tmp: Path, name: str = "keys") -> Path:
-    from feedline.service.auth import generate_keys
+    from feedline._service.auth import generate_keys
 
     generate_keys(tmp / name)
     return tmp / name
@@ -402,7 +402,7 @@ def test_secret_key_files_are_created_private(tmp_path: Path) -> None:
         import os, sys
         os.umask(0)
         os.chmod = lambda *a, **k: None   # whatever is not private at creation stays visible
-        from feedline.service.auth import generate_keys
+        from feedline._service.auth import generate_keys
         generate_keys(sys.argv[1])
         generate_keys(sys.argv[1], client="second")
     """)
@@ -411,7 +411,7 @@ def test_secret_key_files_are_created_private(tmp_path: Path) -> None:
     assert [p.name for p in secrets] == ["client.key_secret", "second.key_secret", "server.key_secret"]
     for p in secrets:
         assert p.stat().st_mode & 0o777 == 0o600, f"{p.name} created with mode {oct(p.stat().st_mode & 0o777)}"
-    from feedline.service.auth import ClientKeys, ServerKeys
+    from feedline._service.auth import ClientKeys, ServerKeys
 
     ServerKeys.load(tmp_path / "k")
     ClientKeys.load(tmp_path / "k", "second")
@@ -419,13 +419,13 @@ def test_secret_key_files_are_created_private(tmp_path: Path) -> None:
 
 def test_metrics_off_loopback_with_keys_is_refused_unless_forced(env: dict, tmp_path: Path) -> None:
     keys = _keys(tmp_path)
-    cmd = [sys.executable, "-m", "feedline.cli", "serve", env["path"], "--bind", "tcp://127.0.0.1:0",
+    cmd = [sys.executable, "-m", "feedline", "serve", env["path"], "--bind", "tcp://127.0.0.1:0",
            "--keys", str(keys), "--metrics-port", "0", "--metrics-host", "0.0.0.0"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out.stderr
     assert "refusing to serve metrics on 0.0.0.0" in out.stderr and "--metrics-insecure" in out.stderr
+    from feedline._service.auth import ServerKeys
     from feedline.service import ServerOptions
-    from feedline.service.auth import ServerKeys
 
     server_keys = ServerKeys.load(keys)
     for host in ("127.0.0.1", "localhost", "::1"):
@@ -436,8 +436,8 @@ def test_metrics_off_loopback_with_keys_is_refused_unless_forced(env: dict, tmp_
 
 def test_stats_are_answered_only_to_authenticated_peers(env: dict, tmp_path: Path) -> None:
     """Even when the authenticator is gone (CurveZMQ then accepts any key), nothing is answered."""
+    from feedline._service.auth import ClientKeys, ServerKeys
     from feedline.service import Server, ServerOptions, load_streams
-    from feedline.service.auth import ClientKeys, ServerKeys
 
     keys, other = _keys(tmp_path), _keys(tmp_path, "other")
     server = Server(load_streams(env["spec"]), ServerOptions(bind="tcp://127.0.0.1:0", keys=ServerKeys.load(keys)))
@@ -474,7 +474,7 @@ def test_stats_are_answered_only_to_authenticated_peers(env: dict, tmp_path: Pat
 def test_a_stalled_window_is_logged_with_the_rank_behind(env: dict, tmp_path: Path) -> None:
     log_path = tmp_path / "serve.log"
     with open(log_path, "w") as log_file:
-        proc = subprocess.Popen([sys.executable, "-m", "feedline.cli", "serve", env["path"], "--bind",
+        proc = subprocess.Popen([sys.executable, "-m", "feedline", "serve", env["path"], "--bind",
                                  "tcp://127.0.0.1:0", "--window", "2", *FAST],
                                 stdout=subprocess.PIPE, stderr=log_file, text=True)
     loaders: list[Any] = []

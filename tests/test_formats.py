@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from feedline.core.record import Record
+from feedline._core.record import Record
+from feedline._records import records
+from feedline._sources.source import FileSource
+from feedline._spec import SourceSpec
 from feedline.errors import RecordError, SourceError, SpecError
-from feedline.records import records
-from feedline.sources.source import FileSource
-from feedline.spec import SourceSpec
 
 
 def _read(path: str | Path, **kw: object) -> tuple[list[Record], FileSource]:

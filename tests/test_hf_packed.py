@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from conftest import shared  # noqa: E402
-from feedline.adapters.hf import PackedLayout  # noqa: E402
+from feedline._adapters.hf import PackedLayout  # noqa: E402
 from feedline.errors import FeedlineError  # noqa: E402
 from feedline.torch import TorchLoader  # noqa: E402
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from conftest import shared
-from feedline.core.record import Rejection
-from feedline.sources.jsonl import parse_json_line
+from feedline._core.record import Rejection
+from feedline._sources.jsonl import parse_json_line
 
 
 def _reference(raw: bytes):

@@ -2,7 +2,7 @@
 
 The layers, bottom to top, are drawn in docs/architecture.md ("Layers"). A module may import
 modules of its own layer or of lower layers; a layer is a module-name prefix (the longest
-matching prefix wins, so ``feedline.ray.map`` and ``feedline.ray.train`` sit apart).
+matching prefix wins, so ``feedline._ray.map`` and ``feedline._ray.train`` sit apart).
 """
 
 from __future__ import annotations
@@ -15,18 +15,21 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "feedline"
 
 LAYERS: list[list[str]] = [
     ["feedline.errors"],
-    ["feedline.core", "feedline.state"],
-    ["feedline.spec", "feedline.tokenize"],
-    ["feedline.sources"],
-    ["feedline.tasks"],
-    ["feedline.batching"],
-    ["feedline.ray.runtime", "feedline.ray.map"],
-    ["feedline.pipeline"],
-    ["feedline.records", "feedline.service"],
-    ["feedline.loader"],
-    ["feedline.adapters", "feedline.torch", "feedline.jax", "feedline.ray", "feedline.tools", "feedline.testing"],
-    ["feedline.demo"],
-    ["feedline.cli", "feedline.__main__", "feedline"],
+    ["feedline._core", "feedline._state"],
+    ["feedline._spec", "feedline._tokenize"],
+    ["feedline._sources"],
+    ["feedline._tasks"],
+    ["feedline._batching"],
+    ["feedline._ray.runtime", "feedline._ray.map"],
+    ["feedline._pipeline"],
+    ["feedline._records", "feedline._service"],
+    ["feedline._loader"],
+    ["feedline._adapters", "feedline._ray", "feedline._tools", "feedline._testing"],
+    ["feedline._demo"],
+    ["feedline._hf_datasets"],
+    # the public modules (re-exports of the rooms below them), the package root and the command line
+    ["feedline.tasks", "feedline.torch", "feedline.jax", "feedline.ray", "feedline.service", "feedline.tools", "feedline.testing",
+     "feedline._cli", "feedline.__main__", "feedline"],
 ]
 
 

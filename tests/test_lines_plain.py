@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from conftest import shared
-from feedline.sources.jsonl import JsonlReader
-from feedline.sources.lines import BOM, LineReader
-from feedline.sources.reader import Split
-from feedline.spec import SourceSpec
+from feedline._sources.jsonl import JsonlReader
+from feedline._sources.lines import BOM, LineReader
+from feedline._sources.reader import Split
+from feedline._spec import SourceSpec
 
 
 def _lines(tmp_path: Path) -> list[bytes]:

@@ -12,8 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import feedline
-from feedline.service.server import Server, ServerOptions
-from feedline.service.streams import load_streams
+from feedline._service.server import Server, ServerOptions
+from feedline._service.streams import load_streams
 from feedline.testing import collect
 from service_helpers import make_spec, tokenizer_path
 

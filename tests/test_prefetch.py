@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from feedline.core.dataset import DatasetIterator, State
-from feedline.core.prefetch import Prefetch
+from feedline._core.dataset import DatasetIterator, State
+from feedline._core.prefetch import Prefetch
 from feedline.errors import FeedlineError, SourceError
 
 

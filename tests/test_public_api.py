@@ -1,7 +1,10 @@
 """The public surface is deliberate: a sorted __all__ that is exactly the public namespace."""
 
 from __future__ import annotations
+import __future__
 
+import importlib
+import re
 import types
 from pathlib import Path
 
@@ -24,21 +27,43 @@ def test_every_error_derives_from_the_root() -> None:
 
 
 def _public_names(module: types.ModuleType) -> list[str]:
-    return sorted(n for n, v in vars(module).items() if not n.startswith("_") and not isinstance(v, types.ModuleType))
+    return sorted(n for n, v in vars(module).items()
+                  if not n.startswith("_") and not isinstance(v, (types.ModuleType, __future__._Feature)))
 
 
-def test_all_is_exactly_the_public_namespace() -> None:
+PUBLIC_MODULES = ["feedline", "feedline.errors", "feedline.jax", "feedline.ray", "feedline.service", "feedline.tasks",
+                  "feedline.testing", "feedline.tools", "feedline.torch"]
+
+
+def test_every_implementation_module_is_private() -> None:
+    """A module is public only on purpose: every other module has a ``_`` name or sits in a ``_`` package."""
+    src = Path(feedline.__file__).parent
+    public = []
+    for path in sorted(src.rglob("*.py")):
+        parts = path.relative_to(src.parent).with_suffix("").parts
+        if parts[-1] == "__main__":
+            continue
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if not any(p.startswith("_") for p in parts[1:]):
+            public.append(".".join(parts))
+    assert public == PUBLIC_MODULES
+
+
+@pytest.mark.parametrize("name", PUBLIC_MODULES)
+def test_all_is_exactly_the_public_namespace(name: str) -> None:
     """Every public name is exported and every export is public (httpx's exported-members test)."""
-    import feedline.tasks
-
-    for module in (feedline, feedline.tasks):
-        assert module.__all__ == _public_names(module), module.__name__
+    module = importlib.import_module(name)
+    assert module.__all__ == _public_names(module), name
+    for export in module.__all__:
+        assert getattr(getattr(module, export), "__module__", None) != name or name in ("feedline", "feedline.errors"), (
+            f"{name}.{export} is defined in the public module; define it in a private one and re-export it")
 
 
 def test_the_plugin_surface_is_importable_from_the_top_and_from_tasks() -> None:
     import feedline.tasks
-    from feedline.core.record import Example, Record, Rejection
-    from feedline.tasks.base import Task, TaskOutput
+    from feedline._core.record import Example, Record, Rejection
+    from feedline._tasks.base import Task, TaskOutput
 
     for name, obj in {"Record": Record, "Example": Example, "Rejection": Rejection, "TaskOutput": TaskOutput, "Task": Task}.items():
         assert getattr(feedline, name) is obj, name
@@ -46,8 +71,8 @@ def test_the_plugin_surface_is_importable_from_the_top_and_from_tasks() -> None:
 
 
 def test_in_process_and_remote_loaders_are_both_loaders(tmp_path: Path, small_tokenizer: str) -> None:
-    from feedline.loader import InProcessLoader
-    from feedline.service.client import RemoteLoader
+    from feedline._loader import InProcessLoader
+    from feedline._service.client import RemoteLoader
     from feedline.testing import make_corpus
 
     make_corpus(tmp_path / "c", files=1, docs=8)
@@ -66,3 +91,14 @@ def test_in_process_and_remote_loaders_are_both_loaders(tmp_path: Path, small_to
 def test_stream_is_refused_in_process(tmp_path: Path) -> None:
     with pytest.raises(feedline.SpecError, match="stream='validation'.*in-process.*service address"):
         feedline.Loader({"sources": [str(tmp_path)]}, stream="validation")
+
+
+def test_examples_and_user_docs_use_only_public_paths() -> None:
+    """What users copy (examples, README, the guides) never names a private module."""
+    root = Path(__file__).resolve().parents[1]
+    texts = [*sorted((root / "examples").glob("*.py")), root / "README.md",
+             *(p for p in sorted((root / "docs").glob("*.md")) if p.name != "architecture.md")]
+    private = re.compile(r"\bfeedline\._[a-z]")
+    offenders = [f"{p.relative_to(root)}:{i}" for p in texts for i, line in enumerate(p.read_text().splitlines(), 1)
+                 if private.search(line)]
+    assert not offenders, offenders

@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 
-from feedline.core.record import Example, Record, Rejection
+from feedline._core.record import Example, Record, Rejection
+from feedline._loader import Loader
+from feedline._pipeline import Pipeline
+from feedline._ray.map import RayTaskMap
+from feedline._spec import EngineSpec
+from feedline._tasks.base import TaskOutput
+from feedline._tasks.clm import CausalLM
+from feedline._tasks.map import TaskMap
 from feedline.errors import MissingDependency, RecordError, TaskError
-from feedline.loader import Loader
-from feedline.pipeline import Pipeline
-from feedline.ray.map import RayTaskMap
-from feedline.spec import EngineSpec
-from feedline.tasks.base import TaskOutput
-from feedline.tasks.clm import CausalLM
-from feedline.tasks.map import TaskMap
 from feedline.testing import assert_batches_equal, assert_resumes_exactly, collect, make_corpus
 
 ray = pytest.importorskip("ray")
@@ -89,7 +89,7 @@ def test_clm_mixture_with_shuffle_is_identical_to_local(ray_session: Any, corpus
 
 @needs_data
 def test_mlm_is_identical_to_local(ray_session: Any, corpus: dict[str, list[str]]) -> None:
-    from feedline.tasks.registry import TASKS
+    from feedline._tasks.registry import TASKS
 
     if "mlm" not in TASKS:
         pytest.skip("the mlm task is not in this checkout yet")
@@ -101,7 +101,7 @@ def test_mlm_is_identical_to_local(ray_session: Any, corpus: dict[str, list[str]
 
 @needs_data
 def test_pack_is_identical_to_local(ray_session: Any, corpus: dict[str, list[str]]) -> None:
-    from feedline.batching.registry import STRATEGIES
+    from feedline._batching.registry import STRATEGIES
 
     if "pack" not in STRATEGIES:
         pytest.skip("the pack strategy is not in this checkout yet")
@@ -174,8 +174,8 @@ def test_states_carry_across_engines(ray_session: Any, corpus: dict[str, list[st
 def test_service_with_a_ray_engine_serves_the_local_batches(ray_session: Any, corpus: dict[str, list[str]]) -> None:
     """A server whose pipeline runs on Ray: two ranks over ZeroMQ reassemble the local stream."""
     pytest.importorskip("zmq")
-    from feedline.batching.planner import slice_for_rank
-    from feedline.service.server import Server, ServerOptions
+    from feedline._batching.planner import slice_for_rank
+    from feedline._service.server import Server, ServerOptions
 
     spec = spec_for(corpus, epochs=1)
     want = collect(Loader(spec))

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from feedline.batching.planner import slice_for_rank
+from feedline._batching.planner import slice_for_rank
+from feedline._loader import Loader
+from feedline._ray.train import STATE_FILE, load_state, save_state, shard_for_worker
 from feedline.errors import StateError
-from feedline.loader import Loader
-from feedline.ray.train import STATE_FILE, load_state, save_state, shard_for_worker
 from feedline.testing import assert_batches_equal, collect, make_corpus
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from conftest import shared
 
-EXE = [sys.executable, "-m", "feedline.cli"]
+EXE = [sys.executable, "-m", "feedline"]
 
 
 def child(code: str, *, block: tuple[str, ...] = (), env: dict[str, str] | None = None,
@@ -20,7 +20,7 @@ def child(code: str, *, block: tuple[str, ...] = (), env: dict[str, str] | None 
     """Run ``code`` (or the CLI with ``args``) in a child where the ``block`` modules cannot be imported."""
     pre = "import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in block)
     if args:
-        pre += f"sys.argv = ['feedline', *{list(args)!r}]\nfrom feedline.cli.__main__ import main\nsys.exit(main())\n"
+        pre += f"sys.argv = ['feedline', *{list(args)!r}]\nfrom feedline._cli.__main__ import main\nsys.exit(main())\n"
     return subprocess.run([sys.executable, "-c", pre + code], capture_output=True, text=True, timeout=180,
                           env={**os.environ, **(env or {})})
 
@@ -63,7 +63,7 @@ def test_hub_tokenizer_without_network_fails_in_seconds(tmp_path: Path) -> None:
     code = ("import time\n"
             "from transformers import AutoTokenizer\n"
             f"AutoTokenizer.from_pretrained({local!r})\n"
-            "from feedline.tokenize.load import load_tokenizer\n"
+            "from feedline._tokenize.load import load_tokenizer\n"
             "start = time.monotonic()\n"
             "try:\n"
             "    load_tokenizer('some-org/some-tokenizer')\n"

@@ -53,7 +53,7 @@ def test_export_counts_the_records_a_source_skipped(tmp_path: Path, small_tokeni
     spec = {"sources": [str(data)], "tokenizer": small_tokenizer, "task": {"kind": "clm", "max_length": 16},
             "batching": {"strategy": "pad", "batch_size": 1}}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    r = subprocess.run([sys.executable, "-m", "feedline.cli", "export", str(tmp_path / "spec.json"), "-o",
+    r = subprocess.run([sys.executable, "-m", "feedline", "export", str(tmp_path / "spec.json"), "-o",
                         str(tmp_path / "out"), "--format", "jsonl", "--what", what],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 import feedline
-from feedline.core.report import sum_rejected
+from feedline._core.report import sum_rejected
+from feedline._pipeline import Pipeline
 from feedline.errors import SourceError
-from feedline.pipeline import Pipeline
 
-EXE = [sys.executable, "-m", "feedline.cli"]
+EXE = [sys.executable, "-m", "feedline"]
 
 
 def _jsonl(path: Path, rows: list[dict[str, Any]]) -> str:

@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from feedline.batching.base import BatchContext
-from feedline.batching.registry import batcher_class
-from feedline.core.dataset import Dataset, DatasetIterator, State
-from feedline.core.record import Example, ExampleRef
+from feedline._batching.base import BatchContext
+from feedline._batching.registry import batcher_class
+from feedline._core.dataset import Dataset, DatasetIterator, State
+from feedline._core.record import Example, ExampleRef
+from feedline._pipeline import Pipeline
 from feedline.errors import StateError
-from feedline.pipeline import Pipeline
 from feedline.testing import assert_stage_resumes, make_corpus
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from feedline.cli.__main__ import main
+from feedline._cli.__main__ import main
 
 
 @pytest.fixture()
@@ -46,15 +46,13 @@ def test_scan_tokens_with_a_real_tokenizer(spec_file: Path, capsys: pytest.Captu
 
 def test_scan_reads_the_spec_from_stdin_and_reports_bad_usage(spec_file: Path, tmp_path: Path) -> None:
     spec = json.dumps({"sources": [str(tmp_path / "a.jsonl")]})
-    run = subprocess.run([sys.executable, "-m", "feedline.cli", "scan", "-", "--json"], input=spec, text=True,
+    run = subprocess.run([sys.executable, "-m", "feedline", "scan", "-", "--json"], input=spec, text=True,
                          capture_output=True, check=False)
-    if run.returncode != 0 and "No module named feedline.cli.__main__" in run.stderr:
-        pytest.skip("feedline.cli is not runnable with -m")
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["records"] == 2
-    bad = subprocess.run([sys.executable, "-m", "feedline.cli", "scan", "-"], input='{"sources": [{"pth": "x"}]}',
+    bad = subprocess.run([sys.executable, "-m", "feedline", "scan", "-"], input='{"sources": [{"pth": "x"}]}',
                          text=True, capture_output=True, check=False)
     assert bad.returncode == 2 and "did you mean 'path'" in bad.stderr
-    missing = subprocess.run([sys.executable, "-m", "feedline.cli", "scan", "-"], input='{"sources": ["/nonexistent/x.jsonl"]}',
+    missing = subprocess.run([sys.executable, "-m", "feedline", "scan", "-"], input='{"sources": ["/nonexistent/x.jsonl"]}',
                              text=True, capture_output=True, check=False)
     assert missing.returncode == 1 and "no such file" in missing.stderr and len(missing.stderr.strip().splitlines()) == 1

@@ -19,10 +19,10 @@ import pytest
 import zmq
 
 import feedline
-from feedline.cli.commands.stats import fetch_stats
+from feedline._cli.commands.stats import fetch_stats
+from feedline._service.protocol import pack, unpack_header
 from feedline.errors import AuthError, ProtocolError, SpecError, StateError, TransportTimeout
 from feedline.service import serve_process
-from feedline.service.protocol import pack, unpack_header
 from feedline.testing import assert_batches_equal, collect
 from service_helpers import free_port, make_spec, rows, rss_kb, start_server, stop, tokenizer_path, write_spec
 
@@ -171,7 +171,7 @@ def test_stats_command_and_prometheus_endpoint(server: Any) -> None:
     proc, address = server
     with feedline.Loader(address) as loader:
         collect(loader, limit=2)
-        out = subprocess.run([sys.executable, "-m", "feedline.cli", "stats", address, "--json"],
+        out = subprocess.run([sys.executable, "-m", "feedline", "stats", address, "--json"],
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         stats = json.loads(out.stdout)
@@ -179,7 +179,7 @@ def test_stats_command_and_prometheus_endpoint(server: Any) -> None:
         train = stats["streams"]["train"]
         assert train["batches"] >= 2 and train["tokens"] > 0 and 0 < train["efficiency"] <= 1
         assert any(c["stream"] == "train" for c in stats["clients"])
-        text = subprocess.run([sys.executable, "-m", "feedline.cli", "stats", address],
+        text = subprocess.run([sys.executable, "-m", "feedline", "stats", address],
                               capture_output=True, text=True, timeout=60).stdout
         assert "stream train" in text and "tokens/s" in text
     port = None
@@ -324,11 +324,11 @@ def test_shared_mode_redelivers_a_killed_clients_batches(env: dict, tmp_path: Pa
 
 def test_unauthenticated_client_gets_nothing(env: dict, tmp_path: Path) -> None:
     keys = tmp_path / "keys"
-    out = subprocess.run([sys.executable, "-m", "feedline.cli", "keys", "generate", str(keys)],
+    out = subprocess.run([sys.executable, "-m", "feedline", "keys", "generate", str(keys)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     other = tmp_path / "other"
-    subprocess.run([sys.executable, "-m", "feedline.cli", "keys", "generate", str(other)], check=True,
+    subprocess.run([sys.executable, "-m", "feedline", "keys", "generate", str(other)], check=True,
                    capture_output=True, timeout=60)
     with serve_process(env["path"], args=["--keys", str(keys), *FAST]) as address:
         with feedline.Loader(address, keys=keys) as loader:
@@ -347,7 +347,7 @@ def test_unauthenticated_client_gets_nothing(env: dict, tmp_path: Path) -> None:
 
 
 def test_open_bind_without_keys_is_refused(env: dict) -> None:
-    out = subprocess.run([sys.executable, "-m", "feedline.cli", "serve", env["path"], "--bind", "tcp://0.0.0.0:0"],
+    out = subprocess.run([sys.executable, "-m", "feedline", "serve", env["path"], "--bind", "tcp://0.0.0.0:0"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "refusing to bind tcp://0.0.0.0:0 without encryption" in out.stderr and "--insecure" in out.stderr
@@ -368,6 +368,6 @@ def test_sigterm_drains_and_exits_cleanly(env: dict) -> None:
 def test_refused_hello_raises_typed_errors_in_the_client(server: Any) -> None:
     _, address = server
     with pytest.raises(ProtocolError):
-        from feedline.service.client import RemoteLoader
+        from feedline._service.client import RemoteLoader
 
         first(RemoteLoader(address, mode="shared", prefetch=5000))

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import feedline
+from feedline._service.http_options import HttpOptions, parse_http_bind
 from feedline.errors import SpecError
-from feedline.service.http import HttpOptions, parse_http_bind
 from feedline.testing import collect
 from service_helpers import make_spec, tokenizer_path, write_spec
 
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(120)
 
 def start_http(spec_path: str, *args: str) -> tuple[subprocess.Popen[str], str]:
     """``feedline serve SPEC --http 127.0.0.1:0 ARGS``; returns the process and the base URL."""
-    proc = subprocess.Popen([sys.executable, "-m", "feedline.cli", "serve", spec_path, *FAST, *args],
+    proc = subprocess.Popen([sys.executable, "-m", "feedline", "serve", spec_path, *FAST, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -172,6 +172,6 @@ def test_non_loopback_http_without_token_is_refused(env: dict) -> None:
     with pytest.raises(SpecError, match="--http-token-file"):
         HttpOptions(host="0.0.0.0", port=0)
     assert parse_http_bind("[::1]:81") == ("::1", 81)
-    out = subprocess.run([sys.executable, "-m", "feedline.cli", "serve", env["path"], "--http", "0.0.0.0:0"],
+    out = subprocess.run([sys.executable, "-m", "feedline", "serve", env["path"], "--http", "0.0.0.0:0"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "without a token" in out.stderr

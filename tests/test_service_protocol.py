@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from feedline._service.auth import check_bind, is_loopback
+from feedline._service.metrics import render_prometheus
+from feedline._service.protocol import decode_batch, encode_batch, error_from_header, pack, unpack_header
+from feedline._service.streams import load_streams, parse_stream_option
 from feedline.errors import ProtocolError, SpecError
-from feedline.service.auth import check_bind, is_loopback
-from feedline.service.metrics import render_prometheus
-from feedline.service.protocol import decode_batch, encode_batch, error_from_header, pack, unpack_header
-from feedline.service.streams import load_streams, parse_stream_option
 
 
 def test_batch_round_trip_is_exact_and_zero_copy() -> None:

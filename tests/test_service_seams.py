@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 import feedline
+from feedline._service.dispatch import Dispatcher
+from feedline._service.options import ServerOptions
+from feedline._service.protocol import decode_batch, pack
+from feedline._service.streams import load_streams
+from feedline._service.transport import InProcTransport
 from feedline.errors import RecordError
 from feedline.service import serve_process
-from feedline.service.dispatch import Dispatcher
-from feedline.service.options import ServerOptions
-from feedline.service.protocol import decode_batch, pack
-from feedline.service.streams import load_streams
-from feedline.service.transport import InProcTransport
 from feedline.testing import assert_batches_equal, make_corpus
 from service_helpers import tokenizer_path
 
@@ -65,7 +65,7 @@ def spec(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 @pytest.fixture()
 def wired(spec: dict[str, Any]) -> Any:
-    from feedline.pipeline import GlobalStream
+    from feedline._pipeline import GlobalStream
 
     streams = load_streams(spec)
     it = iter(GlobalStream(streams["train"], 1))

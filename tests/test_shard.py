@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from feedline.cli.__main__ import main
-from feedline.records import records
+from feedline._cli.__main__ import main
+from feedline._records import records
+from feedline._tools.shard import shard
 from feedline.testing import make_corpus
-from feedline.tools.shard import shard
 
 
 def _texts(paths: list[str]) -> list[str]:

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from feedline.records import records
-from feedline.sources.source import FileSource
-from feedline.sources.wikitext import markup_residue
-from feedline.spec import SourceSpec
+from feedline._records import records
+from feedline._sources.source import FileSource
+from feedline._sources.wikitext import markup_residue
+from feedline._spec import SourceSpec
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data is absent")

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from feedline.core.record import Rejection
-from feedline.records import records
-from feedline.sources.source import FileSource, source_format
-from feedline.spec import SourceSpec
+from feedline._core.record import Rejection
+from feedline._records import records
+from feedline._sources.source import FileSource, source_format
+from feedline._spec import SourceSpec
 
 
 def read_all(path: str, **spec: Any) -> tuple[list[dict[str, Any]], list[Rejection], dict[str, int]]:
@@ -39,7 +39,7 @@ def test_csv_unbalanced_quote_keeps_the_rows_after_it(tmp_path: Path) -> None:
 
 
 def test_tsv_quote_closed_far_below_rejects_only_its_first_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from feedline.sources import tabular
+    from feedline._sources import tabular
 
     monkeypatch.setattr(tabular, "MAX_ROW_LINES", 5)  # 10,000 by default
     lines = ["text\tlabel"] + [f"line {i}\t{i}" for i in range(20)]

@@ -11,9 +11,9 @@ from typing import ClassVar
 
 import pytest
 
+from feedline._records import records
+from feedline._sources.remote import open_url
 from feedline.errors import RecordError, SourceError
-from feedline.records import records
-from feedline.sources.remote import open_url
 
 pytest.importorskip("aiohttp")
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from feedline._pipeline import Pipeline
+from feedline._records import records
 from feedline.errors import RecordError
-from feedline.pipeline import Pipeline
-from feedline.records import records
 from feedline.testing import assert_resumes_exactly, make_corpus
 
 

@@ -13,13 +13,13 @@ import pytest
 
 from conftest import shared
 from feedline import Loader
+from feedline._records import records
+from feedline._sources.flat import LLMC_MAGIC
+from feedline._sources.megatron import MegatronIndex, write_indexed_dataset
+from feedline._sources.reader import detect_format
+from feedline._tokenize.load import load_tokenizer
 from feedline.errors import SourceError, SpecError
-from feedline.records import records
-from feedline.sources.flat import LLMC_MAGIC
-from feedline.sources.megatron import MegatronIndex, write_indexed_dataset
-from feedline.sources.reader import detect_format
 from feedline.testing import assert_batches_equal, assert_resumes_exactly, collect
-from feedline.tokenize.load import load_tokenizer
 
 EOS = 50256
 

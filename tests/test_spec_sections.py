@@ -13,11 +13,11 @@ from typing import Any, ClassVar, Literal
 import pytest
 
 from feedline import Spec, SpecError
-from feedline.batching.registry import batcher_class
-from feedline.cli.options import add_option_arguments, options_from_args
-from feedline.service.server import ServerOptions
-from feedline.spec import Registry
-from feedline.tasks.clm import CausalLM
+from feedline._batching.registry import batcher_class
+from feedline._cli.options import add_option_arguments, options_from_args
+from feedline._service.server import ServerOptions
+from feedline._spec import Registry
+from feedline._tasks.clm import CausalLM
 
 BASE = {"sources": ["corpus.jsonl"], "tokenizer": "tok.json", "task": {"kind": "clm", "max_length": 64},
         "batching": {"strategy": "pad", "batch_size": 4}}
@@ -99,7 +99,7 @@ def test_flags_are_generated_from_any_options_dataclass() -> None:
 
 
 def test_serve_has_a_flag_for_every_simple_server_option_with_its_default() -> None:
-    out = subprocess.run([sys.executable, "-m", "feedline.cli", "serve", "--help"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "feedline", "serve", "--help"], capture_output=True, text=True, check=True).stdout
     parser = argparse.ArgumentParser()
     add_option_arguments(parser, ServerOptions, skip={"keys", "progress"})
     built = options_from_args(ServerOptions, parser.parse_args([]), skip={"keys", "progress"})

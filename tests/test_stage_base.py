@@ -8,9 +8,9 @@ from typing import Any, ClassVar
 
 import pytest
 
-from feedline.core.dataset import DatasetIterator, State
+from feedline._core.dataset import DatasetIterator, State
+from feedline._pipeline import GlobalStream, Pipeline
 from feedline.errors import StateError
-from feedline.pipeline import GlobalStream, Pipeline
 from feedline.testing import make_corpus
 
 

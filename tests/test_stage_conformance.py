@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from conftest import shared
-from feedline.batching.planner import RankSlice
-from feedline.core.prefetch import Prefetch
-from feedline.pipeline import GlobalStream, Pipeline
-from feedline.sources.source import FileSource
-from feedline.spec import SourceSpec
+from feedline._batching.planner import RankSlice
+from feedline._core.prefetch import Prefetch
+from feedline._pipeline import GlobalStream, Pipeline
+from feedline._sources.source import FileSource
+from feedline._spec import SourceSpec
 from feedline.testing import assert_stage_resumes, make_corpus, same_shape, state_shape
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from feedline import Loader, StateError
-from feedline.core.packed import pack_ints, pack_ragged, unpack_ints, unpack_ragged
+from feedline._core.packed import pack_ints, pack_ragged, unpack_ints, unpack_ragged
 from feedline.testing import assert_batches_equal, collect, make_corpus
 
 

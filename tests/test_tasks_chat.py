@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from conftest import shared
-from feedline.core.options import build
-from feedline.core.record import Record
-from feedline.tasks.base import TaskContext
-from feedline.tasks.chat import Chat, normalize_conversation
-from feedline.tokenize.load import load_tokenizer
+from feedline._core.options import build
+from feedline._core.record import Record
+from feedline._tasks.base import TaskContext
+from feedline._tasks.chat import Chat, normalize_conversation
+from feedline._tokenize.load import load_tokenizer
 
 # ChatML with generation blocks around what the model writes (as TRL's qwen2_5 training template)
 GENERATION_TEMPLATE = (

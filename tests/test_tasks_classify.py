@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from conftest import shared
-from feedline.core.options import build
-from feedline.core.record import Record
+from feedline._core.options import build
+from feedline._core.record import Record
+from feedline._tasks.base import TaskContext
+from feedline._tasks.classify import Classify
+from feedline._tokenize.load import load_tokenizer
+from feedline._tools.labels import label_vocabulary
 from feedline.errors import SpecError
-from feedline.tasks.base import TaskContext
-from feedline.tasks.classify import Classify
 from feedline.testing import collect
-from feedline.tokenize.load import load_tokenizer
-from feedline.tools.labels import label_vocabulary
 
 
 def _goemotions_spec(path: Path, **task: object) -> dict:

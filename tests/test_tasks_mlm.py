@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from conftest import shared
-from feedline.core.options import build
-from feedline.core.record import Record
+from feedline._core.options import build
+from feedline._core.record import Record
+from feedline._tasks.base import TaskContext
+from feedline._tasks.mlm import MaskedLM, encode_words
+from feedline._tasks.sop import SentenceOrder
+from feedline._tokenize.load import load_tokenizer
 from feedline.errors import SpecError
-from feedline.tasks.base import TaskContext
-from feedline.tasks.mlm import MaskedLM, encode_words
-from feedline.tasks.sop import SentenceOrder
-from feedline.tokenize.load import load_tokenizer
 
 
 def _task(cls, tok: str = "bert-base-uncased", seed: int = 0, **opts):

@@ -11,9 +11,9 @@ import pytest
 
 from conftest import shared
 from feedline import Loader
+from feedline._tools.predictions import join_predictions
 from feedline.errors import SpecError
 from feedline.testing import assert_batches_equal, assert_resumes_exactly, collect, make_corpus
-from feedline.tools.predictions import join_predictions
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -111,7 +111,7 @@ def test_infer_every_record_once_in_order_and_joined(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("change", "match"), [({"shuffle": {"buffer": 4}}, "shuffle"), ({"epochs": 2}, "epochs"),
                                                 ({"batching": {"strategy": "pad", "batch_size": 4, "remainder": "drop"}}, "remainder")])
 def test_infer_refuses_specs_that_lose_or_reorder_records(tmp_path: Path, change: dict, match: str) -> None:
-    from feedline.pipeline import Pipeline
+    from feedline._pipeline import Pipeline
 
     with pytest.raises(SpecError, match=match):
         _ = Pipeline({**_spec(tmp_path, "infer"), **change}).task

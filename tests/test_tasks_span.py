@@ -13,12 +13,12 @@ import pytest
 import feedline
 from conftest import shared
 from feedline import Loader
-from feedline.core.options import build
-from feedline.core.record import Record
-from feedline.tasks.base import TaskContext
-from feedline.tasks.span import SpanCorruption, noise_mask, span_lengths
+from feedline._core.options import build
+from feedline._core.record import Record
+from feedline._tasks.base import TaskContext
+from feedline._tasks.span import SpanCorruption, noise_mask, span_lengths
+from feedline._tokenize.load import load_tokenizer
 from feedline.testing import assert_resumes_exactly, collect
-from feedline.tokenize.load import load_tokenizer
 
 
 @pytest.mark.parametrize(("inputs", "raw", "targets"), [(128, 141, 29), (256, 284, 58), (512, 568, 114), (1024, 1137, 229), (2048, 2274, 456)])

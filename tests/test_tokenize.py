@@ -9,7 +9,7 @@ import pytest
 
 from conftest import shared
 from feedline import TokenizerError, load_tokenizer
-from feedline.tools.train_tokenizer import train_tokenizer
+from feedline._tools.train_tokenizer import train_tokenizer
 
 
 def test_gpt2_matches_the_reference_encoding() -> None:

@@ -10,7 +10,7 @@ import zstandard
 
 from conftest import shared
 from feedline import TokenizerError, load_tokenizer
-from feedline.tokenize.spm import read_model
+from feedline._tokenize.spm import read_model
 
 spm = pytest.importorskip("sentencepiece")
 

@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 
 from conftest import shared
-from feedline.core.options import build
-from feedline.core.record import Record
-from feedline.pipeline import GlobalStream, Pipeline
-from feedline.tasks.base import TaskContext
-from feedline.tasks.chat import Chat
-from feedline.tasks.clm import CausalLM
-from feedline.tokenize.load import load_tokenizer
+from feedline._core.options import build
+from feedline._core.record import Record
+from feedline._pipeline import GlobalStream, Pipeline
+from feedline._tasks.base import TaskContext
+from feedline._tasks.chat import Chat
+from feedline._tasks.clm import CausalLM
+from feedline._tokenize.load import load_tokenizer
 
 transformers = pytest.importorskip("transformers")
 

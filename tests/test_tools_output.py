@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
+from feedline._records import records
+from feedline._tools.export import export
+from feedline._tools.shard import shard
 from feedline.errors import SpecError
-from feedline.records import records
-from feedline.tools.export import export
-from feedline.tools.shard import shard
 
-EXE = [sys.executable, "-m", "feedline.cli"]
+EXE = [sys.executable, "-m", "feedline"]
 
 
 def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -101,7 +101,7 @@ def test_killed_export_leaves_nothing_final_and_a_rerun_cleans_up(tmp_path: Path
     spec = json.dumps(clm(corpus, small_tokenizer))
     # A real process killed with SIGKILL after 60 rows (three shards of 20 started).
     code = ("import json, os, signal\n"
-            "from feedline.tools import writers\n"
+            "from feedline._tools import writers\n"
             "orig = writers.RowWriter.write\n"
             "n = [0]\n"
             "def write(self, row):\n"
@@ -109,7 +109,7 @@ def test_killed_export_leaves_nothing_final_and_a_rerun_cleans_up(tmp_path: Path
             "    if n[0] == 60: os.kill(os.getpid(), signal.SIGKILL)\n"
             "    orig(self, row)\n"
             "writers.RowWriter.write = write\n"
-            "from feedline.tools.export import export\n"
+            "from feedline._tools.export import export\n"
             f"export(json.loads({spec!r}), {str(out)!r}, 'jsonl', shard_rows=20, flush_rows=5)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == -9, r.stderr

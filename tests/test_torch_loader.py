@@ -181,7 +181,7 @@ def test_bad_arguments_are_refused(spec: dict[str, Any]) -> None:
 
 
 def test_feedline_torch_does_not_shadow_torch_inside_the_package() -> None:
-    import feedline.adapters.torch as adapter
+    import feedline._adapters.torch as adapter
 
     assert adapter.torch is torch
     assert feedline.torch.TorchLoader is adapter.TorchLoader  # the public shim
@@ -191,7 +191,7 @@ def test_remote_ranks_from_the_environment_equal_in_process(spec: dict[str, Any]
     """Two torchrun-style ranks reading one ``feedline serve``: same slices as in-process, exact state."""
     import importlib.util
 
-    if importlib.util.find_spec("feedline.service.launch") is None:
+    if importlib.util.find_spec("feedline._service.launch") is None:
         pytest.skip("the loader service is not available")
     from feedline.service import serve_process
 

@@ -40,7 +40,7 @@ def text_source(corpus: str) -> tuple[dict[str, Any], str]:
 
 
 def test_tiny_model_loss_falls_over_100_steps(corpus: str, small_tokenizer: str) -> None:
-    from feedline.demo.models import TinyGPT
+    from feedline._demo.models import TinyGPT
 
     source, what = text_source(corpus)
     spec = {"sources": [source], "tokenizer": small_tokenizer, "seed": 0, "epochs": None, "shuffle": {"buffer": 64},

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from conftest import shared
+from feedline._tools.count_tokens import count_tokens, write_counts
+from feedline._tools.train_sentencepiece import train_sentencepiece
 from feedline.errors import SourceError, SpecError
-from feedline.tools.count_tokens import count_tokens, write_counts
-from feedline.tools.train_sentencepiece import train_sentencepiece
 
 spm = pytest.importorskip("sentencepiece")
 
@@ -68,14 +68,14 @@ def test_bad_inputs_are_refused(botchan: Path, tmp_path: Path) -> None:
         train_sentencepiece([str(bad), str(botchan)], str(tmp_path / "x"), vocab_size=500)
     with pytest.raises(SpecError, match="unigram or bpe"):
         train_sentencepiece([str(botchan)], str(tmp_path / "x"), kind="wordpiece", vocab_size=500)
-    r = subprocess.run([sys.executable, "-m", "feedline.cli", "train-tokenizer", str(botchan), "-o",
+    r = subprocess.run([sys.executable, "-m", "feedline", "train-tokenizer", str(botchan), "-o",
                         str(tmp_path / "x"), "--format", "sentencepiece", "--kind", "wordpiece"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "use --format tokenizers" in r.stderr
 
 
 def test_cli_trains_a_sentencepiece_model(botchan: Path, tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "feedline.cli", "train-tokenizer", str(botchan), "-o", str(tmp_path / "c"),
+    r = subprocess.run([sys.executable, "-m", "feedline", "train-tokenizer", str(botchan), "-o", str(tmp_path / "c"),
                         "--format", "sentencepiece", "--kind", "bpe", "--vocab-size", "600"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

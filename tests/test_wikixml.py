@@ -16,8 +16,8 @@ import pytest
 
 import feedline
 from conftest import shared
-from feedline.sources import wikixml
-from feedline.sources.wikitext import RESIDUE_PATTERNS, markup_residue, wikitext_to_text
+from feedline._sources import wikixml
+from feedline._sources.wikitext import RESIDUE_PATTERNS, markup_residue, wikitext_to_text
 from feedline.testing import assert_resumes_exactly
 
 DUMP = str(Path(__file__).parent / "data" / "enwiki-206-pages.xml.bz2")

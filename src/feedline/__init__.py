@@ -6,9 +6,17 @@
     >>> state = loader.state_dict()                           # doctest: +SKIP
 """
 
-from feedline import spec as _spec
-from feedline.batching.registry import batcher_class as _batcher_class
-from feedline.core.record import Example, Record, Rejection
+from feedline import _spec
+from feedline._batching.registry import batcher_class as _batcher_class
+from feedline._core.record import Example, Record, Rejection
+from feedline._hf_datasets import load_dataset
+from feedline._loader import Loader
+from feedline._pipeline import Pipeline
+from feedline._records import records
+from feedline._spec import Spec
+from feedline._tasks.base import Task, TaskContext, TaskOutput
+from feedline._tasks.registry import task_class as _task_class
+from feedline._tokenize import Tokenizer, load_tokenizer
 from feedline.errors import (
     AuthError,
     FeedlineError,
@@ -23,14 +31,6 @@ from feedline.errors import (
     TransportError,
     TransportTimeout,
 )
-from feedline.hf_datasets import load_dataset
-from feedline.loader import Loader
-from feedline.pipeline import Pipeline
-from feedline.records import records
-from feedline.spec import Spec
-from feedline.tasks.base import Task, TaskContext, TaskOutput
-from feedline.tasks.registry import task_class as _task_class
-from feedline.tokenize import Tokenizer, load_tokenizer
 
 # The composition root: the spec finds tasks and batchers through registries handed to it here.
 _spec.use_registry(_spec.Registry(task=_task_class, batcher=_batcher_class))

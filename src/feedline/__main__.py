@@ -2,6 +2,6 @@
 
 import sys
 
-from feedline.cli.__main__ import main
+from feedline._cli.__main__ import main
 
 sys.exit(main())

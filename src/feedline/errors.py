@@ -108,18 +108,3 @@ class TransportTimeout(TransportError, TimeoutError):
 class MissingDependency(FeedlineError, ImportError):
     """An optional dependency is missing; the message names the extra to install."""
 
-
-def require(module: str, extra: str) -> object:
-    """Import an optional module or raise :class:`MissingDependency` naming the extra.
-
-    Example:
-        >>> np = require("numpy", "core")
-    """
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise MissingDependency(
-            f"{module!r} is not installed; install it with: pip install 'feedline[{extra}]'"
-        ) from e

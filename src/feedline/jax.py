@@ -4,11 +4,11 @@
     >>> for batch in JaxLoader("spec.yaml", sharding=sharding):   # doctest: +SKIP
     ...     state, loss = train_step(state, batch)
 
-See :mod:`feedline.adapters.jax` for how processes and shardings map onto the global stream.
+See :mod:`feedline._adapters.jax` for how processes and shardings map onto the global stream.
 """
 
 from __future__ import annotations
 
-from feedline.adapters.jax import JaxLoader, global_batch
+from feedline._adapters.jax import JaxLoader, global_batch
 
 __all__ = ["JaxLoader", "global_batch"]

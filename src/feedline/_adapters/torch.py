@@ -1,0 +1,346 @@
+"""PyTorch adapter: feedline batches as dicts of torch tensors, staged ahead on the device.
+
+    >>> from feedline.torch import TorchLoader
+    >>> loader = TorchLoader("spec.yaml", device="cuda")          # doctest: +SKIP
+    >>> for batch in loader:                                     # doctest: +SKIP
+    ...     loss = model(**batch).loss                           # tensors already on the GPU
+    >>> torch.save({"data": loader.state_dict()}, "ckpt.pt")     # doctest: +SKIP
+
+Data path, one arrow per thread::
+
+    feedline.Loader ──► Prefetch thread: numpy → torch (zero copy), int64 cast, pin ──► queue[prefetch]
+                    ──► caller: with CUDA, copy on a side stream `prefetch` batches ahead ──► step
+
+The feeder thread reads the state after each batch together with the batch, so
+:meth:`TorchLoader.state_dict` names exactly the batches the caller has received, however far
+the feeder and the device copies ran ahead. With a CUDA device each batch is copied on a
+dedicated stream while the current step runs; the training stream waits on that copy's event
+only when it takes the batch (the MindSpore-style device-side buffer).
+
+Under ``torchrun`` (``RANK``/``WORLD_SIZE`` set) or an initialised ``torch.distributed`` group,
+rank and world size come from there, for in-process and remote sources alike.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import sys
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from feedline._adapters.common import LoaderStage, is_loader, resolve_loader, resolve_rank
+from feedline._adapters.hf import PackedLayout, PackedMode
+from feedline._core.prefetch import Prefetch
+from feedline.errors import FeedlineError, MissingDependency
+
+try:
+    import torch
+    from torch.utils.data import IterableDataset
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise MissingDependency("feedline.torch needs PyTorch; install it with: pip install 'feedline[torch]'") from e
+
+__all__ = ["TorchBatch", "TorchLoader", "passthrough_collate", "to_torch"]
+
+log = logging.getLogger("feedline.torch")
+
+TorchBatch = dict[str, torch.Tensor]
+_END = object()
+
+
+def to_torch(batch: Mapping[str, np.ndarray], *, int64: bool = True, pin: bool = False) -> TorchBatch:
+    """Convert a numpy batch to CPU tensors (sharing memory where possible).
+
+    Integer fields become ``int64`` when ``int64`` is set (torch losses and HF models expect
+    it); float fields (multi-hot labels) keep their dtype. ``pin`` copies into page-locked
+    memory so a later ``.to("cuda", non_blocking=True)`` is a real asynchronous copy.
+
+        >>> to_torch({"input_ids": np.array([[1, 2]], np.int32)})["input_ids"].dtype
+        torch.int64
+    """
+    out: TorchBatch = {}
+    for name, arr in batch.items():
+        a = np.asarray(arr)
+        if int64 and a.dtype.kind in "iu" and a.dtype != np.int64:
+            a = a.astype(np.int64)
+        elif not a.flags.writeable or not a.flags.c_contiguous:
+            a = np.ascontiguousarray(a).copy()  # torch refuses to share read-only buffers
+        t = torch.from_numpy(a)
+        out[name] = t.pin_memory() if pin else t
+    return out
+
+
+def passthrough_collate(items: Sequence[TorchBatch]) -> TorchBatch:
+    """``data_collator`` for the HF ``Trainer``: the loader already yields whole batches.
+
+    Use it with ``per_device_train_batch_size=1``::
+
+        Trainer(model, TrainingArguments(..., per_device_train_batch_size=1, max_steps=N),
+                train_dataset=TorchLoader(spec), data_collator=passthrough_collate)
+    """
+    if len(items) != 1:
+        raise FeedlineError(f"passthrough_collate got {len(items)} batches at once; set per_device_train_batch_size=1 "
+                            "(each TorchLoader item is already a full batch of the spec's batching.batch_size / world size rows)")
+    return items[0]
+
+
+class TorchLoader(IterableDataset):  # type: ignore[type-arg]
+    """Batches of one rank as dicts of torch tensors; an ``IterableDataset`` with resumable state.
+
+    Args:
+        source: a spec (path, mapping or :class:`~feedline._spec.Spec`), a service address
+            (``tcp://host:port``), or a built :class:`feedline.Loader` (its rank is used).
+        device: where tensors go (``"cuda"``, ``"cuda:1"``, ``torch.device``); ``None`` keeps
+            them on the CPU.
+        pin_memory: stage batches in page-locked memory (only with a CUDA device).
+        prefetch: batches converted ahead on a background thread and, with CUDA, copied to the
+            device ahead on a side stream; ``0`` converts synchronously.
+        rank, world_size: override the environment (``RANK``/``WORLD_SIZE``) and
+            ``torch.distributed``.
+        state: a :meth:`state_dict` to resume from.
+        stream: the service stream name (remote sources; default ``train``).
+        int64: cast integer fields to ``torch.int64`` (on the device, after the copy).
+        packed: how packed batches (``pack``/``concat``) reach the model: ``position_ids`` (default:
+            no 2-D mask, so Hugging Face models keep documents apart), ``mask4d``, ``flat``, ``keep``,
+            or a :class:`~feedline._adapters.hf.PackedLayout` (see :mod:`feedline._adapters.hf`).
+
+    Example:
+        >>> loader = TorchLoader({"sources": ["c.jsonl"], "tokenizer": "tok.json"})  # doctest: +SKIP
+        >>> batch = next(iter(loader)); batch["input_ids"].shape                     # doctest: +SKIP
+        torch.Size([8, 117])
+    """
+
+    def __init__(self, source: Any, device: str | torch.device | None = None, pin_memory: bool = True,
+                 prefetch: int = 2, *, rank: int | None = None, world_size: int | None = None,
+                 state: Mapping[str, Any] | None = None, stream: str | None = None, int64: bool = True,
+                 packed: PackedMode | PackedLayout = "position_ids") -> None:
+        super().__init__()
+        if prefetch < 0:
+            raise FeedlineError(f"prefetch={prefetch} must be >= 0")
+        self.device = torch.device(device) if device is not None else None
+        if self.device is not None and self.device.type == "cuda" and not torch.cuda.is_available():
+            raise FeedlineError(f"device={str(self.device)!r} but CUDA is not available in this process; "
+                                "pass device=None for CPU tensors")
+        self.cuda = self.device is not None and self.device.type == "cuda"
+        self.pin = bool(pin_memory and self.cuda)
+        self.prefetch = prefetch
+        self.int64 = int64
+        self.packed = packed if isinstance(packed, PackedLayout) else PackedLayout(packed)
+        self._source = source
+        self._stream_name = stream
+        self._resume = state
+        if is_loader(source):
+            if rank is not None or world_size is not None or state is not None:
+                raise FeedlineError("rank, world_size and state belong to the Loader passed in; set them there")
+            self._loader: Any = source
+            self.rank, self.world_size = int(getattr(source, "rank", 0)), int(getattr(source, "world_size", 1))
+        else:
+            self._loader = None
+            self.rank, self.world_size = _distributed_rank(rank, world_size)
+        self._state: dict[str, Any] | None = None
+        self._feeder: Prefetch | None = None
+        self._given = 0
+        self._exhausted = False
+
+    # ----------------------------------------------------------------- inner loader
+    @property
+    def loader(self) -> Any:
+        """The wrapped numpy loader (built on first use)."""
+        if self._loader is None:
+            self._loader = resolve_loader(self._source, self.rank, self.world_size, state=self._resume,
+                                          stream=self._stream_name)
+        return self._loader
+
+    def _stop_feeder(self) -> None:
+        """Stop the feeder; rewind the inner loader if it ran ahead of what the caller received."""
+        feeder, self._feeder = self._feeder, None
+        if feeder is None:
+            return
+        feeder.close()
+        if feeder.pulled != self._given and self._state is not None:
+            self.loader.load_state_dict(self._state)
+            self._exhausted = False
+
+    # ----------------------------------------------------------------- iteration
+    def __iter__(self) -> Iterator[TorchBatch]:
+        if self.world_size > 1:
+            _refuse_resharding_wrapper(self.rank, self.world_size)
+        if torch.utils.data.get_worker_info() is not None:
+            raise FeedlineError("TorchLoader cannot run inside DataLoader worker processes (each would read the whole "
+                                "stream); use DataLoader(loader, batch_size=None, num_workers=0) or loader.dataloader(): "
+                                "feedline already prepares batches in parallel")
+        self._stop_feeder()
+        if self._exhausted:
+            return iter(())
+        if self._state is None:
+            self._state = self.loader.state_dict()
+        return self._iterate()
+
+    def _host_items(self, feeder: Prefetch | None) -> Iterator[Any]:
+        """(cpu tensors, state) pairs, then ``_END`` or an exception."""
+        if feeder is None:
+            try:
+                for batch in self.loader:
+                    yield to_torch(batch, int64=self.int64, pin=self.pin), self.loader.state_dict()
+                yield _END
+            except BaseException as e:
+                yield e
+            return
+        try:
+            yield from feeder
+            yield _END
+        except BaseException as e:
+            yield e
+
+    def _iterate(self) -> Iterator[TorchBatch]:
+        feeder = None
+        if self.prefetch:
+            int64, pin = self.int64, self.pin
+            self._feeder = feeder = Prefetch(LoaderStage(self.loader), self.prefetch, name="feedline-torch-feeder",
+                                             map=lambda batch: to_torch(batch, int64=int64, pin=pin))
+            self._given = 0
+        staged = _CudaStager(self.device, self.prefetch) if self.cuda and self.prefetch else None
+        items = self._host_items(feeder)
+        for item in items if staged is None else staged.run(items):
+            if feeder is not None and self._feeder is not feeder:
+                return  # superseded by load_state_dict() or a newer iteration
+            if item is _END:
+                self._exhausted = True
+                self._feeder = None
+                return
+            if isinstance(item, BaseException):
+                self._feeder = None
+                raise item
+            tensors, state = item
+            if staged is None and self.device is not None:
+                tensors = {k: v.to(self.device, non_blocking=self.pin) for k, v in tensors.items()}
+            self._state = state
+            self._given += 1
+            yield self.packed(tensors)
+
+    def dataloader(self) -> torch.utils.data.DataLoader[TorchBatch]:
+        """A ``DataLoader`` that passes batches through (``batch_size=None``, no workers).
+
+        For trainers that insist on a ``DataLoader`` (e.g. an HF ``Trainer`` subclass overriding
+        ``get_train_dataloader``, which is how to run the Trainer under torchrun).
+        """
+        return torch.utils.data.DataLoader(self, batch_size=None, num_workers=0)
+
+    # ----------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """JSON state after the last batch this loader yielded (torchdata ``Stateful`` protocol)."""
+        if self._state is not None:
+            return copy.deepcopy(self._state)
+        return self.loader.state_dict()  # type: ignore[no-any-return]
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from ``state``: the next batch is the one that followed it."""
+        feeder, self._feeder = self._feeder, None
+        if feeder is not None:
+            feeder.close()
+        if self._loader is None:
+            self._resume = dict(state)
+            self.loader.state_dict()  # validate now, not on first batch
+        else:
+            self._loader.load_state_dict(state)
+        self._state = None
+        self._exhausted = False
+
+    @property
+    def step(self) -> int:
+        """Global steps received so far."""
+        return int(self.state_dict()["step"])
+
+    def close(self) -> None:
+        """Stop background work and close the wrapped loader. Idempotent."""
+        feeder, self._feeder = self._feeder, None
+        if feeder is not None:
+            feeder.close()
+        if self._loader is not None:
+            self._loader.close()
+
+    def __enter__(self) -> TorchLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"TorchLoader(rank={self.rank}, world_size={self.world_size}, device={self.device}, "
+                f"prefetch={self.prefetch}, int64={self.int64})")
+
+
+class _CudaStager:
+    """Copies host batches to a CUDA device on a side stream, ``depth`` batches ahead of the caller."""
+
+    def __init__(self, device: torch.device | None, depth: int) -> None:
+        self.device = device
+        self.depth = depth
+        self.stream = torch.cuda.Stream(device=device)
+
+    def _stage(self, tensors: TorchBatch) -> tuple[TorchBatch, torch.cuda.Event]:
+        with torch.cuda.stream(self.stream):
+            dev = {k: v.to(self.device, non_blocking=True) for k, v in tensors.items()}
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return dev, event
+
+    def run(self, items: Iterator[Any]) -> Iterator[Any]:
+        """Pass ``(tensors, state)`` items through, on the device; ``_END``/errors come last."""
+        staged: deque[tuple[TorchBatch, Any, torch.cuda.Event]] = deque()
+        tail: Any = None
+        while True:
+            while tail is None and len(staged) <= self.depth:
+                item = next(items)
+                if item is _END or isinstance(item, BaseException):
+                    tail = item
+                    break
+                tensors, state = item
+                dev, event = self._stage(tensors)
+                staged.append((dev, state, event))
+            if not staged:
+                yield tail
+                return
+            dev, state, event = staged.popleft()
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(event)
+            for t in dev.values():
+                t.record_stream(current)  # memory made on the side stream is now used on this one
+            yield dev, state
+
+
+# accelerate's DataLoader wrappers that redistribute an IterableDataset across processes: the
+# dispatcher reads every rank's batches on rank 0 (stalling a ranked service window), the shard
+# keeps one batch in world_size (dropping most of each rank's slice)
+_RESHARDING_WRAPPERS = {"DataLoaderDispatcher", "IterableDatasetShard"}
+
+
+def _refuse_resharding_wrapper(rank: int, world_size: int) -> None:
+    """Fail at once when an accelerate wrapper (the plain HF ``Trainer`` under torchrun) iterates us."""
+    frame = sys._getframe(1)
+    for _ in range(40):
+        frame = frame.f_back  # type: ignore[assignment]
+        if frame is None:
+            return
+        if frame.f_globals.get("__name__") == "accelerate.data_loader":
+            wrapper = type(frame.f_locals.get("self")).__name__
+            if wrapper in _RESHARDING_WRAPPERS:
+                raise FeedlineError(
+                    f"TorchLoader (rank {rank} of {world_size}) is being iterated by accelerate's {wrapper}, which "
+                    "re-distributes batches across processes: each rank already receives its own slice, so this "
+                    "would stall the loader service's ranked window or drop data. Hand the loader to the Trainer "
+                    "unwrapped: class FeedlineTrainer(Trainer): def get_train_dataloader(self): return "
+                    "self.train_dataset.dataloader()  (see docs/adapters.md, 'Hugging Face Trainer')")
+
+
+def _distributed_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Explicit values, else the environment, else an initialised ``torch.distributed`` group, else (0, 1)."""
+    if rank is None and world_size is None:
+        r, w = resolve_rank(None, None)
+        if (r, w) == (0, 1) and torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_rank(), torch.distributed.get_world_size()
+        return r, w
+    return resolve_rank(rank, world_size)

@@ -1,0 +1,176 @@
+"""Packed rows: pieces of documents laid side by side in fixed-shape ``[B, max_length]`` arrays.
+
+Shared by the ``pack`` and ``concat`` strategies. A :class:`Piece` is a slice ``[start, stop)`` of
+one example's token fields; a row is a list of pieces. :func:`collate_rows` lays rows out as::
+
+    row with pieces of 3 and 2 tokens, max_length 8, max_docs 4:
+    input_ids      [a0 a1 a2 b0 b1 pd pd pd]
+    labels         [-100 a1 a2 -100 b1 -100 -100 -100]   first token of each piece: no loss
+    position_ids   [0  1  2  0  1  0  0  0]                 restart per piece
+    attention_mask [1  1  1  1  1  0  0  0]                 (or [8, 8] block-diagonal, see below)
+    seq_lens       [3  2  0  0]                              [B, max_docs], zeros after the last
+    cu_seqlens     [0  3  5  5  5]                           [B, max_docs + 1], repeats the row total
+
+Padding belongs to no piece: it lies after ``cu_seqlens[b, -1]``. :func:`flat_cu_seqlens` gives
+the 1-D offsets of a flattened ``[B * max_length]`` batch for varlen attention kernels, with each
+row's padding as one extra segment so the offsets cover every position.
+
+A piece's state ref is ``[source, file, position, epoch, sub, start]``: the example's ref plus the
+token offset where a longer document was cut; ``stop`` follows from the strategy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from feedline._batching.base import Batch, int_dtype
+from feedline._core.record import Example
+from feedline.errors import TaskError
+
+__all__ = ["Attention", "Piece", "collate_flat", "collate_rows", "flat_cu_seqlens", "piece_of", "token_fields"]
+
+Attention = Literal["padding", "block_diagonal", "block_causal"]
+
+
+@dataclass(slots=True)
+class Piece:
+    """Tokens ``[start, stop)`` of one example; ``fields`` are already sliced."""
+
+    ref: tuple[int, ...]
+    start: int
+    fields: dict[str, np.ndarray]
+
+    @property
+    def length(self) -> int:
+        return int(self.fields["input_ids"].shape[0])
+
+    @property
+    def state_ref(self) -> list[int]:
+        return [*self.ref, self.start]
+
+
+def token_fields(ex: Example, strategy: str) -> dict[str, np.ndarray]:
+    """The example's per-token fields; per-example (0-D) fields cannot be packed.
+
+    Raises:
+        TaskError: naming the 0-D field and the strategies that keep it.
+    """
+    for name, arr in ex.fields.items():
+        if arr.ndim == 0:
+            raise TaskError(f"batching.strategy {strategy!r} lays several examples in one row, but field {name!r} "
+                            f"has one value per example (record {ex.key}); use strategy 'pad' or 'bucket' for this task")
+    return ex.fields
+
+
+def piece_of(ex: Example, start: int, stop: int, strategy: str) -> Piece:
+    """The piece ``[start, stop)`` of an example."""
+    return Piece(ex.ref, start, {k: v[start:stop] for k, v in token_fields(ex, strategy).items()})
+
+
+def collate_rows(rows: Sequence[Sequence[Piece]], max_length: int, max_docs: int, pad_values: Mapping[str, Any], *,
+                 reset_positions: bool = True, mask_first: bool = True, attention: Attention = "padding") -> Batch:
+    """Lay packed rows out as fixed-shape arrays; see the module docstring.
+
+        >>> ids = lambda *v: {"input_ids": np.array(v, np.int32), "labels": np.array(v, np.int32)}
+        >>> b = collate_rows([[Piece((0,), 0, ids(5, 6, 7)), Piece((1,), 0, ids(8, 9))]], 6, 3, {"labels": -100})
+        >>> b["labels"].tolist(), b["position_ids"].tolist(), b["cu_seqlens"].tolist()
+        ([[-100, 6, 7, -100, 9, -100]], [[0, 1, 2, 0, 1, 0]], [[0, 3, 5, 5]])
+    """
+    docs = np.fromiter((len(row) for row in rows), dtype=np.int64, count=len(rows))
+    pieces = [p for row in rows for p in row]
+    lengths = np.fromiter((p.length for p in pieces), dtype=np.int64, count=len(pieces))
+    first = rows[0][0].fields
+    values = {name: np.concatenate([p.fields[name] for p in pieces]) for name in first}
+    return collate_flat(docs, lengths, values, max_length, max_docs, pad_values, like=first,
+                        reset_positions=reset_positions, mask_first=mask_first, attention=attention)
+
+
+def collate_flat(docs: np.ndarray, lengths: np.ndarray, values: Mapping[str, np.ndarray], max_length: int,
+                 max_docs: int, pad_values: Mapping[str, Any], *, like: Mapping[str, np.ndarray] | None = None,
+                 reset_positions: bool = True, mask_first: bool = True, attention: Attention = "padding") -> Batch:
+    """:func:`collate_rows` of rows given as arrays: ``docs`` pieces per row, each piece's length, and
+    per token field every piece's tokens one after another (``like``: arrays whose dtype and trailing
+    shape each field takes; default ``values``).
+
+        >>> v = {"input_ids": np.array([5, 6, 7, 8, 9], np.int32)}
+        >>> collate_flat(np.array([2]), np.array([3, 2]), v, 6, 3, {})["seq_lens"].tolist()
+        [[3, 2, 0]]
+    """
+    like = values if like is None else like
+    n = len(docs)
+    batch: Batch = {}
+    for name, arr in like.items():
+        fill = pad_values.get(name, 0)
+        batch[name] = np.full((n, max_length, *arr.shape[1:]), fill, dtype=int_dtype(name, arr))
+    seq_lens = np.zeros((n, max_docs), dtype=np.int32)
+    positions = np.zeros((n, max_length), dtype=np.int32)
+    # Every piece of the batch at once: its row, its index in the row, its first token's place.
+    if docs.max(initial=0) > max_docs:
+        raise TaskError(f"a packed row holds {int(docs.max())} documents but max_docs_per_row is {max_docs}")
+    prow = np.repeat(np.arange(n), docs)
+    pdoc = np.arange(len(lengths)) - np.repeat(_run_starts(docs), docs)
+    seq_lens[prow, pdoc] = lengths
+    totals = seq_lens.sum(axis=1, dtype=np.int64)
+    if totals.max(initial=0) > max_length:
+        raise TaskError(f"a packed row holds {int(totals.max())} tokens but max_length is {max_length}")
+    piece_at = prow * max_length + (np.cumsum(seq_lens, axis=1, dtype=np.int64)[prow, pdoc] - lengths)
+    within = np.arange(int(lengths.sum())) - np.repeat(_run_starts(lengths), lengths)
+    dest = np.repeat(piece_at, lengths) + within  # flat index in [n * max_length] of each token
+    for name, out in batch.items():
+        out.reshape(n * max_length, *out.shape[2:])[dest] = values[name]
+    if reset_positions:
+        positions.reshape(-1)[dest] = within
+    if not reset_positions:
+        positions = np.broadcast_to(np.arange(max_length, dtype=np.int32), (n, max_length)).copy()
+    real = np.arange(max_length)[None, :] < totals[:, None]
+    starts = np.zeros((n, max_length), dtype=bool)
+    cu = np.zeros((n, max_docs + 1), dtype=np.int32)
+    cu[:, 1:] = np.cumsum(seq_lens, axis=1)
+    rr, dd = np.nonzero(seq_lens)
+    starts[rr, cu[rr, dd]] = True
+    if "labels" in batch and mask_first:
+        batch["labels"][starts] = -100
+    batch["position_ids"] = positions
+    batch["seq_lens"] = seq_lens
+    batch["cu_seqlens"] = cu
+    if attention == "padding":
+        batch["attention_mask"] = real.astype(np.int32)
+    else:
+        seg = np.cumsum(starts, axis=1) * real  # 1-based segment id, 0 on padding
+        mask = (seg[:, :, None] == seg[:, None, :]) & real[:, :, None]
+        if attention == "block_causal":
+            mask &= np.tri(max_length, dtype=bool)[None]
+        batch["attention_mask"] = mask
+    return batch
+
+
+def _run_starts(lengths: np.ndarray) -> np.ndarray:
+    """Where each of consecutive runs of ``lengths`` starts (exclusive cumulative sum)."""
+    out = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=out[1:])
+    return out
+
+
+def flat_cu_seqlens(batch: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Offsets of every segment of the flattened batch ``[B * max_length]`` (int32).
+
+    Each row contributes its documents, then its padding as one segment (if any), so the offsets
+    start at 0 and end at ``B * max_length``: the ``cu_seqlens`` argument of varlen kernels.
+
+        >>> flat_cu_seqlens({"seq_lens": np.array([[3, 2, 0], [6, 0, 0]]), "input_ids": np.zeros((2, 6))}).tolist()
+        [0, 3, 5, 6, 12]
+    """
+    seq_lens = np.asarray(batch["seq_lens"])
+    width = int(batch["input_ids"].shape[1])
+    out = [0]
+    for r, lens in enumerate(seq_lens):
+        base = r * width
+        for length in lens[lens > 0]:
+            out.append(out[-1] + int(length))
+        if out[-1] < base + width:
+            out.append(base + width)
+    return np.asarray(out, dtype=np.int32)

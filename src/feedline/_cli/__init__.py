@@ -1,0 +1,1 @@
+"""The ``feedline`` command line: one entry point, one module per subcommand in :mod:`feedline._cli.commands`."""

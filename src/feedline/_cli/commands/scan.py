@@ -1,0 +1,65 @@
+"""``feedline scan``: records, bytes, tokens and rejected lines by reason, per source."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any
+
+from feedline._cli._common import add_spec_argument, load_spec
+
+NAME = "scan"
+HELP = "read every source of a spec once: records, text bytes, tokens (--tokens), rejected records by reason"
+EXAMPLE = "feedline scan spec.yaml --tokens --json      (exit 1 with --strict when any record was rejected)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_spec_argument(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object for scripts")
+    p.add_argument("--tokens", action="store_true", help="also count tokens with the spec's tokenizer")
+    p.add_argument("--tokenizer", help="tokenizer to count with (overrides the spec's)")
+    p.add_argument("--limit", type=int, help="stop after this many records")
+    p.add_argument("--strict", action="store_true", help="exit with code 1 when any record was rejected")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="show a progress bar (default: when standard error is a terminal)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from feedline._sources.scan import scan
+
+    spec = load_spec(args.spec)
+    if args.tokenizer:
+        spec = dataclasses.replace(spec, tokenizer=args.tokenizer)
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    bar: Any = None
+    if show:
+        from tqdm import tqdm
+
+        bar = tqdm(unit=" records", file=sys.stderr, mininterval=0.5)
+    try:
+        report = scan(spec, tokens=args.tokens or bool(args.tokenizer), limit=args.limit,
+                      progress=(lambda n: bar.update(n - bar.n)) if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    if args.json:
+        print(json.dumps(report, ensure_ascii=False))
+    else:
+        _print_table(report)
+    return 1 if args.strict and report["rejected"] else 0
+
+
+def _print_table(report: dict[str, Any]) -> None:
+    has_tokens = "tokens" in report
+    head = f"{'source':40} {'format':8} {'files':>6} {'records':>10} {'MB':>9}" + (f" {'tokens':>12}" if has_tokens else "") + "  rejected"
+    print(head)
+    for s in report["sources"] + [{"name": "total", "format": "", "files": sum(x["files"] for x in report["sources"]), **report}]:
+        rej = ", ".join(f"{k}={v}" for k, v in s["rejected"].items()) or "-"
+        name = s["name"] if len(s["name"]) <= 40 else "..." + s["name"][-37:]
+        row = f"{name:40} {s['format']:8} {s['files']:>6} {s['records']:>10} {s['bytes'] / 1e6:>9.2f}"
+        print(row + (f" {s['tokens']:>12}" if has_tokens else "") + f"  {rej}")
+    for sample in report["rejected_samples"][:10]:
+        print(f"  rejected: {sample}")
+    print(f"scanned in {report['seconds']:.2f}s")

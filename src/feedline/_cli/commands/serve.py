@@ -1,0 +1,109 @@
+"""``feedline serve SPEC``: run the loader service (see docs/service.md)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from types import FrameType
+
+from feedline._cli._common import add_spec_argument
+from feedline._cli.options import add_option_arguments, options_from_args
+from feedline._service.auth import ClientKeys, ServerKeys
+from feedline._service.http import HttpGateway
+from feedline._service.http_options import HttpOptions, parse_http_bind, read_token
+from feedline._service.launch import READY_PREFIX
+from feedline._service.server import Server, ServerOptions
+from feedline._service.streams import load_streams, parse_stream_option
+from feedline._spec import Spec, read_spec_file
+from feedline.errors import SpecError
+
+NAME = "serve"
+DEFAULT_BIND = "tcp://127.0.0.1:5555"
+HELP = "serve a spec's batches to trainers over ZeroMQ and/or HTTP (loopback unless keys/token or --insecure)"
+EXAMPLE = ("feedline serve train.yaml --bind tcp://127.0.0.1:5555 --stream validation=val.yaml --metrics-port 9100\n"
+           "  feedline serve infer.yaml --http 127.0.0.1:8080   # then: curl -H 'Accept: application/json' "
+           "'http://127.0.0.1:8080/?stream=train'")
+
+
+# Every simple ServerOptions field is a flag (--bind, --window, --timeout, ...), generated with its
+# default and help from the dataclass; these are the ones the command sets itself.
+_OWN = frozenset({"bind", "keys", "progress"})
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_spec_argument(parser)
+    parser.add_argument("--bind", default=None,
+                        help="address to bind: tcp://HOST:PORT (port 0: any free port) or ipc://PATH "
+                             f"(default: {DEFAULT_BIND}, or a free loopback port when only --http is given)")
+    parser.add_argument("--http", metavar="HOST:PORT",
+                        help="also answer GET / with the next batch over HTTP (shared mode; see docs/service.md)")
+    parser.add_argument("--http-token-file", metavar="FILE",
+                        help="bearer token clients must send (required for --http outside loopback)")
+    parser.add_argument("--stream", action="append", default=[], metavar="NAME=SPEC",
+                        help="serve another named stream from a spec file (repeatable), e.g. validation=val.yaml")
+    parser.add_argument("--keys", metavar="DIR", help="CurveZMQ keys from 'feedline keys generate DIR'")
+    add_option_arguments(parser, ServerOptions, skip=_OWN)
+
+
+def run(args: argparse.Namespace) -> int:
+    extra = dict(parse_stream_option(s) for s in args.stream)
+    extra = {name: os.path.abspath(path) for name, path in extra.items()}
+    spec: object = args.spec
+    if args.spec == "-":
+        spec = Spec.from_mapping(read_spec_file("-"))
+    http = None
+    if args.http:
+        host, port = parse_http_bind(args.http)
+        token = read_token(args.http_token_file) if args.http_token_file else None
+        http = HttpOptions(host=host, port=port, token=token)
+    elif args.http_token_file:
+        raise SpecError("--http-token-file is only used with --http HOST:PORT")
+    bind = args.bind or ("tcp://127.0.0.1:0" if http is not None else DEFAULT_BIND)
+    streams = load_streams(spec, extra)  # type: ignore[arg-type]
+    options = options_from_args(ServerOptions, args, skip=_OWN, bind=bind,
+                                keys=ServerKeys.load(args.keys) if args.keys else None, progress=True)
+    server = Server(streams, options)
+    logging.getLogger("feedline").setLevel(min(logging.getLogger().level, logging.INFO))
+    address = server.bind()
+    gateway = None
+    if http is not None:
+        keys = ClientKeys.load(args.keys) if args.keys else None
+        gateway = HttpGateway(address, streams, http, keys=keys, stats=lambda: server.snapshot)
+        try:
+            url = gateway.start()
+        except BaseException:
+            server.close()
+            raise
+    interrupts = 0
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal interrupts
+        interrupts += 1
+        if signum == signal.SIGINT and interrupts > 1:
+            sys.stderr.write("\nfeedline serve: interrupted twice, exiting now\n")
+            os._exit(130)
+        server.stop()
+        if gateway is not None:  # release the gateway's held batches so the drain need not wait for them
+            threading.Thread(target=gateway.close, name="feedline-http-close", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    print(READY_PREFIX + address, flush=True)
+    if server.metrics_port is not None:
+        print(f"feedline serve: metrics on http://{args.metrics_host}:{server.metrics_port}/metrics", flush=True)
+    if gateway is not None:
+        print(f"feedline serve: HTTP on {url}/ (GET /?stream=NAME, /state, /stats, /healthz)", flush=True)
+    print(f"feedline serve: streams {', '.join(f'{n} ({h})' for n, h in server.hashes.items())}", flush=True)
+    try:
+        server.serve()
+    finally:
+        if gateway is not None:
+            gateway.close()
+    if sys.stderr.isatty():
+        sys.stderr.write("\n")
+    print("feedline serve: stopped", flush=True)
+    return 0

@@ -1,0 +1,233 @@
+"""Prefetch: run a stateful iterator on a background thread, ``depth`` elements ahead.
+
+    >>> it = Prefetch(iter(dataset), depth=4)            # doctest: +SKIP
+    >>> element, state = next(it)                        # the state *after* this element
+    >>> it.get_state() == state                          # doctest: +SKIP
+    True
+
+Each element crosses the queue together with the parent's state after it, so
+:meth:`Prefetch.get_state` always describes what the *consumer* has received, however far the
+thread ran ahead. :meth:`Prefetch.set_state` stops the thread and rewinds the parent; the next
+:meth:`__next__` starts a fresh thread from there. An exception on the thread is raised to the
+consumer; a thread that dies without one raises :class:`~feedline.errors.FeedlineError`
+instead of hanging the consumer.
+
+The parent may be an iterator or a zero-argument factory returning one (built on first use;
+rebuilt after :meth:`close` or an error, then positioned at the consumer's state). ``map``
+runs on the thread after each element (conversion, serialisation) and is not part of the state.
+``wake`` is called after every put, so an event loop polling with :meth:`poll` never spins.
+
+State: exactly the parent's state (a prefetch stage adds no fields of its own), so a state
+saved with or without prefetching resumes either way.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from feedline._core.dataset import DatasetIterator, State
+from feedline.errors import FeedlineError
+
+__all__ = ["Prefetch"]
+
+_END = object()
+
+
+class _Failed:
+    """An exception raised on the thread, on its way to the consumer."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class Prefetch(DatasetIterator[tuple[Any, State]]):
+    """Yields ``(element, state_after_element)`` from a thread running ``depth`` ahead.
+
+    Args:
+        parent: a stateful iterator, or a factory returning one.
+        depth: elements produced ahead of the consumer (>= 1).
+        map: applied to each element on the thread.
+        wake: called after each element (or the end, or an error) is queued.
+        name: the thread's name.
+    """
+
+    def __init__(self, parent: Any, depth: int, *, map: Callable[[Any], Any] | None = None,
+                 wake: Callable[[], None] | None = None, name: str = "feedline-prefetch") -> None:
+        if depth < 1:
+            raise FeedlineError(f"prefetch depth {depth} must be >= 1")
+        if callable(parent) and not hasattr(parent, "get_state"):
+            self._factory: Callable[[], Any] | None = parent
+            self._parent: Any = None
+        else:
+            self._factory, self._parent = None, parent
+        self.depth = depth
+        self.name = name
+        self._map = map
+        self._wake = wake
+        self._state: State | None = None   # state after the last element handed out
+        self._rewind = False               # parent must be set to _state before producing
+        self._ended = False
+        self._thread: threading.Thread | None = None
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self.pulled = 0  # elements the thread took from the parent since the last (re)start
+
+    # ----------------------------------------------------------------- consumer side
+    def __next__(self) -> tuple[Any, State]:
+        item = self._take(block=True)
+        assert item is not None
+        return item  # type: ignore[no-any-return]
+
+    def poll(self) -> tuple[Any, State] | None:
+        """The next ``(element, state)`` if one is ready, else ``None`` (never blocks).
+
+        Raises ``StopIteration`` at the end and the thread's exception on failure, like
+        :meth:`__next__`.
+        """
+        return self._take(block=False)
+
+    def _take(self, block: bool) -> tuple[Any, State] | None:
+        if self._ended:
+            raise StopIteration
+        if self._thread is None:
+            self._start()
+        item = self._get() if block else self._get_nowait()
+        if item is None:
+            return None
+        if item is _END:
+            self._ended = True
+            self._halt()
+            raise StopIteration
+        if isinstance(item, _Failed):
+            self._halt(discard=True)
+            raise item.error
+        element, state = item
+        self._state = state
+        return element, state
+
+    def _get(self) -> Any:
+        while True:
+            try:
+                return self._queue.get(timeout=0.5)
+            except queue.Empty:
+                t = self._thread
+                if (t is None or not t.is_alive()) and self._queue.empty():
+                    return _Failed(FeedlineError(f"the {self.name} thread died without a reason"))
+
+    def _get_nowait(self) -> Any:
+        try:
+            return self._queue.get_nowait()
+        except queue.Empty:
+            t = self._thread
+            if (t is None or not t.is_alive()) and self._queue.empty():
+                return _Failed(FeedlineError(f"the {self.name} thread died without a reason"))
+            return None
+
+    def start(self) -> None:
+        """Start producing now rather than at the first :meth:`__next__`/:meth:`poll`."""
+        if self._thread is None and not self._ended:
+            self._start()
+
+    # ----------------------------------------------------------------- state
+    def get_state(self) -> State:
+        """The parent's state after the last element handed out (its start state before any)."""
+        if self._state is None:
+            self._state = self._ensure_parent().get_state()
+        return self._state
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Stop the thread; the next element is the one that followed ``state``."""
+        self._halt()
+        self._state = dict(state)
+        self._rewind = True
+        self._ended = False
+
+    def close(self) -> None:
+        """Stop the thread and close the parent. Idempotent; a factory parent is rebuilt on next use."""
+        self._halt()
+        parent, self._parent = self._parent, None
+        if parent is not None:
+            parent.close()
+            if self._factory is None:
+                self._parent = parent  # cannot be rebuilt; it raises its own error if used again
+
+    @property
+    def running(self) -> bool:
+        """Whether the thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    # ----------------------------------------------------------------- thread
+    def _ensure_parent(self) -> Any:
+        if self._parent is None:
+            assert self._factory is not None
+            self._parent = self._factory()
+        return self._parent
+
+    def _start(self) -> None:
+        fresh = self._parent is None
+        parent = self._ensure_parent()
+        if self._state is None:  # known before the thread runs, so get_state() never races it
+            self._state = parent.get_state()
+            fresh = False
+        rewind = self._state if self._rewind or fresh else None
+        self._rewind = False
+        self.pulled = 0
+        self._stop = threading.Event()
+        self._queue = queue.Queue(maxsize=self.depth)
+        self._thread = threading.Thread(target=self._run, args=(parent, rewind, self._queue, self._stop),
+                                        name=self.name, daemon=True)
+        self._thread.start()
+
+    def _halt(self, discard: bool = False) -> None:
+        """Stop the thread; the parent must be rewound to the consumer's state before producing again."""
+        t, self._thread = self._thread, None
+        if t is None:
+            return
+        self._stop.set()
+        try:  # unblock a put on a full queue
+            while True:
+                self._queue.get_nowait()
+        except queue.Empty:
+            pass
+        if t is not threading.current_thread():
+            t.join(timeout=30)
+        self._rewind = self._state is not None
+        if discard and self._factory is not None and self._parent is not None:
+            parent, self._parent = self._parent, None  # after an error, start over from a fresh parent
+            parent.close()
+
+    def _put(self, q: queue.Queue[Any], stop: threading.Event, item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+            except queue.Full:
+                continue
+            if self._wake is not None:
+                self._wake()
+            return True
+        return False
+
+    def _run(self, parent: Any, rewind: Mapping[str, Any] | None, q: queue.Queue[Any], stop: threading.Event) -> None:
+        try:
+            if rewind is not None:
+                parent.set_state(rewind)
+            fn = self._map
+            while not stop.is_set():
+                try:
+                    element = next(parent)
+                except StopIteration:
+                    self._put(q, stop, _END)
+                    return
+                self.pulled += 1
+                state = parent.get_state()
+                if fn is not None:
+                    element = fn(element)
+                if not self._put(q, stop, (element, state)):
+                    return
+        except BaseException as e:  # forwarded to the consumer
+            self._put(q, stop, _Failed(e))

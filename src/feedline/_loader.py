@@ -1,0 +1,171 @@
+"""``feedline.Loader``: iterate a spec's batches in-process, or a service's over the network.
+
+    >>> loader = Loader("spec.yaml", rank=0, world_size=1)           # doctest: +SKIP
+    >>> for batch in loader:                                        # doctest: +SKIP
+    ...     train_step(batch)          # Mapping[str, numpy.ndarray]
+    >>> state = loader.state_dict()    # JSON; Loader(spec, state=state) resumes exactly
+
+In-process, a :class:`~feedline._core.prefetch.Prefetch` stage runs the rank's stream
+(``GlobalStream`` then ``RankSlice``) ``prefetch`` batches ahead on a thread; each batch travels
+with the state after it, so :meth:`Loader.state_dict` always describes exactly what the caller
+has received, however far prefetching ran. Iterating again continues where the last left off.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from abc import ABC
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from feedline._batching.base import Batch
+from feedline._batching.planner import RankSlice
+from feedline._core.prefetch import Prefetch
+from feedline._pipeline import GlobalStream, Pipeline
+from feedline._spec import Spec
+from feedline._state import check_state, find_rejected, make_state, mixture_shares
+from feedline.errors import SpecError
+
+__all__ = ["InProcessLoader", "Loader"]
+
+
+def is_address(source: Any) -> bool:
+    return isinstance(source, str) and source.startswith(("tcp://", "ipc://", "inproc://"))
+
+
+class Loader(ABC):
+    """Batches of one rank, from a spec (in-process) or a service address: the factory and the interface.
+
+    ``Loader(spec, ...)`` builds an :class:`InProcessLoader`; ``Loader("tcp://host:port", ...)``
+    a :class:`~feedline._service.client.RemoteLoader`. Both are instances of :class:`Loader`::
+
+        >>> isinstance(Loader({"sources": ["c.jsonl"], "tokenizer": "t.json"}), Loader)  # doctest: +SKIP
+        True
+
+    Args:
+        source: a spec (path, mapping or :class:`Spec`) or a service address ``tcp://host:port``.
+        rank: this consumer's rank in ``[0, world_size)``.
+        world_size: number of ranks sharing each global batch.
+        state: a :meth:`state_dict` to resume from (any world size).
+        stream: for a service with several streams, the stream name (refused in-process).
+        prefetch: batches prepared ahead (default: the spec's ``prefetch``).
+    """
+
+    rank: int
+    world_size: int
+
+    def __new__(cls, source: Any, *args: Any, **kwargs: Any) -> Any:
+        if cls is Loader:
+            if is_address(source):
+                from feedline._service.client import RemoteLoader
+
+                return RemoteLoader(source, *args, **kwargs)
+            cls = InProcessLoader
+        return super().__new__(cls)
+
+    @classmethod
+    def __subclasshook__(cls, other: type) -> bool:
+        # The service client is a Loader too; it is only known once its module is loaded (an
+        # instance cannot exist before), so the interface never imports the service.
+        client = sys.modules.get("feedline._service.client")
+        if cls is Loader and client is not None and other is getattr(client, "RemoteLoader", None):
+            return True
+        return NotImplemented
+
+    # The interface. Not abstract methods, so that ``Loader(...)`` type-checks as the factory it is.
+    def __iter__(self) -> Iterator[Batch]:
+        """Batches (``Mapping[str, numpy.ndarray]``) of this rank, from the current position."""
+        raise NotImplementedError
+
+    def __next__(self) -> Batch:
+        return next(iter(self))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The JSON state after the last batch this loader returned."""
+        raise NotImplementedError
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restart from ``state`` (the next batch is the one that followed it)."""
+        raise NotImplementedError
+
+    @property
+    def step(self) -> int:
+        """Global steps received so far."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop background work. Idempotent."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class InProcessLoader(Loader):
+    """A :class:`Loader` that runs the pipeline in this process (see the module docstring)."""
+
+    def __init__(self, source: Spec | Mapping[str, Any] | str | os.PathLike[str], rank: int = 0, world_size: int = 1,
+                 state: Mapping[str, Any] | str | None = None, *, stream: str | None = None, prefetch: int | None = None) -> None:
+        if stream is not None:
+            raise SpecError(f"stream={stream!r} names a stream of a feedline service, but this Loader runs its spec in-process; "
+                            "pass the service address (tcp://host:port) to read a stream, or drop stream=")
+        if not 0 <= rank < world_size:
+            raise SpecError(f"rank {rank} is not in [0, world_size={world_size})")
+        self.spec = Spec.load(source)  # type: ignore[arg-type]
+        if self.spec.batching.batch_size % world_size:
+            raise SpecError(f"batching.batch_size {self.spec.batching.batch_size} is not a multiple of world_size {world_size}")
+        self.rank, self.world_size = rank, world_size
+        self.pipeline = Pipeline(self.spec)
+        self.spec_hash = self.spec.hash()
+        self.prefetch = prefetch or self.spec.prefetch
+        self._stage = Prefetch(self._rank_stream, self.prefetch, name="feedline-loader")
+        if state is not None:
+            self._stage.set_state(check_state(state, self.spec_hash))
+
+    def _rank_stream(self) -> RankSlice:
+        return RankSlice(iter(GlobalStream(self.pipeline, self.world_size)), self.rank, self.world_size)
+
+    # ----------------------------------------------------------------- iteration
+    def __iter__(self) -> Iterator[Batch]:
+        for batch, _state in self._stage:
+            yield batch
+
+    def __next__(self) -> Batch:
+        return next(self._stage)[0]  # type: ignore[no-any-return]
+
+    # ----------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """The JSON state after the last batch this loader returned."""
+        return make_state(self.spec_hash, self._stage.get_state(), self.world_size)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restart from ``state`` (the next batch is the one that followed it)."""
+        self._stage.set_state(check_state(state, self.spec_hash))
+
+    def stats(self) -> dict[str, Any]:
+        """What this loader has read so far: steps, rejected records by reason, realised mixture shares.
+
+        Everything comes from the state, so the figures survive a resume.
+        """
+        state = self.state_dict()
+        rejected: dict[str, int] = {}
+        find_rejected(state["pipeline"], rejected)
+        return {"step": state["step"], "rejected": rejected, "mixture": mixture_shares(state["pipeline"])}
+
+    @property
+    def step(self) -> int:
+        """Global steps received so far."""
+        return int(self._stage.get_state()["step"] or 0)
+
+    def close(self) -> None:
+        """Stop the background thread and close the pipeline. Idempotent; iterating again continues."""
+        self._stage.close()
+
+    def __del__(self) -> None:
+        stage = getattr(self, "_stage", None)  # absent when __init__ refused the spec
+        if stage is not None:
+            stage._stop.set()

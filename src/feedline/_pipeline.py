@@ -1,0 +1,202 @@
+"""Build the iterator tree a spec describes, and the global stream of steps.
+
+    sources ─► Mixture ─► ShuffleBuffer ─► TaskMap (tokenize + task) ─► Batcher ─► GlobalStream
+
+:class:`Pipeline` holds the recipes (no I/O until iterated). :class:`GlobalStream` numbers the
+global batches, applies the remainder rule, and yields each with the state after it::
+
+    >>> for step, batch, state in GlobalStream(Pipeline(spec)):   # doctest: +SKIP
+    ...     ...
+
+The global state (``{"step": s, "pipeline": ...}``) is the same for every rank; a rank's slice
+is derived from the global batch, which is what makes elastic resume possible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from feedline._batching.base import Batch, BatchContext, Batcher
+from feedline._batching.planner import complete_batch
+from feedline._batching.registry import batcher_class
+from feedline._core.dataset import Dataset, DatasetIterator, State
+from feedline._core.record import Example, Key, Record
+from feedline._sources.mix import Mixture
+from feedline._sources.shuffle import ShuffleBuffer
+from feedline._sources.source import FileSource
+from feedline._spec import MixSpec, Spec
+from feedline._tasks.base import Task, TaskContext
+from feedline._tasks.map import TaskMap
+from feedline._tasks.registry import task_class
+from feedline._tokenize.tokenizer import Tokenizer
+from feedline.errors import SpecError
+
+__all__ = ["GlobalStream", "OnePass", "Pipeline"]
+
+
+class Pipeline:
+    """The recipes of one spec. Cheap to build; nothing is opened until iteration."""
+
+    def __init__(self, spec: Spec | Mapping[str, Any] | str, *, tokenizer: Tokenizer | None = None) -> None:
+        self.spec = Spec.load(spec)  # type: ignore[arg-type]
+        self._tokenizer = tokenizer
+
+    @cached_property
+    def sources(self) -> list[FileSource]:
+        s = self.spec
+        endless = s.mix.stopping == "cycle" or s.epochs is None
+        return [
+            FileSource(src, i, seed=s.seed, shuffle_splits=bool(s.shuffle and s.shuffle.shards),
+                       epochs=None if endless else s.epochs, on_error=s.on_error, reject_limit=s.reject_limit)
+            for i, src in enumerate(s.sources)
+        ]
+
+    @cached_property
+    def mixture(self) -> Mixture:
+        s = self.spec
+        return Mixture(self.sources, [x.weight for x in s.sources], seed=s.seed, stopping=s.mix.stopping, epochs=s.epochs)
+
+    def fetch(self, keys: Sequence[Key]) -> Mapping[Key, dict[str, Any]]:
+        """Re-read records by key (what a corpus tool joining outputs to inputs needs)."""
+        return self.mixture.fetch(keys)
+
+    def records(self) -> Dataset[Record]:
+        """Records after reading, mixing and shuffling."""
+        s = self.spec
+        if s.shuffle and s.shuffle.buffer > 1:
+            return ShuffleBuffer(self.mixture, s.shuffle.buffer, seed=s.seed)
+        return self.mixture
+
+    @cached_property
+    def tokenizer(self) -> Tokenizer | None:
+        """The spec's tokenizer, encoding plain ids with its ``backend`` (verified per pipeline)."""
+        if self._tokenizer is None and self.spec.tokenizer:
+            from feedline._tokenize.load import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.spec.tokenizer)
+        if self._tokenizer is None:
+            return None
+        from feedline._tokenize.backends import with_backend
+
+        return with_backend(self._tokenizer, self.spec.tokenizer_backend)
+
+    @cached_property
+    def task(self) -> Task:
+        cls = task_class(self.spec.task.kind)
+        return cls(self.spec.task.options, TaskContext(self.tokenizer, self.spec.seed, records=OnePass(self.spec)))
+
+    @property
+    def workers(self) -> int:
+        """Threads calling the task (``spec.workers``; 0 = automatic: one, see ThreadRunner)."""
+        return self.spec.workers or 1
+
+    def examples(self) -> Dataset[Example]:
+        """Task examples, in order (through the task's own stream stage, if it has one)."""
+        if not self.task.accepts_tokens:
+            for src in self.sources:
+                if src.reader.pretokenized:
+                    raise SpecError(f"sources[{src.index}] ({src.spec.label}) holds token ids ({src.reader.name}); "
+                                    f"task {self.spec.task.kind!r} needs text: use task: clm, or a text source")
+        mapped: TaskMap
+        if self.spec.engine.kind == "ray":
+            from feedline._ray.map import RayTaskMap
+
+            mapped = RayTaskMap(self.records(), self.task, self.spec.engine, on_error=self.spec.on_error,
+                                reject_limit=self.spec.reject_limit)
+        else:
+            mapped = TaskMap(self.records(), self.task, workers=self.workers, on_error=self.spec.on_error,
+                             reject_limit=self.spec.reject_limit)
+        mapped.locate = self.mixture.locate
+        return self.task.stream(mapped)
+
+    def batches(self) -> Batcher:
+        """Global batches (the last may be short)."""
+        b = self.spec.batching
+        ctx = BatchContext(batch_size=b.batch_size, task=self.task, seed=self.spec.seed)
+        return batcher_class(b.strategy)(self.examples(), b.options, ctx)
+
+
+@dataclass(frozen=True)
+class OnePass:
+    """One unshuffled epoch of a spec's records, as a picklable factory (``TaskContext.records``).
+
+    For tasks that need a first pass over the corpus (classify collecting label names).
+    """
+
+    spec: Spec
+
+    def __call__(self) -> Iterator[Record]:
+        one = Pipeline(self.spec.replace(epochs=1, shuffle=None, mix=MixSpec()))
+        it = iter(one.mixture)
+        try:
+            yield from it
+        finally:
+            it.close()
+
+
+class GlobalStream(Dataset[tuple[int, Batch, State]]):
+    """Numbered, complete global batches with the state after each: ``(step, batch, state)``.
+
+    A stage like any other: its iterator has ``get_state``/``set_state``/``close``, and its state
+    is ``{"step": s, "pipeline": <batcher state>}``. :class:`~feedline._batching.planner.RankSlice`
+    cuts each global batch into a rank's slice.
+    """
+
+    def __init__(self, pipeline: Pipeline, world_size: int = 1) -> None:
+        self.pipeline = pipeline
+        self.world_size = world_size
+
+    def __iter__(self) -> GlobalStreamIterator:
+        return GlobalStreamIterator(self)
+
+    def initial_state(self) -> State:
+        """The state at the start of the stream (built without producing anything)."""
+        it = iter(self)
+        try:
+            return it.get_state()
+        finally:
+            it.close()
+
+
+class GlobalStreamIterator(DatasetIterator[tuple[int, Batch, State]]):
+    """Cursor over a :class:`GlobalStream`; ``state`` is ``{"step": s, "pipeline": ...}``."""
+
+    NAME = "global stream"
+    PARENT = "pipeline"
+    STATE_KEYS = ("step",)
+
+    def __init__(self, gs: GlobalStream) -> None:
+        self.gs = gs
+        self.parent: DatasetIterator[Batch] = iter(gs.pipeline.batches())
+        self.step = 0
+        self.done = False
+
+    @property
+    def it(self) -> DatasetIterator[Batch]:
+        """The batcher's iterator (this stage's parent)."""
+        return self.parent
+
+    def __next__(self) -> tuple[int, Batch, State]:
+        p = self.gs.pipeline
+        b = p.spec.batching
+        while not self.done:
+            batch = next(self.parent, None)
+            if batch is None:
+                self.done = True
+                break
+            full = complete_batch(batch, b.batch_size, self.gs.world_size, b.remainder, p.task.pad_values)
+            if full is None:
+                continue
+            self.step += 1
+            return self.step, full, self.get_state()
+        raise StopIteration
+
+    def own_state(self) -> State:
+        return {"step": self.step}
+
+    def restore(self, own: Mapping[str, Any]) -> None:
+        self.step = int(own["step"])
+        self.done = False

@@ -1,0 +1,197 @@
+"""``RemoteLoader``: the in-process :class:`~feedline.Loader` interface, served by ``feedline serve``.
+
+    >>> loader = feedline.Loader("tcp://127.0.0.1:5555", rank=1, world_size=4)   # doctest: +SKIP
+    >>> for batch in loader: ...                                                 # doctest: +SKIP
+    >>> state = loader.state_dict()      # resumes any rank, in-process or remote  # doctest: +SKIP
+
+Batches and states are bit-identical to the in-process loader's. Each batch arrives with the
+state after it, so :meth:`RemoteLoader.state_dict` is exact however far prefetching ran. The
+connection lives in a background thread (:mod:`.connection`) that keeps it alive and
+reconnects, with the state of the last batch received, when the server restarts.
+
+``mode="shared"`` joins the stream's work queue instead: whole global batches, each delivered
+to one client; a batch is acked when the next one is requested (or on :meth:`close`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal
+
+from feedline._batching.base import Batch
+from feedline._service.auth import ClientKeys
+from feedline._service.connection import Connection, Delivered, Ended, Failed, Item, Welcome
+from feedline._service.protocol import PROTOCOL_VERSION
+from feedline._spec import Spec
+from feedline._state import check_state, make_state, parse_state_json
+from feedline.errors import SpecError, StateError, TransportError
+
+__all__ = ["RemoteLoader"]
+
+
+class RemoteLoader:
+    """One consumer of a loader service.
+
+    Args:
+        address: ``tcp://host:port`` or ``ipc://path`` of ``feedline serve``.
+        rank, world_size: this consumer's rank (ranked mode).
+        state: a :meth:`state_dict` (from a remote or in-process loader) to resume from.
+        stream: the named stream (``train`` unless the server has more).
+        prefetch: batches in flight or queued locally (the credit window; default 4).
+        mode: ``ranked`` (training) or ``shared`` (work queue).
+        keys: a folder from ``feedline keys generate`` (default: ``$FEEDLINE_KEYS``), for a
+            server that uses CurveZMQ.
+        spec: the spec the caller expects the server to serve; a different one is refused.
+        timeout: seconds of server silence before reconnecting.
+        reconnect: seconds of failed reconnects before giving up with ``TransportTimeout``.
+        max_message: the largest message accepted from the server, in bytes.
+    """
+
+    def __init__(self, address: str, rank: int = 0, world_size: int = 1,
+                 state: Mapping[str, Any] | str | None = None, *, stream: str = "train", prefetch: int | None = None,
+                 mode: Literal["ranked", "shared"] = "ranked", keys: str | os.PathLike[str] | None = None,
+                 spec: Spec | Mapping[str, Any] | str | None = None, timeout: float = 30.0, reconnect: float = 300.0,
+                 max_message: int = 1 << 30) -> None:
+        if mode not in ("ranked", "shared"):
+            raise SpecError(f"mode {mode!r} must be 'ranked' or 'shared'")
+        if mode == "shared":
+            rank, world_size = 0, 1
+        if not 0 <= rank < world_size:
+            raise SpecError(f"rank {rank} is not in [0, world_size={world_size})")
+        self.address = address
+        self.rank, self.world_size, self.mode, self.stream = rank, world_size, mode, stream
+        self.prefetch = prefetch or 4
+        self.timeout, self.reconnect, self.max_message = timeout, reconnect, max_message
+        keys = keys if keys is not None else os.environ.get("FEEDLINE_KEYS") or None
+        self.keys = ClientKeys.load(keys) if keys is not None else None
+        self.spec_hash = Spec.load(spec).hash() if spec is not None else None
+        self._session = secrets.token_hex(8)
+        self._state_json: str | None = None
+        self._state: dict[str, Any] | None = None
+        if state is not None:
+            if isinstance(state, (str, bytes)):
+                state = parse_state_json(state)
+            if not isinstance(state, Mapping):
+                raise StateError(f"resume state must be a mapping from Loader.state_dict(), got {type(state).__name__}")
+            g = check_state(state, str(state.get("spec_hash")))
+            if self.spec_hash is not None:
+                check_state(state, self.spec_hash)
+            self._set_state(json.dumps(make_state(str(state["spec_hash"]), g, world_size), separators=(",", ":")))
+        self._conn: Connection | None = None
+        self._last_step: int | None = None
+        self._finished = False
+
+    # ------------------------------------------------------------ connection
+    def _connect(self) -> Connection:
+        if self._conn is None:
+            hello = {"v": PROTOCOL_VERSION, "stream": self.stream, "mode": self.mode, "rank": self.rank,
+                     "world_size": self.world_size, "prefetch": self.prefetch, "session": self._session,
+                     "spec_hash": self.spec_hash}
+            self._conn = Connection(self.address, hello=hello, resume=self._state_json, prefetch=self.prefetch,
+                                    keys=self.keys, timeout=self.timeout, reconnect=self.reconnect,
+                                    max_message=self.max_message)
+            self._conn.start()
+            self._last_step = None
+        return self._conn
+
+    def _next_item(self) -> Item:
+        """The connection thread's next item, failing if the thread died with nothing queued."""
+        conn = self._connect()
+        while (item := conn.next_item(timeout=1.0)) is None:
+            pass
+        return item
+
+    def _get(self) -> Delivered | Ended | Failed:
+        while True:
+            item = self._next_item()
+            if isinstance(item, Welcome):
+                if self._state_json is None:
+                    self._set_state(item.state)
+                continue
+            return item
+
+    def _set_state(self, state_json: str) -> None:
+        self._state_json, self._state = state_json, None
+
+    # ------------------------------------------------------------- iteration
+    def __iter__(self) -> Iterator[Batch]:
+        while not self._finished:
+            conn = self._connect()
+            if self._last_step is not None:
+                conn.consumed(self._last_step)   # acks the previous batch, grants one credit
+            item = self._get()
+            if isinstance(item, Delivered):
+                self._set_state(item.state)
+                self._last_step = item.step
+                yield item.arrays
+            elif isinstance(item, Ended):
+                self._finished = True
+                self._close_connection()
+            else:
+                self._close_connection()
+                raise item.error
+
+    def __next__(self) -> Batch:
+        for batch in self:
+            return batch
+        raise StopIteration
+
+    # ----------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """The JSON state after the last batch this loader returned (bit-identical to in-process)."""
+        if self._state_json is None:
+            self._get_welcome()
+        if self._state is None:
+            assert self._state_json is not None
+            self._state = json.loads(self._state_json)
+        return json.loads(json.dumps(self._state))  # type: ignore[no-any-return]
+
+    def _get_welcome(self) -> None:
+        while self._state_json is None:
+            item = self._next_item()
+            if isinstance(item, Welcome):
+                self._set_state(item.state)
+            elif isinstance(item, Failed):
+                self._close_connection()
+                raise item.error
+            else:  # cannot happen: the welcome always comes first
+                raise TransportError(f"expected a welcome from the server, got {type(item).__name__}")
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restart from ``state`` (the next batch is the one that followed it)."""
+        self._close_connection()
+        g = check_state(state, str(state.get("spec_hash")))
+        self._set_state(json.dumps(make_state(str(state["spec_hash"]), g, self.world_size), separators=(",", ":")))
+        self._finished = False
+
+    @property
+    def step(self) -> int:
+        """Global steps received so far."""
+        return int(self.state_dict()["step"])
+
+    # ----------------------------------------------------------------- close
+    def _close_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close(ack=self._last_step)
+
+    def close(self) -> None:
+        """Ack the last batch (shared mode), say bye and release the connection. Idempotent."""
+        self._close_connection()
+
+    def __enter__(self) -> RemoteLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        conn, self._conn = getattr(self, "_conn", None), None
+        if conn is not None:
+            try:
+                conn.close(ack=self._last_step, wait=1.0)
+            except Exception:
+                pass

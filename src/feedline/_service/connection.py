@@ -1,0 +1,342 @@
+"""The client's I/O thread: one connection to a server that survives the server's restarts.
+
+    conn = Connection(address, hello={...}, resume=state_json, prefetch=4, ...)
+    conn.start()
+    item = conn.items.get()     # Welcome(state) | Delivered(step, state, arrays) | Ended(step) | Failed(error)
+    conn.consumed(step)         # grants one credit, acks ``step``
+
+The caller's thread and the connection thread exchange small typed messages: items on
+``conn.items``, and commands (:class:`Consumed`, :class:`Close`) on a queue whose arrival is
+signalled through an in-process ZeroMQ pipe, so the thread's poller wakes for them.
+
+The thread owns the DEALER socket: it sends the hello, grants credit (``prefetch`` minus what is
+already queued locally, then one per consumed batch), pings every heartbeat, and when the server
+is silent for ``timeout`` (or says it is shutting down) it reconnects with exponential backoff,
+sending the state after the last batch it *received*: batches already queued stay valid, so the
+caller sees an unbroken stream. It gives up after ``reconnect`` seconds without a server.
+"""
+
+from __future__ import annotations
+
+import atexit
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from feedline._service.auth import ClientKeys
+from feedline._service.protocol import BYE_REPLACED, decode_batch, error_from_header, pack, unpack_header
+from feedline.errors import AuthError, FeedlineError, ProtocolError, TransportError, TransportTimeout
+
+__all__ = ["Close", "Connection", "Consumed", "Delivered", "Ended", "Failed", "Item", "Welcome"]
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    """The server accepted the hello; ``state`` is where the stream starts (first welcome only)."""
+
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """One batch and the resume state after it."""
+
+    step: int
+    state: str
+    arrays: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """The stream is over after ``step`` global steps."""
+
+    step: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The connection failed for good; ``error`` is what the caller raises."""
+
+    error: FeedlineError
+
+
+Item = Welcome | Delivered | Ended | Failed
+
+
+@dataclass(frozen=True, slots=True)
+class Consumed:
+    """The caller finished the batch of ``step``: ack it and grant one credit."""
+
+    step: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Ack ``ack`` (if given), say bye and stop."""
+
+    ack: int | None
+
+_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+# handshake failures that mean wrong or missing credentials; any other one (a peer closing during
+# the handshake, e.g. a server shutting down while a successor starts) is retried like a lost server
+_KEY_ERRORS: dict[int, str] = {zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH: "one side uses CurveZMQ keys and the other does not",
+               zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC: "the CurveZMQ handshake failed (wrong server.key?)",
+               zmq.PROTOCOL_ERROR_ZMTP_KEY_EXCHANGE: "the CurveZMQ key exchange failed (wrong server.key?)"}
+
+
+_LIVE: weakref.WeakSet[Connection] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """Close connections a script never closed while their threads can still run (before finalization)."""
+    for conn in list(_LIVE):
+        conn.close(wait=1.0)
+
+
+class Connection:
+    """A reconnecting connection run by a daemon thread; see the module docstring.
+
+    A connection left open when the interpreter exits is closed by an ``atexit`` hook (it says bye,
+    so shared-mode batches are re-delivered at once); :meth:`close` never blocks for more than its
+    ``wait``, even when the thread cannot stop.
+    """
+
+    def __init__(self, address: str, *, hello: Mapping[str, Any], resume: str | None, prefetch: int,
+                 keys: ClientKeys | None, timeout: float, reconnect: float, max_message: int) -> None:
+        self.address = address
+        self.hello = dict(hello)
+        self.resume = resume          # state JSON after the last batch received
+        self.prefetch = prefetch
+        self.keys = keys
+        self.timeout = timeout
+        self.reconnect = reconnect
+        self.max_message = max_message
+        self.items: queue.Queue[Item] = queue.Queue()
+        self._commands: queue.SimpleQueue[Consumed | Close] = queue.SimpleQueue()
+        self._ctx: zmq.Context[Any] = zmq.Context()
+        self._pipe_addr = f"inproc://feedline-client-{id(self)}"
+        self._pipe_in = self._ctx.socket(zmq.PAIR)
+        self._pipe_in.bind(self._pipe_addr)
+        self._pipe_out = self._ctx.socket(zmq.PAIR)   # used by the caller's thread only
+        self._pipe_out.connect(self._pipe_addr)
+        self._thread = threading.Thread(target=self._run, name="feedline-client", daemon=True)
+        self._sock: zmq.Socket[Any] | None = None
+        self._monitor: zmq.Socket[Any] | None = None
+        self._queued = 0
+        self._heartbeat = 1.0
+        self._welcomed_once = False
+        self._last_failure = ""
+
+    def start(self) -> None:
+        self._thread.start()
+        _LIVE.add(self)
+
+    # ------------------------------------------------------- caller's thread
+    def consumed(self, step: int | None) -> None:
+        """Report that the caller finished the batch of ``step``; grants one credit."""
+        self._command(Consumed(step))
+
+    def _command(self, command: Consumed | Close, flags: int = 0) -> None:
+        self._commands.put(command)
+        self._pipe_out.send(b"", flags)   # wakes the thread's poller
+
+    def next_item(self, timeout: float) -> Item | None:
+        """The thread's next item, or ``None`` after ``timeout`` seconds.
+
+        Raises:
+            TransportError: the thread is gone and left nothing queued (it cannot answer any more).
+        """
+        try:
+            return self.items.get(timeout=timeout)
+        except queue.Empty:
+            if not self._thread.is_alive() and self.items.empty():
+                raise TransportError("the client connection thread stopped unexpectedly") from None
+            return None
+
+    def close(self, ack: int | None = None, wait: float = 5.0) -> None:
+        """Ack ``ack`` (if given), say bye, stop the thread and free the sockets. Idempotent.
+
+        Waits at most ``wait`` seconds for the thread; one that does not stop (it cannot run during
+        interpreter shutdown) keeps its socket, and the context is left to the process's exit
+        instead of blocking in ``zmq_ctx_term``.
+        """
+        if self._ctx.closed or self._pipe_out.closed:
+            return
+        _LIVE.discard(self)
+        if self._thread.is_alive():
+            try:
+                self._command(Close(ack), zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+            self._thread.join(timeout=wait)
+        self._pipe_out.close(linger=0)
+        if self._thread.is_alive():
+            return
+        self._pipe_in.close(linger=0)
+        self._ctx.term()
+
+    # ---------------------------------------------------------------- thread
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except FeedlineError as e:
+            self.items.put(Failed(e))
+        except Exception as e:  # a bug or an OS failure: surface it to the caller
+            self.items.put(Failed(TransportError(f"client connection failed: {type(e).__name__}: {e}")))
+        finally:
+            self._disconnect()
+
+    def _connect(self) -> None:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_message)
+        sock.setsockopt(zmq.RCVHWM, 0)        # bounded by credit instead
+        if self.keys is not None:
+            self.keys.apply(sock)
+        self._monitor = sock.get_monitor_socket(_HANDSHAKE_FAILED)
+        sock.connect(self.address)
+        self._sock = sock
+        self._send(pack("hello", **self.hello, state=self.resume))
+
+    def _disconnect(self) -> None:
+        if self._monitor is not None and self._sock is not None:
+            self._sock.disable_monitor()
+            self._monitor.close(linger=0)
+            self._monitor = None
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+
+    def _loop(self) -> None:
+        lost_at = time.monotonic()       # when we last had no server (initially: not connected yet)
+        backoff = 0.1
+        welcomed = False
+        self._connect()
+        last_heard = last_sent = time.monotonic()
+        poller = zmq.Poller()
+        poller.register(self._pipe_in, zmq.POLLIN)
+        while True:
+            assert self._sock is not None and self._monitor is not None
+            poller.register(self._sock, zmq.POLLIN)
+            poller.register(self._monitor, zmq.POLLIN)
+            events = dict(poller.poll(int(min(self._heartbeat, backoff if not welcomed else 1.0) * 1000)))
+            now = time.monotonic()
+            if self._monitor in events:
+                self._handshake_failed(recv_monitor_message(self._monitor))
+            if self._pipe_in in events:
+                self._pipe_in.recv()
+                command = self._commands.get_nowait()
+                if isinstance(command, Close):
+                    if welcomed and command.ack is not None:
+                        self._send(pack("credit", n=0, step=command.ack))
+                    self._send(pack("bye"))
+                    return
+                self._queued -= 1
+                if welcomed:
+                    self._send(pack("credit", n=1, step=command.step))
+                    last_sent = now
+            if self._sock in events:
+                last_heard = now
+                for frames in self._drain():
+                    outcome = self._handle(frames, welcomed)
+                    if outcome == "welcome":
+                        welcomed, backoff = True, 0.1
+                        self._send(pack("credit", n=max(0, self.prefetch - self._queued)))
+                    elif outcome == "end":
+                        self._send(pack("bye"))
+                        return
+                    elif outcome == "lost":
+                        last_heard = 0.0
+            if welcomed and now - last_sent >= self._heartbeat:
+                self._send(pack("ping"))
+                last_sent = now
+            silent = now - last_heard > (self.timeout if welcomed else min(self.timeout, 2.0 + backoff))
+            if silent:
+                if welcomed:
+                    lost_at, welcomed = now, False
+                if now - lost_at > self.reconnect:
+                    raise TransportTimeout(
+                        f"no answer from the loader service at {self.address} for {self.reconnect:.0f}s; "
+                        "is 'feedline serve' running there?" + ("" if self.keys else " If it uses keys, pass keys=DIR.")
+                        + (f" Last handshake failure: {self._last_failure}." if self._last_failure else ""))
+                poller.unregister(self._sock)
+                poller.unregister(self._monitor)
+                self._disconnect()
+                backoff = min(backoff * 2, 5.0)
+                self._connect()
+                last_heard = last_sent = time.monotonic()
+
+    def _handshake_failed(self, event: Mapping[str, Any]) -> None:
+        """Raise ``AuthError`` for a credentials failure; note any other one and let reconnection retry."""
+        kind, value = event.get("event"), int(event.get("value") or 0)
+        if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH or (kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                                        and value in _KEY_ERRORS):
+            why = _KEY_ERRORS.get(int(value), f"the server refused this client's key (ZAP status {value})")
+            raise AuthError(f"{self.address} refused the connection handshake: {why}; "
+                            + ("check the keys (server.key and client.key_secret) and that the server authorizes "
+                               "this client" if self.keys else "the server requires CurveZMQ keys; pass keys=DIR"))
+        name = "no detail" if kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL else f"protocol error {value:#x}"
+        self._last_failure = f"{name} (the peer closed or broke the handshake)"
+
+    def _send(self, frame: bytes) -> None:
+        assert self._sock is not None
+        try:
+            self._sock.send(frame, zmq.NOBLOCK)
+        except zmq.Again:  # not connected and the queue is full: the reconnect logic takes over
+            pass
+
+    def _drain(self) -> list[list[zmq.Frame]]:
+        out = []
+        assert self._sock is not None
+        while True:
+            try:
+                out.append(self._sock.recv_multipart(zmq.NOBLOCK, copy=False))
+            except zmq.Again:
+                return out
+
+    def _handle(self, frames: list[zmq.Frame], welcomed: bool) -> str | None:
+        h = unpack_header(frames[0].buffer, self.max_message)
+        op = h["op"]
+        if op == "batch":
+            if not welcomed:
+                return None  # left over from a connection we gave up on
+            state = h.get("state")
+            step = h.get("step")
+            if not isinstance(state, str) or not isinstance(step, int):
+                raise ProtocolError("batch header lacks its step or state")
+            arrays = decode_batch(h, frames[1:])
+            self.resume = state
+            self._queued += 1
+            self.items.put(Delivered(step, state, arrays))
+        elif op == "welcome":
+            state = h.get("state")
+            self._heartbeat = float(h.get("heartbeat", 1.0))
+            if not self._welcomed_once and isinstance(state, str):
+                self._welcomed_once = True
+                self.resume = self.resume or state
+                self.items.put(Welcome(state))
+            return "welcome"
+        elif op == "end":
+            step = h.get("step")
+            self.items.put(Ended(step if isinstance(step, int) else None))
+            return "end"
+        elif op == "error":
+            raise error_from_header(h)
+        elif op == "bye":
+            if h.get("code") == BYE_REPLACED:
+                raise TransportError(f"loader service: {h.get('reason')} (two loaders share this rank?)")
+            return "lost"
+        elif op not in ("pong", "stats"):
+            raise ProtocolError(f"unexpected message {op!r:.20} from the server")
+        return None
+

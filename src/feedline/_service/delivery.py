@@ -1,0 +1,87 @@
+"""The one interface of the two delivery modes, so the dispatcher never asks which mode it serves.
+
+A *delivery* holds produced global steps and decides what each client receives next:
+:class:`~.ranked.RankedCursor` (ranked mode: every rank gets its slice of every step, in lockstep)
+and :class:`~.shared.SharedQueue` (shared mode: whole batches, each leased to one client). The
+dispatcher drives both the same way::
+
+    delivery.join(client)                    # a client was seated on it
+    delivery.pump(now)                       # move produced steps in (and expire leases)
+    item = delivery.take(client, now)        # Produced | End | None (wait)
+    part = delivery.part_for(client)         # which slice of item.slices to send
+    state = delivery.state_for(item)         # the resume state that travels with it
+    delivery.sent(client, item)              # it left, or:
+    delivery.giveback(client, item)          #   the send failed, undo the take
+    delivery.ack(client, step)               # the client consumed ``step``
+    n = delivery.release(client)             # the client left; n batches re-queued for others
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from feedline._service.producer import End, Produced
+
+__all__ = ["Client", "Delivery", "Mode"]
+
+Mode = Literal["ranked", "shared"]
+
+
+@dataclass(kw_only=True, slots=True)
+class Client:
+    """One connected client: the delivery it is seated on, its credit, and liveness."""
+
+    ident: bytes
+    stream: str
+    mode: Mode
+    rank: int
+    world_size: int
+    delivery: Delivery
+    prefetch: int
+    last_seen: float
+    credit: int = 0
+    sent: int = 0
+    acked: int = 0
+    ended: bool = False
+
+
+class Delivery(Protocol):
+    """What the dispatcher needs of a delivery mode; see the module docstring."""
+
+    stream: str
+    error: BaseException | None
+
+    @property
+    def produced(self) -> int:
+        """The last global step produced into this delivery."""
+
+    def join(self, client: Client) -> None:
+        """Count ``client`` as a consumer (after it was seated)."""
+
+    def pump(self, now: float) -> None:
+        """Take produced steps in while there is room; expire what must expire."""
+
+    def take(self, client: Client, now: float) -> Produced | End | None:
+        """What ``client`` receives next, ``End``, or ``None`` when it must wait."""
+
+    def part_for(self, client: Client) -> int:
+        """The index of ``client``'s slice in ``Produced.slices``."""
+
+    def state_for(self, item: Produced) -> str:
+        """The JSON resume state sent with ``item``."""
+
+    def sent(self, client: Client, item: Produced) -> None:
+        """``item`` was sent to ``client``."""
+
+    def giveback(self, client: Client, item: Produced) -> None:
+        """Undo a :meth:`take` whose send failed."""
+
+    def ack(self, client: Client, step: int) -> None:
+        """``client`` consumed ``step``."""
+
+    def release(self, client: Client) -> int:
+        """``client`` left; returns how many of its batches were re-queued for others."""
+
+    def close(self) -> None:
+        """Stop production and drop everything held."""

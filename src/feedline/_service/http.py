@@ -1,0 +1,390 @@
+"""``feedline serve SPEC --http HOST:PORT``: the next batch of a stream for ``GET /``, from any language.
+
+    $ curl -s -H 'Accept: application/json' 'http://127.0.0.1:8080/?stream=train'
+    {"step": 1, "stream": "train", "state": {...}, "input_ids": [[...]], "attention_mask": [[...]], ...}
+
+The gateway is a shared-mode consumer of the ZeroMQ server in the same process (one
+:class:`StreamFeed` per stream, its small interface to the server's work queue), served by
+``aiohttp.web`` on its own event-loop thread. Routes:
+
+    GET /  and  GET /batch   ?stream=NAME   the next batch (200), or 204 once the stream has ended
+    GET /state               ?stream=NAME   the stream's resume state (the shared-mode watermark)
+    GET /stats                              the server's stats snapshot plus the gateway's counters
+    GET /healthz                            ``ok`` (no token needed)
+
+Encodings (``Accept``): ``application/json`` gives arrays as nested lists;
+``application/x-msgpack`` (the default) gives each array as ``{"dtype": "<i4", "shape": [..],
+"data": <raw bytes>}``. Rows of tasks that carry record keys (``infer``) add ``idxs`` (the key
+per row, ``null`` for fill rows) and ``texts`` (the records' text, re-read by key).
+
+Delivery: each batch goes to exactly one GET, whatever the concurrency (one thread per stream
+takes batches in order). A batch is *acked* to the server once its response has been written to
+the socket; a response that cannot be written (the client hung up) puts the batch back at the
+front for the next GET. Batches taken but not acked stay in flight to the gateway, so if the
+whole process dies they are re-delivered by the server's successor from the watermark, exactly
+as for any shared-mode client. HTTP itself has no ack: a response written to the socket but lost
+before the client read it is not re-sent.
+
+Security: a bind outside loopback needs a bearer token (``--http-token-file``); every route but
+``/healthz`` then requires ``Authorization: Bearer TOKEN``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import secrets
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from feedline._pipeline import Pipeline
+from feedline._service.auth import ClientKeys
+from feedline._service.connection import Connection, Delivered, Ended, Failed, Item, Welcome
+from feedline._service.http_options import HttpOptions
+from feedline._service.protocol import PROTOCOL_VERSION
+from feedline.errors import FeedlineError, SpecError, TransportError
+
+__all__ = ["Delivery", "HttpGateway", "StreamFeed"]
+
+log = logging.getLogger("feedline.service.http")
+
+JSON = "application/json"
+MSGPACK = "application/x-msgpack"
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One batch taken from the server: its step, the state JSON after it, and its arrays."""
+
+    step: int
+    state_json: str
+    arrays: Mapping[str, np.ndarray]
+
+
+class StreamFeed:
+    """One stream's shared-mode connection to the server: ``take`` a batch, ``ack`` or ``giveback`` it.
+
+    :meth:`take` and :meth:`state` run on :attr:`executor`'s single thread, which serialises
+    concurrent requests: no batch is taken twice. :meth:`ack` and :meth:`giveback` may come from
+    any thread (the connection's caller socket is guarded by a lock).
+    """
+
+    def __init__(self, address: str, stream: str, *, keys: ClientKeys | None, prefetch: int, timeout: float) -> None:
+        self.address, self.stream = address, stream
+        self.keys, self.prefetch, self.timeout = keys, prefetch, timeout
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"feedline-http-{stream}")
+        self.state_json: str | None = None
+        self.ended_at: int | None = None
+        self.served = 0
+        self.returned = 0
+        self._conn: Connection | None = None
+        self._redo: deque[Delivery] = deque()
+        self._lock = threading.Lock()
+
+    def _connect(self) -> Connection:
+        with self._lock:
+            return self._connect_locked()
+
+    def _connect_locked(self) -> Connection:
+        if self._conn is None:
+            hello = {"v": PROTOCOL_VERSION, "stream": self.stream, "mode": "shared", "rank": 0, "world_size": 1,
+                     "prefetch": self.prefetch, "session": secrets.token_hex(8), "spec_hash": None}
+            self._conn = Connection(self.address, hello=hello, resume=None, prefetch=self.prefetch, keys=self.keys,
+                                    timeout=self.timeout, reconnect=max(60.0, self.timeout), max_message=1 << 30)
+            self._conn.start()
+        return self._conn
+
+    def _next_item(self) -> Item | None:
+        """The connection's next item, or ``None`` after a short wait (so given-back batches are seen)."""
+        return self._connect().next_item(timeout=0.05)
+
+    def take(self) -> Delivery | None:
+        """The next batch (a given-back one first), or ``None`` once the stream has ended."""
+        while True:
+            if self._redo:
+                return self._redo.popleft()
+            if self.ended_at is not None:
+                return None
+            item = self._next_item()
+            if item is None:
+                continue
+            if isinstance(item, Welcome):
+                self.state_json = self.state_json or item.state
+            elif isinstance(item, Delivered):
+                self.state_json = item.state
+                return Delivery(item.step, item.state, item.arrays)
+            elif isinstance(item, Ended):
+                self.ended_at = int(item.step or 0)
+            else:
+                raise item.error
+
+    def ack(self, step: int) -> None:
+        """The batch of ``step`` was written to its client: ack it (and ask the server for another).
+
+        Safe from any thread (while :meth:`take` waits for the credit this grants).
+        """
+        with self._lock:
+            self.served += 1
+            if self._conn is not None:
+                self._conn.consumed(step)
+
+    def giveback(self, delivery: Delivery) -> None:
+        """A batch whose response could not be written: the next ``take`` returns it. Any thread."""
+        self.returned += 1
+        self._redo.appendleft(delivery)
+
+    def state(self) -> str:
+        """The stream's state JSON (the watermark after the last batch received)."""
+        while self.state_json is None:
+            item = self._next_item()
+            if item is None:
+                continue
+            if isinstance(item, Welcome):
+                self.state_json = item.state
+            elif isinstance(item, Failed):
+                raise item.error
+            else:  # cannot happen: the welcome comes first
+                raise TransportError(f"expected a welcome from the server, got {type(item).__name__}")
+        return self.state_json
+
+    def close(self) -> None:
+        """Say bye without acking what is held (the server re-queues it). Idempotent."""
+        with self._lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+
+class HttpGateway:
+    """Serves the streams' batches over HTTP (see the module docstring).
+
+        >>> gw = HttpGateway(server.bind(), streams, HttpOptions(port=0), stats=lambda: server.snapshot)  # doctest: +SKIP
+        >>> gw.start()     # returns "http://127.0.0.1:PORT"                                   # doctest: +SKIP
+    """
+
+    def __init__(self, address: str, streams: Mapping[str, Pipeline], options: HttpOptions, *,
+                 keys: ClientKeys | None = None, stats: Callable[[], Mapping[str, Any]] | None = None) -> None:
+        self.options = options
+        self.streams = dict(streams)
+        self.feeds = {name: StreamFeed(address, name, keys=keys, prefetch=options.prefetch, timeout=options.timeout)
+                      for name in self.streams}
+        self._stats = stats or dict
+        self._token = options.token.encode() if options.token else None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: Any = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self.url: str | None = None
+        self.requests = 0
+        self.unauthorized = 0
+
+    # --------------------------------------------------------------- lifecycle
+    def start(self) -> str:
+        """Listen (in a daemon thread with its own event loop); returns the base URL."""
+        try:
+            from aiohttp import web
+        except ImportError as e:  # pragma: no cover - aiohttp is a base dependency
+            raise SpecError("the HTTP endpoint needs aiohttp: pip install 'aiohttp>=3.9'") from e
+        if self.url is not None:
+            return self.url
+        app = web.Application(middlewares=[self._auth_middleware(web)], client_max_size=1 << 16)
+        app.router.add_get("/", self._batch)
+        app.router.add_get("/batch", self._batch)
+        app.router.add_get("/state", self._state)
+        app.router.add_get("/stats", self._stats_route)
+        app.router.add_get("/healthz", self._healthz)
+        loop = asyncio.new_event_loop()
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, self.options.host, self.options.port, reuse_address=True)
+        try:
+            loop.run_until_complete(site.start())
+        except OSError as e:
+            loop.run_until_complete(runner.cleanup())
+            loop.close()
+            raise SpecError(f"cannot listen for HTTP on {self.options.host}:{self.options.port}: {e.strerror}") from e
+        host, port = runner.addresses[0][:2]
+        self._loop, self._runner = loop, runner
+        self._thread = threading.Thread(target=loop.run_forever, name="feedline-http", daemon=True)
+        self._thread.start()
+        self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+        return self.url
+
+    @property
+    def port(self) -> int:
+        if self.url is None:
+            raise TransportError("the HTTP gateway is not listening; call start() first")
+        return int(self.url.rsplit(":", 1)[1])
+
+    def close(self) -> None:
+        """Stop listening and release every stream's connection (held batches are re-queued). Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._close()
+
+    def _close(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+            try:
+                fut.result(timeout=10)
+            except Exception as e:  # a stuck request: shut down anyway
+                log.warning("HTTP gateway: cleanup did not finish cleanly (%s)", e)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+            self._loop.close()
+        for feed in self.feeds.values():
+            feed.executor.submit(feed.close).result(timeout=10)
+            feed.executor.shutdown(wait=True)
+
+    def __enter__(self) -> HttpGateway:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- routes
+    def _auth_middleware(self, web: Any) -> Any:
+        token = self._token
+
+        @web.middleware
+        async def auth(request: Any, handler: Any) -> Any:
+            self.requests += 1
+            if token is not None and request.path != "/healthz":
+                given = request.headers.get("Authorization", "")
+                scheme, _, value = given.partition(" ")
+                if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), token):
+                    self.unauthorized += 1
+                    return _json_response(web, 401, {"error": "unauthorized",
+                                                     "message": "send 'Authorization: Bearer TOKEN'"},
+                                          headers={"WWW-Authenticate": 'Bearer realm="feedline"'})
+            return await handler(request)
+
+        return auth
+
+    def _feed(self, request: Any) -> StreamFeed:
+        from aiohttp import web
+
+        name = request.query.get("stream")
+        if name is None:
+            name = "train" if "train" in self.feeds or len(self.feeds) != 1 else next(iter(self.feeds))
+        feed = self.feeds.get(name)
+        if feed is None:
+            raise web.HTTPNotFound(text=json.dumps({"error": "unknown stream", "message":
+                                                    f"no stream {name!r}; this server has {sorted(self.feeds)}"}),
+                                   content_type=JSON)
+        return feed
+
+    async def _batch(self, request: Any) -> Any:
+        from aiohttp import web
+
+        feed = self._feed(request)
+        fmt = _negotiate(request.headers.get("Accept", ""))
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(feed.executor, self._take, feed, fmt)
+        try:
+            delivery, body = await asyncio.shield(fut)
+        except asyncio.CancelledError:  # the client went away while waiting: keep what was taken
+            fut.add_done_callback(lambda f: _giveback_later(feed, f))
+            raise
+        except FeedlineError as e:
+            return _json_response(web, 500, {"error": type(e).__name__, "message": str(e)})
+        if delivery is None:
+            return web.Response(status=204, headers={"X-Feedline-End": str(feed.ended_at)})
+        if body is None:  # JSON, or rows whose texts are re-read: not on the stream's thread
+            try:
+                body = await loop.run_in_executor(None, self._encode, feed.stream, delivery, fmt)
+            except Exception:
+                feed.giveback(delivery)
+                raise
+        # a Response sends its headers with the body (one segment: no Nagle/delayed-ACK stall);
+        # preparing and finishing it here, not after the handler returns, lets a failed write give the batch back
+        resp = web.Response(body=body, headers={"Content-Type": fmt, "X-Feedline-Step": str(delivery.step)})
+        try:
+            await resp.prepare(request)
+            await resp.write_eof()
+        except (ConnectionError, asyncio.CancelledError):
+            feed.giveback(delivery)
+            raise
+        feed.ack(delivery.step)
+        return resp
+
+    def _take(self, feed: StreamFeed, fmt: str) -> tuple[Delivery | None, bytes | None]:
+        """The next batch and, when cheap (msgpack without texts), its body: one thread hop per GET."""
+        d = feed.take()
+        if d is None or fmt == JSON or "key" in d.arrays:
+            return d, None
+        try:
+            return d, self._encode(feed.stream, d, fmt)
+        except Exception:
+            feed.giveback(d)
+            raise
+
+    def _encode(self, stream: str, d: Delivery, fmt: str) -> bytes:
+        out: dict[str, Any] = {"step": d.step, "stream": stream, "state": json.loads(d.state_json)}
+        keys = d.arrays.get("key")
+        if keys is not None and keys.ndim == 2 and keys.shape[1] == 3:
+            idxs: list[tuple[int, int, int] | None] = [
+                None if int(k[0]) < 0 else (int(k[0]), int(k[1]), int(k[2])) for k in keys]
+            found = self.streams[stream].fetch([k for k in idxs if k is not None])
+            out["idxs"] = [None if k is None else list(k) for k in idxs]
+            out["texts"] = [None if k is None else found[k].get("text") for k in idxs]
+        if fmt == JSON:
+            for name, a in d.arrays.items():
+                out[name] = a.tolist()
+            return json.dumps(out, separators=(",", ":")).encode()
+        for name, a in d.arrays.items():
+            a = np.ascontiguousarray(a)
+            out[name] = {"dtype": a.dtype.str, "shape": list(a.shape), "data": a.tobytes()}
+        return msgpack.packb(out, use_bin_type=True)  # type: ignore[no-any-return]
+
+    async def _state(self, request: Any) -> Any:
+        from aiohttp import web
+
+        feed = self._feed(request)
+        try:
+            state = await asyncio.get_running_loop().run_in_executor(feed.executor, feed.state)
+        except FeedlineError as e:
+            return _json_response(web, 500, {"error": type(e).__name__, "message": str(e)})
+        return web.Response(text=state, content_type=JSON)
+
+    async def _stats_route(self, request: Any) -> Any:
+        from aiohttp import web
+
+        http = {"requests": self.requests, "unauthorized": self.unauthorized,
+                "streams": {n: {"served": f.served, "returned": f.returned, "ended_at": f.ended_at}
+                            for n, f in self.feeds.items()}}
+        return _json_response(web, 200, {"http": http, "server": self._stats()})
+
+    async def _healthz(self, request: Any) -> Any:
+        from aiohttp import web
+
+        return web.Response(text="ok\n")
+
+
+def _negotiate(accept: str) -> str:
+    """JSON when the client asks for it (and not for msgpack first); msgpack otherwise."""
+    a = accept.lower()
+    j, m = a.find(JSON), a.find("msgpack")
+    return JSON if j >= 0 and (m < 0 or j < m) else MSGPACK
+
+
+def _giveback_later(feed: StreamFeed, fut: Any) -> None:
+    if not fut.cancelled() and fut.exception() is None and fut.result()[0] is not None:
+        feed.giveback(fut.result()[0])
+
+
+def _json_response(web: Any, status: int, body: Any, headers: Mapping[str, str] | None = None) -> Any:
+    return web.Response(status=status, text=json.dumps(body), content_type=JSON, headers=headers)

@@ -1,0 +1,110 @@
+"""A background thread that runs one global stream and hands out its steps, sliced per rank.
+
+    producer = Producer(pipeline, world_size=4, start=state, wake=server.wake)
+    producer.start()
+    item = producer.poll()     # Produced | End | an exception | None (nothing ready yet)
+
+A :class:`~feedline._core.prefetch.Prefetch` stage runs :class:`~feedline._pipeline.GlobalStream`
+from a start state; on its thread each global batch is cut into the ranks' slices once
+(:func:`~feedline._batching.planner.rank_slices`) and the resume state after the step is
+serialised once. Production runs at most ``depth`` steps ahead of whoever drains it. ``wake`` is
+called after every put so the server's event loop never has to spin.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from feedline._batching.base import Batch, real_tokens
+from feedline._batching.planner import rank_slices
+from feedline._core.prefetch import Prefetch
+from feedline._pipeline import GlobalStream, Pipeline
+from feedline._state import state_json
+
+__all__ = ["End", "Produced", "Producer"]
+
+log = logging.getLogger("feedline.service")
+
+
+@dataclass(frozen=True, slots=True)
+class Produced:
+    """One global step: the ranks' slices and the state after the step."""
+
+    step: int
+    state: dict[str, Any]
+    state_json: str
+    slices: list[Batch]
+    slice_tokens: list[int]
+    slice_slots: list[int]
+    produced_at: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    """The stream is over after ``step`` global steps."""
+
+    step: int
+
+
+class Producer:
+    """Runs a global stream in a thread; see the module docstring."""
+
+    def __init__(self, pipeline: Pipeline, *, world_size: int, start: Mapping[str, Any] | None, depth: int,
+                 wake: Callable[[], None], initial: Mapping[str, Any] | None = None,
+                 name: str = "feedline-producer") -> None:
+        self.pipeline = pipeline
+        self.world_size = world_size
+        self.start_state = dict(start) if start is not None else None
+        self.spec_hash = pipeline.spec.hash()
+        self._stage = Prefetch(lambda: iter(GlobalStream(pipeline, world_size)), max(1, depth), map=self._produce,
+                               wake=wake, name=name)
+        if start is not None:
+            self._stage.set_state(start)
+        first = start if start is not None else initial
+        self._initial: dict[str, Any] | None = dict(first) if first is not None else None
+        self._over = False
+
+    def start(self) -> None:
+        """Start producing (the thread runs ``depth`` steps ahead of :meth:`poll`)."""
+        self.initial_state()
+        self._stage.start()
+
+    def initial_state(self) -> dict[str, Any]:
+        """The global state at the start position (computed without producing anything)."""
+        if self._initial is None:
+            self._initial = dict(self._stage.get_state())
+        return self._initial
+
+    def poll(self) -> Produced | End | BaseException | None:
+        """The next produced item, or ``None`` when none is ready (and after the end or an error)."""
+        if self._over:
+            return None
+        try:
+            item = self._stage.poll()
+        except StopIteration:
+            self._over = True
+            return End(int(self._stage.get_state()["step"]))
+        except BaseException as e:  # forwarded to the server, which reports it to clients
+            log.error("stream production failed: %s", e)
+            self._over = True
+            return e
+        return None if item is None else item[0]  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        """Stop the thread (it exits at its next step boundary) and close the stream. Idempotent."""
+        self._stage.close()
+
+    def _produce(self, element: tuple[int, Batch, dict[str, Any]]) -> Produced:
+        """Runs on the thread: cut the step into the ranks' slices and serialise its state, once."""
+        step, batch, state = element
+        w = self.world_size
+        slices = rank_slices(batch, w)
+        ids = batch.get("input_ids")
+        width = int(ids.size // max(1, len(ids))) if ids is not None else 0
+        slice_tokens = [int(real_tokens(s).sum()) for s in slices]
+        slice_slots = [len(s["input_ids"]) * width if width else t for s, t in zip(slices, slice_tokens)]
+        return Produced(step, state, state_json(self.spec_hash, state, w), slices, slice_tokens, slice_slots)

@@ -1,0 +1,235 @@
+"""The loader service: one process owns the pipelines and serves batches to trainers over ZeroMQ.
+
+    >>> server = Server(load_streams("train.yaml"), ServerOptions(bind="tcp://127.0.0.1:5555"))  # doctest: +SKIP
+    >>> server.bind()            # returns the bound address   # doctest: +SKIP
+    >>> server.serve()           # until stop(): drains, says bye, closes   # doctest: +SKIP
+
+This module is the event loop: one ROUTER socket talks to every client (protocol in
+:mod:`.protocol`), producer threads wake the loop after each produced step, and a tick once a
+second refreshes the stats snapshot. What a message means and what each client receives is the
+:class:`~.dispatch.Dispatcher`'s business (no sockets there: it sends through a
+:mod:`.transport`); the snapshot is built by :mod:`.stats`. Sends never block
+(``ROUTER_MANDATORY`` plus ``NOBLOCK``): a peer that stops reading keeps its batch queued
+server-side, a peer that vanished is dropped. With keys, only messages that ZeroMQ's
+authentication (ZAP) vouched for are handed on.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import zmq
+
+from feedline._pipeline import GlobalStream, Pipeline
+from feedline._service.dispatch import Dispatcher
+from feedline._service.metrics import MetricsEndpoint
+from feedline._service.options import ServerOptions
+from feedline._service.stats import progress_line, snapshot
+from feedline._service.transport import RouterTransport
+from feedline.errors import SpecError
+
+__all__ = ["Server", "ServerOptions"]
+
+log = logging.getLogger("feedline.service")
+
+
+class Server:
+    """Serves the named streams' batches; see the module docstring."""
+
+    def __init__(self, streams: Mapping[str, Pipeline], options: ServerOptions | None = None) -> None:
+        if not streams:
+            raise SpecError("a server needs at least one stream")
+        self.streams = dict(streams)
+        self.options = options or ServerOptions()
+        self.hashes = {name: p.spec.hash() for name, p in self.streams.items()}
+        self.dispatcher: Dispatcher | None = None
+        self.address: str | None = None
+        self.unauthenticated = 0
+        self.started = time.monotonic()
+        self.snapshot: dict[str, Any] = {}
+        self._stopping = threading.Event()
+        self._local = threading.local()
+        self._pushers: list[zmq.Socket[Any]] = []
+        self._pushers_lock = threading.Lock()
+        self._ctx: zmq.Context[Any] | None = None
+        self._auth: Any = None
+        self._metrics: MetricsEndpoint | None = None
+
+    # ------------------------------------------------------------------ setup
+    def bind(self) -> str:
+        """Open the pipelines' start states, bind the socket; returns the bound address."""
+        if self.address is not None:
+            return self.address
+        o = self.options
+        initial: dict[str, dict[str, Any]] = {}
+        for name, pipeline in self.streams.items():
+            initial[name] = GlobalStream(pipeline, 1).initial_state()
+        self._ctx = zmq.Context()
+        if o.keys is not None:
+            from zmq.auth.thread import ThreadAuthenticator
+
+            self._auth = ThreadAuthenticator(self._ctx, log=logging.getLogger("feedline.service.auth"))
+            self._auth.start()
+            self._auth.configure_curve(domain="*", location=str(o.keys.authorized))
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, o.max_message)
+        self._sock.setsockopt(zmq.LINGER, 500)
+        self._sock.setsockopt(zmq.SNDHWM, 4 * o.max_prefetch)
+        self._sock.setsockopt(zmq.RCVHWM, 10_000)
+        if o.keys is not None:
+            o.keys.apply(self._sock)
+        try:
+            self._sock.bind(o.bind)
+        except zmq.ZMQError as e:
+            self.close()
+            raise SpecError(f"cannot bind {o.bind}: {e}") from e
+        self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.dispatcher = Dispatcher(self.streams, o, RouterTransport(self._sock), initial=initial, wake=self.wake,
+                                     stats=self.stats)
+        self._wake_addr = f"inproc://feedline-wake-{id(self)}"
+        self._wake_sock = self._ctx.socket(zmq.PULL)
+        self._wake_sock.bind(self._wake_addr)
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._poller.register(self._wake_sock, zmq.POLLIN)
+        if o.metrics_port is not None:
+            self._metrics = MetricsEndpoint(o.metrics_port, lambda: self.snapshot, o.metrics_host, window=o.window)
+        self.snapshot = self.stats()
+        return self.address
+
+    @property
+    def metrics_port(self) -> int | None:
+        return self._metrics.port if self._metrics else None
+
+    def wake(self) -> None:
+        """Wake the event loop (called by producer threads after each produced step)."""
+        sock = getattr(self._local, "push", None)
+        if sock is None:
+            assert self._ctx is not None
+            sock = self._ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 2)
+            sock.connect(self._wake_addr)
+            self._local.push = sock
+            with self._pushers_lock:
+                self._pushers.append(sock)
+        try:
+            sock.send(b"", zmq.NOBLOCK)
+        except zmq.ZMQError:  # full (a wake-up is pending anyway) or closing
+            pass
+
+    def stop(self) -> None:
+        """Ask the loop to drain and exit (safe from a signal handler or another thread)."""
+        self._stopping.set()
+
+    # ------------------------------------------------------------------- loop
+    def serve(self) -> None:
+        """Run until :meth:`stop`; then drain shared-mode acks, say bye to every client and close."""
+        self.bind()
+        d = self.dispatcher
+        assert d is not None
+        o = self.options
+        poll_ms = int(min(100, o.heartbeat * 500))
+        next_tick = time.monotonic() + 1.0
+        deadline: float | None = None
+        try:
+            while True:
+                now = time.monotonic()
+                if self._stopping.is_set() and deadline is None:
+                    d.stopping = True
+                    log.warning("draining: no new batches; waiting up to %.0fs for acks", o.drain_timeout)
+                    deadline = now + o.drain_timeout
+                if deadline is not None and (now >= deadline or d.drained()):
+                    break
+                events = dict(self._poller.poll(poll_ms))
+                if self._wake_sock in events:
+                    while self._poll_once(self._wake_sock):
+                        pass
+                if self._sock in events:
+                    self._receive()
+                if deadline is None:
+                    d.dispatch()
+                if now >= next_tick:
+                    next_tick = now + 1.0
+                    d.tick(now)
+                    self._refresh()
+            d.say_goodbye()
+        finally:
+            self.close()
+
+    @staticmethod
+    def _poll_once(sock: zmq.Socket[Any]) -> bool:
+        try:
+            sock.recv(zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False
+
+    def _receive(self) -> None:
+        assert self.dispatcher is not None
+        for _ in range(1000):
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            if self.options.keys is not None and not _authenticated(frames[-1]):
+                self.unauthenticated += 1   # no ZAP user id: never answered, not even stats
+                continue
+            self.dispatcher.receive(frames[0].bytes, frames[1:])
+
+    def _refresh(self) -> None:
+        self.snapshot = self.stats()
+        if self.options.progress and sys.stderr.isatty():
+            sys.stderr.write("\r\033[K" + progress_line(self.snapshot))
+            sys.stderr.flush()
+
+    def stats(self) -> dict[str, Any]:
+        """A JSON-able snapshot: per-stream rates and efficiency, cursors, queues and clients."""
+        if self.dispatcher is None:
+            return {}
+        return snapshot(self.dispatcher, address=self.address, uptime=time.monotonic() - self.started,
+                        unauthenticated=self.unauthenticated)
+
+    # ----------------------------------------------------------------- close
+    def close(self) -> None:
+        """Stop producers, close sockets and the metrics endpoint. Idempotent."""
+        if self.dispatcher is not None:
+            self.dispatcher.close()
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+        if self._ctx is not None:
+            with self._pushers_lock:
+                for s in self._pushers:
+                    s.close(linger=0)
+                self._pushers.clear()
+            for name in ("_sock", "_wake_sock"):
+                sock = getattr(self, name, None)
+                if sock is not None:
+                    sock.close()
+            self._ctx.term()
+            self._ctx = None
+
+    def __enter__(self) -> Server:
+        self.bind()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _authenticated(frame: zmq.Frame) -> bool:
+    """Whether ZeroMQ's authentication (ZAP) accepted the peer that sent ``frame``."""
+    try:
+        return bool(frame.get("User-Id"))
+    except zmq.ZMQError:   # the property is absent: no ZAP handler vouched for this peer
+        return False

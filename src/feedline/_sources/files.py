@@ -1,0 +1,195 @@
+"""Paths, globs, directories and URLs; streamed decompression chosen by file extension.
+
+    >>> codec_of("shard-00.jsonl.zst"), strip_codec("shard-00.jsonl.zst")
+    ('zstd', 'shard-00.jsonl')
+"""
+
+from __future__ import annotations
+
+import bz2
+import glob
+import gzip
+import io
+import lzma
+import os
+from pathlib import Path
+from typing import IO, Any
+
+from feedline._sources.remote import missing_backend
+from feedline.errors import SourceError
+
+__all__ = ["ZstdStream", "codec_of", "expand", "is_url", "open_binary", "open_raw", "size_of",
+           "strip_codec"]
+
+_CODECS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
+
+
+def is_url(path: str) -> bool:
+    """True for ``scheme://...`` paths other than ``file://``."""
+    return "://" in path and not path.startswith("file://")
+
+
+def codec_of(path: str) -> str | None:
+    """The compression codec implied by the file extension, or ``None``."""
+    return _CODECS.get(os.path.splitext(path)[1].lower())
+
+
+def strip_codec(path: str) -> str:
+    """The path without its compression extension."""
+    root, ext = os.path.splitext(path)
+    return root if ext.lower() in _CODECS else path
+
+
+def _local(path: str) -> str:
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+def expand(path: str) -> list[str]:
+    """All files named by a path, glob, directory or URL, sorted for determinism.
+
+    Raises:
+        SourceError: when nothing matches.
+    """
+    if is_url(path):
+        return _expand_url(path)
+    p = os.path.expanduser(_local(path))
+    if any(c in p for c in "*?["):
+        files = sorted(f for f in glob.glob(p, recursive=True) if os.path.isfile(f))
+    elif os.path.isdir(p):
+        files = sorted(
+            str(f) for f in Path(p).rglob("*")
+            if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
+        )
+    elif os.path.isfile(p):
+        files = [p]
+    else:
+        raise SourceError(f"{path}: no such file or directory; check the source's 'path'")
+    if not files:
+        raise SourceError(f"{path}: no files match; check the glob or directory")
+    return files
+
+
+# What each URL protocol needs beyond fsspec, and how to install it.
+def _expand_url(url: str) -> list[str]:
+    try:
+        import fsspec
+    except ImportError as e:  # pragma: no cover
+        raise missing_backend(url, e) from e
+    try:
+        fs, root = fsspec.core.url_to_fs(url)
+        protocol = url.split("://", 1)[0]
+        if any(c in root for c in "*?["):
+            found = sorted(fs.glob(root))
+        elif protocol not in ("http", "https") and fs.isdir(root):
+            found = sorted(fs.find(root))
+        else:
+            return [url]
+    except ImportError as e:
+        raise missing_backend(url, e) from e
+    except (OSError, ValueError) as e:
+        raise SourceError(f"{url}: cannot list ({e})") from e
+    if not found:
+        raise SourceError(f"{url}: no files match")
+    return [f if "://" in f else f"{protocol}://{f}" for f in found]
+
+
+def size_of(path: str) -> int | None:
+    """The size in bytes of a local file, or ``None`` when unknown (URLs)."""
+    if is_url(path):
+        return None
+    try:
+        return os.path.getsize(_local(path))
+    except OSError:
+        return None
+
+
+def open_raw(path: str) -> IO[bytes]:
+    """Open the file's bytes as stored (no decompression)."""
+    if is_url(path):
+        from feedline._sources.remote import open_url
+
+        return open_url(path)
+    try:
+        return open(_local(path), "rb")
+    except FileNotFoundError:
+        raise SourceError(f"{path}: file not found (was it removed after listing?)") from None
+    except OSError as e:
+        raise SourceError(f"{path}: cannot open ({e.strerror})") from e
+
+
+def open_binary(path: str) -> IO[bytes]:
+    """Open a file or URL as a stream of decompressed bytes (never inflated to disk)."""
+    raw = open_raw(path)
+    codec = codec_of(path)
+    if codec is None:
+        return raw
+    if codec == "gzip":
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    if codec == "bz2":
+        return bz2.BZ2File(raw, mode="rb")
+    if codec == "xz":
+        return lzma.LZMAFile(raw, mode="rb")
+    return io.BufferedReader(ZstdStream(raw), buffer_size=1 << 20)
+
+
+class DecodingStream(io.RawIOBase):
+    """A forward-only raw stream whose bytes come from :meth:`_fill` (decompressed, transcoded...)."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        super().__init__()
+        self.raw = raw
+        self.pending = b""
+
+    def _fill(self) -> bytes:
+        """The next decoded bytes; ``b""`` at the end of the stream."""
+        raise NotImplementedError
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        if not self.pending:
+            self.pending = self._fill()
+        n = min(len(view), len(self.pending))
+        view[:n] = self.pending[:n]
+        self.pending = self.pending[n:]
+        return n
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
+class ZstdStream(DecodingStream):
+    """Decompress concatenated zstd frames; a stream that ends inside a frame raises ``EOFError``.
+
+    (``zstandard``'s own ``stream_reader`` ends quietly on a truncated frame, which would lose
+    the tail of a file without a word.)
+    """
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        super().__init__(raw)
+        import zstandard
+
+        self.dctx = zstandard.ZstdDecompressor()
+        self.dobj = self.dctx.decompressobj()
+        self.started = False  # the current frame has received input
+
+    def _fill(self) -> bytes:
+        out = b""
+        while not out:
+            chunk = self.raw.read(1 << 17)
+            if not chunk:
+                if self.started and not self.dobj.eof:
+                    raise EOFError("zstd stream ended inside a frame (truncated file?)")
+                return b""
+            while chunk:
+                self.started = True
+                out += self.dobj.decompress(chunk)
+                chunk = b""
+                if self.dobj.eof:  # next frame: feed it what the last one left over
+                    chunk = self.dobj.unused_data
+                    self.dobj = self.dctx.decompressobj()
+                    self.started = False
+        return out

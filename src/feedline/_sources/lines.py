@@ -1,0 +1,341 @@
+"""Line-oriented reading with exact byte positions, shared by the line-based formats.
+
+Positions are offsets into the *decoded* byte stream (decompressed; UTF-16 transcoded to UTF-8),
+so a key means the same whether a file is plain or compressed. A plain local file seeks straight
+to a position; other streams are read forward to it.
+
+:class:`LineReader` is the base of ``text``, ``bert``, ``jsonl`` and ``cirrus``: it splits a
+large plain file into byte ranges, aligns each range to the first line starting inside it (a
+record belongs to the split holding its first byte), turns a broken compressed stream into a
+``truncated`` rejection after delivering every good line before it, and re-reads single
+records by seeking.
+
+Lines are read with a bound (the source's ``max_record_bytes``): a longer line is skipped in
+chunks, never held whole, and becomes a ``too_large`` rejection. A plain file that ends before
+the size it had when its splits were planned (truncated by another process) yields a
+``truncated`` rejection after its last line.
+"""
+
+from __future__ import annotations
+
+import codecs
+import io
+import zlib
+from collections.abc import Generator, Iterator, Sequence
+from typing import IO, Any
+
+from feedline._core.record import Rejection
+from feedline._sources.files import DecodingStream, codec_of, is_url, open_binary, size_of
+from feedline._sources.reader import Item, Reader, Split
+from feedline.errors import SourceError
+
+__all__ = ["BOM", "LineReader", "Oversized", "iter_lines", "open_decoded"]
+
+BOM = codecs.BOM_UTF8
+_UTF16 = {codecs.BOM_UTF16_LE: "utf-16-le", codecs.BOM_UTF16_BE: "utf-16-be"}
+
+# What a broken stream raises: gzip/bz2/lzma (OSError, EOFError), zlib, zstandard (ZstdError is
+# a plain Exception subclass, matched by name below).
+_BROKEN: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error, ValueError)
+
+
+def _is_broken(e: BaseException) -> bool:
+    return isinstance(e, _BROKEN) or type(e).__name__ == "ZstdError"
+
+
+class _Transcoder(DecodingStream):
+    """UTF-16 bytes in, UTF-8 bytes out (forward only)."""
+
+    def __init__(self, raw: IO[bytes], encoding: str) -> None:
+        super().__init__(raw)
+        self.decoder = codecs.getincrementaldecoder(encoding)(errors="replace")
+
+    def _fill(self) -> bytes:
+        while True:
+            chunk = self.raw.read(1 << 16)
+            out = self.decoder.decode(chunk, final=not chunk).encode("utf-8")
+            if out or not chunk:
+                return out
+
+
+def open_decoded(path: str) -> tuple[IO[bytes], bool]:
+    """Open a file as UTF-8-ish bytes; returns ``(stream, seekable)``.
+
+    A UTF-16 file with a BOM is transcoded to UTF-8 (BOM dropped); a UTF-8 BOM is left in place
+    for :func:`iter_lines` to strip, so positions stay file offsets for plain files.
+    """
+    f = open_binary(path)
+    head = f.peek(4)[:4] if hasattr(f, "peek") else b""
+    for bom, encoding in _UTF16.items():
+        if head.startswith(bom):
+            f.read(len(bom))
+            return io.BufferedReader(_Transcoder(f, encoding)), False
+    return f, codec_of(path) is None and not is_url(path)
+
+
+def _skip(f: IO[bytes], n: int) -> None:
+    while n > 0:
+        got = f.read(min(n, 1 << 20))
+        if not got:
+            return
+        n -= len(got)
+
+
+class Oversized(bytes):
+    """Stands for a line longer than the bound (its bytes were skipped): ``size`` is its length.
+
+        >>> Oversized.of(10**9).size, len(Oversized.of(10**9))
+        (1000000000, 0)
+    """
+
+    size: int
+
+    @classmethod
+    def of(cls, size: int) -> Oversized:
+        o = cls()
+        o.size = size
+        return o
+
+
+def _bounded(f: IO[bytes], limit: int) -> Iterator[bytes]:
+    """The lines of ``f``; one longer than ``limit`` is read in chunks and comes as :class:`Oversized`."""
+    while True:
+        raw = f.readline(limit + 1)
+        if not raw:
+            return
+        if len(raw) > limit and not raw.endswith(b"\n"):
+            n = len(raw)
+            del raw
+            while True:
+                chunk = f.readline(1 << 20)
+                n += len(chunk)
+                if not chunk or chunk.endswith(b"\n"):
+                    break
+            yield Oversized.of(n)
+        else:
+            yield raw
+
+
+def line_size(raw: bytes) -> int:
+    """The length of a line in the file (an :class:`Oversized` line's real size)."""
+    return raw.size if isinstance(raw, Oversized) else len(raw)
+
+
+def iter_lines(path: str, position: int = 0, *, align: bool = False,
+               max_bytes: int | None = None) -> Generator[tuple[int, bytes], None, None]:
+    """Yield ``(position, raw_line)`` from ``position`` to the end of the file.
+
+    With ``align``, ``position`` may fall inside a line: reading starts at the first line that
+    begins at or after it. With ``max_bytes``, a longer line is skipped in bounded memory and
+    yielded as :class:`Oversized`. Errors of a broken stream propagate (see :class:`LineReader`).
+    """
+    f, seekable = open_decoded(path)
+    with f:
+        pos = position
+        if align and position > 0:
+            pos -= 1
+        if pos:
+            if seekable:
+                f.seek(pos)
+            else:
+                _skip(f, pos)
+        if align and position > 0:
+            pos += line_size(next(_bounded(f, 1 << 20), b""))
+        for raw in (f if max_bytes is None else _bounded(f, max_bytes)):
+            start = pos
+            pos += line_size(raw)
+            if start == 0 and raw.startswith(BOM) and not isinstance(raw, Oversized):
+                raw = raw[len(BOM):]
+            yield start, raw
+
+
+class LineReader(Reader):
+    """Base of line-based formats: subclasses implement :meth:`parse` (or override :meth:`records`).
+
+    ``parse(raw, path, line)`` returns a record, a :class:`Rejection`, or ``None`` for lines
+    that are not records (blank lines, bulk action lines).
+    """
+
+    splittable = True
+
+    def parse(self, raw: bytes, path: str, line: int | None) -> dict[str, Any] | Rejection | None:
+        raise NotImplementedError
+
+    def splits(self, file: int, path: str) -> list[Split]:
+        size = size_of(path) if codec_of(path) is None else None
+        step = self.spec.split_bytes
+        if size is None or _is_utf16(path):
+            return [Split(file, path)]
+        if not self.splittable or size <= step:
+            return [Split(file, path, size=size)]
+        return [Split(file, path, s, min(s + step, size), size) for s in range(0, size, step)]
+
+    def records(self, lines: Iterator[tuple[int, bytes]], path: str, line: int, known: bool,
+                end: int | None) -> Iterator[Item]:
+        """Turn ``(position, raw)`` lines into items; lines starting at or after ``end`` are not read."""
+        for pos, raw in lines:
+            if end is not None and pos >= end:
+                return
+            line += 1
+            if isinstance(raw, Oversized):
+                yield pos, pos + raw.size, line, _locate(self.too_large(path, line if known else None, raw.size), pos, known)
+                continue
+            rec = self.parse(raw, path, line if known else None)
+            if rec is not None:
+                yield pos, pos + len(raw), line, _locate(rec, pos, known)
+
+    def too_large(self, path: str, line: int | None, size: int) -> Rejection:
+        """The rejection of a record of ``size`` bytes, over the source's ``max_record_bytes``."""
+        return Rejection(path, line, "too_large",
+                         f"{size:,} bytes, over max_record_bytes ({self.max_bytes:,}); raise the source's max_record_bytes to keep it")
+
+    @property
+    def max_bytes(self) -> int:
+        return int(getattr(self.spec, "max_record_bytes", 32 << 20))
+
+    def read(self, split: Split, position: int, line: int) -> Iterator[Item]:
+        if type(self).records is LineReader.records and codec_of(split.path) is None and not is_url(split.path) \
+                and not _is_utf16(split.path):
+            return self._read_plain(split, position, line)
+        return self._read_lines(split, position, line)
+
+    def _read_plain(self, split: Split, position: int, line: int) -> Iterator[Item]:
+        """:meth:`_read_lines` for a plain local file, in blocks: one loop per line, no stack of generators.
+
+        Same items, positions, line numbers and rejections; a line longer than :data:`_LONG` (or the
+        record bound) is handed to :meth:`_read_lines` with the rest of the split, which skips it in
+        bounded memory.
+        """
+        path, end, limit, parse = split.path, split.end, self.max_bytes, self.parse
+        known = split.start == 0
+        last_start, last_end = position, position  # the last line read: where it starts and ends
+        last_line = line  # the line number of the last item
+        try:
+            with open(path, "rb") as f:
+                pos = position
+                if position == split.start and position > 0:  # aligned: start at the first line starting at or after it
+                    f.seek(position - 1)
+                    pos = position - 1 + len(next(_bounded(f, 1 << 20), b""))
+                else:
+                    f.seek(position)
+                buf, at = b"", 0
+                while True:
+                    if end is not None and pos >= end:
+                        return
+                    nl = buf.find(b"\n", at)
+                    if nl < 0:
+                        chunk = f.read(_BLOCK)
+                        if chunk:
+                            buf, at = buf[at:] + chunk, 0
+                            if len(buf) > min(limit, _LONG) and buf.find(b"\n") < 0:  # a very long line
+                                yield from self._read_lines(split, pos, line)
+                                return
+                            continue
+                        if at == len(buf):
+                            break
+                        nl = len(buf) - 1  # the last line, without a newline
+                    raw, at = buf[at:nl + 1], nl + 1
+                    start, pos = pos, pos + len(raw)
+                    last_start, last_end = start, pos
+                    line += 1
+                    content = len(raw) - (raw[-1:] == b"\n")
+                    if content > limit:
+                        last_line = line
+                        yield start, pos, line, _locate(self.too_large(path, line if known else None, len(raw)), start, known)
+                        continue
+                    if start == 0 and raw.startswith(BOM):
+                        raw = raw[len(BOM):]
+                        last_end = len(raw)  # as the line-by-line path counts it
+                    rec = parse(raw, path, line if known else None)
+                    if rec is not None:
+                        last_line = line
+                        yield start, start + len(raw), line, (_locate(rec, start, known) if type(rec) is Rejection else rec)
+            planned = split.end if split.end is not None else split.size
+            if planned is not None and last_end < planned:
+                yield last_end, last_end, last_line, _shrunk(path, last_end, planned)
+        except SourceError:
+            raise
+        except Exception as e:
+            if not _is_broken(e):
+                raise
+            yield last_start, last_start, last_line, _broken(path, last_start, e)
+
+    def _read_lines(self, split: Split, position: int, line: int) -> Iterator[Item]:
+        align = position == split.start and split.start > 0
+        known = split.start == 0
+        lines = iter_lines(split.path, position, align=align, max_bytes=self.max_bytes)
+        last = [position, line, position]  # position of the last line read, its line number, where it ends
+
+        def tracked() -> Iterator[tuple[int, bytes]]:
+            for pos, raw in lines:
+                last[0], last[2] = pos, pos + line_size(raw)
+                yield pos, raw
+            last[0] = -1
+
+        try:
+            for item in self.records(tracked(), split.path, line, known, split.end):
+                last[1] = item[2]
+                yield item
+            planned = split.end if split.end is not None else split.size
+            if last[0] == -1 and planned is not None and last[2] < planned:
+                yield last[2], last[2], last[1], _shrunk(split.path, last[2], planned)
+        except SourceError:
+            raise
+        except Exception as e:
+            if not _is_broken(e):
+                raise
+            where = last[0] if last[0] >= 0 else position
+            yield where, where, last[1], _broken(split.path, where, e)
+        finally:
+            lines.close()
+
+    def fetch(self, path: str, positions: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """Seek to each position of a plain local file; one forward pass otherwise."""
+        if codec_of(path) is not None or is_url(path) or _is_utf16(path):
+            return super().fetch(path, positions)
+        found: dict[int, dict[str, Any]] = {}
+        for p in sorted(set(positions)):
+            items = self.read(Split(-1, path, 0, None), p, 0)
+            try:
+                item = next(items, None)
+            finally:
+                items.close()  # type: ignore[attr-defined]
+            if item is None or item[0] != p or isinstance(item[3], Rejection):
+                raise SourceError(f"{path}: no record at byte {p}; the file changed since the state was saved")
+            found[p] = item[3]
+        return found
+
+
+#: Bytes read at a time by the plain-file path; lines longer than ``_LONG`` go the bounded way.
+_BLOCK = 1 << 20
+_LONG = 4 << 20
+
+
+def _shrunk(path: str, at: int, planned: int) -> Rejection:
+    return Rejection(path, None, "truncated",
+                     f"the file ended at byte {at} but held {planned} bytes when reading was planned (now {size_of(path)}): "
+                     "it shrank while being read; records before the end were delivered")
+
+
+def _broken(path: str, where: int, e: BaseException) -> Rejection:
+    return Rejection(path, None, "truncated",
+                     f"stream broken after byte {where} ({type(e).__name__}: {e}); records before it were delivered")
+
+
+def _locate(rec: dict[str, Any] | Rejection, pos: int, known: bool) -> dict[str, Any] | Rejection:
+    """Rejections far into a split have no known line number: name the byte offset instead."""
+    if isinstance(rec, Rejection) and not known:
+        detail = f"at byte {pos}" + (f"; {rec.detail}" if rec.detail else "")
+        return Rejection(rec.path, None, rec.reason, detail)
+    return rec
+
+
+def _is_utf16(path: str) -> bool:
+    if codec_of(path) is not None or is_url(path):
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except OSError:
+        return False
+    return head in _UTF16

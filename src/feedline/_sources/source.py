@@ -1,0 +1,266 @@
+"""One source read over its splits, epoch after epoch, with exact positions.
+
+State (version 1)::
+
+    {"epoch": 0,          # current epoch (0-based)
+     "split": 3,          # index into this epoch's split order
+     "pos": 81920,        # reader position to resume at within that split
+     "line": 1204,        # line number at "pos" (for error reports)
+     "rejected": {"bad_json": 2}}
+
+The split order of epoch ``e`` is a permutation keyed by ``(seed, source index, e)`` when shard
+shuffling is on, else file order. Nothing else is random here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from feedline._core.dataset import Dataset, DatasetIterator, State
+from feedline._core.record import Key, Record, Rejection
+from feedline._core.report import Rejections, nothing_delivered
+from feedline._core.rng import permutation
+from feedline._sources.arrow import saved_dataset_files
+from feedline._sources.files import expand
+from feedline._sources.reader import Reader, Split, detect_format, reader_class
+from feedline._spec import SourceSpec
+from feedline.errors import RecordError, SourceError, StateError
+
+__all__ = ["FileSource", "list_files", "make_reader", "source_format"]
+
+_SALT = 0x5047
+_FILE_LEVEL = frozenset({"unreadable", "truncated"})  # reasons about a file, not a record
+
+
+def source_format(spec: SourceSpec, files: Sequence[str]) -> str:
+    """The format of a source: ``spec.format``, or the one format all its files' names imply."""
+    if spec.format != "auto":
+        return spec.format
+    if spec.hf:
+        return "hf"
+    if spec.iterable is not None:
+        return "iterable"
+    found = sorted({detect_format(f) for f in files})
+    if len(found) > 1:
+        raise SourceError(f"{spec.label}: files of several formats ({', '.join(found)}); "
+                          "narrow the path with a glob or give each format its own source")
+    return found[0]
+
+
+def make_reader(spec: SourceSpec, files: Sequence[str]) -> Reader:
+    """The reader for a source, detecting the format from its files when ``auto``."""
+    return reader_class(source_format(spec, files))(spec)
+
+
+def list_files(spec: SourceSpec) -> list[str]:
+    """The files of a source: expanded path, or a ``datasets`` ``save_to_disk`` folder's data files."""
+    if spec.path is None:
+        return [spec.hf or "<iterable>"]
+    saved = saved_dataset_files(spec.path)
+    return saved if saved is not None else expand(spec.path)
+
+
+class FileSource(Dataset[Record]):
+    """The records of one source (index ``index`` in the spec) for ``epochs`` epochs (None: endless)."""
+
+    def __init__(self, spec: SourceSpec, index: int, *, seed: int, shuffle_splits: bool,
+                 epochs: int | None, on_error: str = "skip", reject_limit: int = 0) -> None:
+        self.spec = spec
+        self.index = index
+        self.seed = seed
+        self.shuffle_splits = shuffle_splits
+        self.epochs = epochs
+        self.on_error = on_error
+        self.reject_limit = reject_limit
+        self._files: list[str] | None = None
+        self._reader: Reader | None = None
+        self._splits: list[Split] | None = None
+
+    # Listing is deferred to first use: constructing a recipe does no I/O.
+    @property
+    def files(self) -> list[str]:
+        if self._files is None:
+            self._files = list_files(self.spec)
+        return self._files
+
+    @property
+    def reader(self) -> Reader:
+        if self._reader is None:
+            self._reader = make_reader(self.spec, self.files)
+        return self._reader
+
+    @property
+    def splits(self) -> list[Split]:
+        if self._splits is None:
+            splits: list[Split] = []
+            for i, f in enumerate(self.files):
+                try:
+                    splits += self.reader.splits(i, f)
+                except SourceError:  # unreadable now: reading it later reports the rejection
+                    splits.append(Split(i, f))
+            self._splits = splits
+        return self._splits
+
+    def order(self, epoch: int) -> list[int]:
+        n = len(self.splits)
+        return permutation(n, self.seed, _SALT, self.index, epoch) if self.shuffle_splits and n > 1 else list(range(n))
+
+    def fetch(self, keys: Sequence[Key]) -> dict[Key, dict[str, Any]]:
+        """Re-read records by key (grouped by file, one pass each)."""
+        by_file: dict[int, list[int]] = {}
+        for _s, f, p in keys:
+            by_file.setdefault(f, []).append(p)
+        out: dict[Key, dict[str, Any]] = {}
+        for f, positions in by_file.items():
+            for p, rec in self.reader.fetch(self.files[f], positions).items():
+                out[(self.index, f, p)] = rec
+        return out
+
+    def locate(self, key: Key, budget: float = 2.0) -> tuple[str, int | None]:
+        """The file and 1-based line (or row) of the record at ``key``, for reports.
+
+        Reads the file up to the record, for at most ``budget`` seconds (then the line is ``None``
+        and the report names the file and the record's position).
+        """
+        import time
+
+        path = self.files[key[1]]
+        deadline = time.monotonic() + budget
+        for n, (position, _next, line, _item) in enumerate(self.reader.read(Split(key[1], path), 0, 0)):
+            if position == key[2]:
+                return path, line
+            if position > key[2] or (n % 1024 == 0 and time.monotonic() > deadline):
+                break
+        return f"{path} (position {key[2]})", None
+
+    def __iter__(self) -> FileSourceIterator:
+        return FileSourceIterator(self)
+
+    def __repr__(self) -> str:
+        return f"FileSource({self.spec.label!r}, index={self.index})"
+
+
+class FileSourceIterator(DatasetIterator[Record]):
+    """Cursor over a :class:`FileSource` (a leaf: its state is all its own)."""
+
+    STATE_KEYS = ("epoch", "split", "pos", "line", "rejected")
+
+    def __init__(self, source: FileSource) -> None:
+        self.src = source
+        self.rejections = Rejections(source.on_error)
+        self.epoch = 0
+        self.split = 0
+        self.pos: int | None = None
+        self.line = 0
+        self._order: list[int] | None = None
+        self._items: Any = None
+        # Records delivered in the current epoch (1 after a restore: unknown, assume some).
+        self._delivered = 0
+        # Until the first record is delivered on a fresh read, a source that yields nothing is
+        # an error (reject_limit; see _check_nothing). A restored cursor delivered before.
+        self._watch = source.reject_limit > 0
+
+    def _start_split(self) -> bool:
+        """Open the current split; False when the epochs are exhausted."""
+        while True:
+            if self.src.epochs is not None and self.epoch >= self.src.epochs:
+                return False
+            if self._order is None:
+                self._order = self.src.order(self.epoch)
+            if self.split < len(self._order):
+                sp = self.src.splits[self._order[self.split]]
+                if self.pos is None:
+                    self.pos, self.line = sp.start, 0
+                self._items = self.src.reader.read(sp, self.pos, self.line)
+                return True
+            if self._watch and self.src.epochs is not None:
+                self._check_nothing(at_end=True)
+            if self.src.epochs is None and self._delivered == 0:
+                # Endless reading of a source that yields nothing would spin forever.
+                rejected = ", ".join(f"{k}: {v}" for k, v in sorted(self.rejections.counts.items())) or "none"
+                raise SourceError(
+                    f"source {self.src.spec.label!r} delivered no record in a whole epoch (rejected so far: {rejected}); "
+                    "check its path, format and text: field (chat data needs text: null)"
+                )
+            self.epoch, self.split, self.pos, self._order = self.epoch + 1, 0, None, None
+            self._delivered = 0
+            if not self.src.splits:
+                return False
+
+    def __next__(self) -> Record:
+        got = self.take(1)
+        if not got:
+            raise StopIteration
+        return got[0]
+
+    def take(self, n: int) -> list[Record]:
+        """The next ``n`` records (fewer at the end); the state is as after ``n`` calls of ``next``."""
+        out: list[Record] = []
+        index, add = self.src.index, out.append
+        while len(out) < n:
+            if self._items is None and not self._start_split():
+                break
+            items, epoch = self._items, self.epoch
+            file = self.src.splits[self._order[self.split]].file  # type: ignore[index]
+            while len(out) < n:
+                try:
+                    item = next(items, None)  # (one call per record: read() is a generator)
+                except RecordError:
+                    raise
+                except SourceError as e:
+                    # A file that cannot be opened or read (missing, 404, permission) is one
+                    # rejection; the other files are still read.
+                    sp = self.src.splits[self._order[self.split]]  # type: ignore[index]
+                    self.close()
+                    self.rejections.add(Rejection(sp.path, None, "unreadable", str(e).removeprefix(f"{sp.path}: ")))
+                    item = None
+                if item is None:
+                    self._items, self.split, self.pos = None, self.split + 1, None
+                    break
+                pos, self.pos, self.line, rec = item
+                if isinstance(rec, Rejection):
+                    self.rejections.add(rec)
+                    if self._watch:
+                        self._check_nothing(at_end=False)
+                    continue
+                add(Record((index, file, pos), epoch, rec))
+                if self._watch:
+                    self._watch = False
+                self._delivered += 1
+        return out
+
+    def _check_nothing(self, *, at_end: bool) -> None:
+        """Raise when a fresh read rejected every record: at the end of its first pass, or after ``reject_limit``."""
+        counts = self.rejections.counts
+        # Whole files that cannot be read are counted and the others read (a 404 beside good
+        # files is not a wrong spec); an empty source among others is fine too: a stream with
+        # no example at all is caught by TaskMap.
+        records = sum(n for k, n in counts.items() if k not in _FILE_LEVEL)
+        if at_end and not records:
+            return
+        if at_end or records >= self.src.reject_limit:
+            where = f"source {self.src.spec.label!r}"
+            first = None if at_end else self.src.reject_limit
+            raise SourceError(nothing_delivered(where, counts, self.rejections.samples, first=first))
+
+    def get_state(self) -> State:
+        return {"epoch": self.epoch, "split": self.split, "pos": self.pos, "line": self.line,
+                "rejected": self.rejections.get_state()}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        try:
+            self.epoch, self.split = int(state["epoch"]), int(state["split"])
+            self.pos = None if state["pos"] is None else int(state["pos"])
+            self.line = int(state["line"])
+            self.rejections.set_state(state.get("rejected", {}))
+        except (KeyError, TypeError, ValueError) as e:
+            raise StateError(f"source {self.src.spec.label!r}: malformed state {dict(state)!r} ({e})") from e
+        self._order, self._items = None, None
+        self._delivered = 1 if (self.split or self.pos) else 0
+        self._watch = False
+
+    def close(self) -> None:
+        if self._items is not None and hasattr(self._items, "close"):
+            self._items.close()
+        self._items = None

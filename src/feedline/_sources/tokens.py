@@ -1,0 +1,149 @@
+"""Pre-tokenized Parquet and Arrow files: a column of token-id lists (and optionally labels).
+
+    sources: [{path: "tokenized/*.parquet", format: tokens}]
+    sources: [{path: "cache.arrow", format: tokens, tokens: {ids: input_ids, labels: null}}]
+
+What ``datasets.map(tokenize)`` writes (``save_to_disk`` folders included) reads here without a
+tokenizer: each row is a record ``{"input_ids": int32 array}`` plus ``"labels"`` when the labels
+column exists (same length; ``-100`` marks tokens without loss). ``list<int32|int64|uint16|uint32>``
+and ``large_list`` columns are accepted. Positions are row indices; Parquet row groups are splits.
+A whole row group (or Arrow batch) is converted to one numpy buffer at a time, and each record's
+ids are a view into it, so no per-token Python objects are made.
+
+Rows whose ids are null or hold nulls are rejected (``null_ids``); a labels column of another
+length per row is rejected by the task (``labels_length``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from feedline._core.record import Rejection
+from feedline._sources.arrow import open_table
+from feedline._sources.parquet import open_parquet, row_group_splits
+from feedline._sources.reader import Item, Reader, Split, detect_format
+from feedline._spec import TokensSpec
+from feedline.errors import SourceError
+
+__all__ = ["TokensReader", "id_lists"]
+
+_ARROW_ROWS = 8192
+
+
+def id_lists(table: Any, column: str, path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(values, offsets, null_rows)`` of a list column: row ``i`` is ``values[offsets[i]:offsets[i+1]]``.
+
+    Values are int32 in one buffer; ``null_rows`` marks rows that are null or hold a null.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if column not in table.column_names:
+        raise SourceError(f"{path}: no column {column!r} (columns: {', '.join(table.column_names)}); "
+                          "set the source's tokens: {{ids: ...}}")
+    col = table.column(column)
+    if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)) or not pa.types.is_integer(col.type.value_type):
+        raise SourceError(f"{path}: column {column!r} holds {col.type}, not lists of integer token ids")
+    col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    offsets = col.offsets.to_numpy().astype(np.int64)
+    child = col.values
+    nulls = col.is_null().to_numpy(zero_copy_only=False).astype(bool)
+    if child.null_count:
+        bad = np.concatenate([[0], np.cumsum(pc.is_null(child).to_numpy(zero_copy_only=False).astype(np.int64))])
+        nulls |= bad[offsets[1:]] != bad[offsets[:-1]]
+        child = pc.fill_null(child, 0)
+    values = child.to_numpy(zero_copy_only=False)
+    if values.size and (values.max() > np.iinfo(np.int32).max or values.min() < np.iinfo(np.int32).min):
+        raise SourceError(f"{path}: column {column!r} holds values outside int32 ({values.min()}..{values.max()}); "
+                          "these are not token ids")
+    return values.astype(np.int32, copy=False), offsets, nulls
+
+
+class TokensReader(Reader):
+    """Reads token-id columns of Parquet (row groups are splits) and Arrow files."""
+
+    name = "tokens"
+    pretokenized: ClassVar[bool] = True
+
+    @property
+    def options(self) -> TokensSpec:
+        return self.spec.tokens or TokensSpec()
+
+    @staticmethod
+    def _parquet(path: str) -> bool:
+        try:
+            return detect_format(path) == "parquet"
+        except SourceError:
+            return False
+
+    def _columns(self, available: Sequence[str]) -> list[str]:
+        o = self.options
+        return [o.ids] + ([o.labels] if o.labels and o.labels in available and o.labels != o.ids else [])
+
+    def splits(self, file: int, path: str) -> list[Split]:
+        if not self._parquet(path):
+            return [Split(file, path)]
+        return row_group_splits(file, path)
+
+    def _blocks(self, path: str, position: int, end: int | None) -> Iterator[tuple[int, Any]]:
+        """``(first row, table)`` blocks covering rows from ``position`` (to ``end``)."""
+        if self._parquet(path):
+            pf = open_parquet(path)
+            names = pf.schema_arrow.names
+            first = 0
+            for g in range(pf.metadata.num_row_groups):
+                n = pf.metadata.row_group(g).num_rows
+                if first + n > position and (end is None or first < end):
+                    yield first, pf.read_row_group(g, columns=self._columns(names))
+                first += n
+            return
+        table = open_table(path)
+        table = table.select(self._columns(table.column_names)) if self.options.ids in table.column_names else table
+        stop = table.num_rows if end is None else min(end, table.num_rows)
+        for first in range(position, stop, _ARROW_ROWS):
+            yield first, table.slice(first, min(_ARROW_ROWS, stop - first))
+
+    def _rows(self, path: str, first: int, table: Any) -> Iterator[tuple[int, dict[str, Any] | Rejection]]:
+        o = self.options
+        values, offsets, nulls = id_lists(table, o.ids, path)
+        labels = None
+        if o.labels and o.labels in table.column_names and o.labels != o.ids:
+            labels = id_lists(table, o.labels, path)
+        for i in range(table.num_rows):
+            if nulls[i] or (labels is not None and labels[2][i]):
+                yield first + i, Rejection(path, first + i + 1, "null_ids", f"row {first + i} has null token ids or labels")
+                continue
+            rec: dict[str, Any] = {"input_ids": values[offsets[i]:offsets[i + 1]]}
+            if labels is not None:
+                rec["labels"] = labels[0][labels[1][i]:labels[1][i + 1]]
+            yield first + i, rec
+
+    def read(self, split: Split, position: int, line: int) -> Iterator[Item]:
+        for first, table in self._blocks(split.path, position, split.end):
+            for row, rec in self._rows(split.path, first, table):
+                if row < position:
+                    continue
+                if split.end is not None and row >= split.end:
+                    return
+                yield row, row + 1, row + 1, rec
+
+    def fetch(self, path: str, positions: Sequence[int]) -> dict[int, dict[str, Any]]:
+        wanted = set(positions)
+        found: dict[int, dict[str, Any]] = {}
+        if not wanted:
+            return found
+        for first, table in self._blocks(path, min(wanted), max(wanted) + 1):
+            if not any(first <= p < first + table.num_rows for p in wanted):
+                continue
+            for row, rec in self._rows(path, first, table):
+                if row in wanted:
+                    if isinstance(rec, Rejection):
+                        raise SourceError(f"{path}: row {row} is now rejected ({rec.reason}); the data changed since the state was saved")
+                    found[row] = rec
+        missing = wanted - found.keys()
+        if missing:
+            raise SourceError(f"{path}: no rows {sorted(missing)[:5]}; the data changed since the state was saved")
+        return found

@@ -1,0 +1,16 @@
+"""The spec: :class:`Spec` (``spec.py``: loading, validation, the hash, the registries) and its sections (``sections.py``)."""
+
+from feedline._spec.sections import (
+    BatchingSpec,
+    EngineSpec,
+    MixSpec,
+    ShuffleSpec,
+    SourceSpec,
+    TaskSpec,
+    TokenizerSpec,
+    TokensSpec,
+)
+from feedline._spec.spec import NOT_HASHED, Registry, Spec, read_spec_file, use_registry
+
+__all__ = ["NOT_HASHED", "BatchingSpec", "EngineSpec", "MixSpec", "Registry", "ShuffleSpec", "SourceSpec", "Spec", "TaskSpec",
+           "TokenizerSpec", "TokensSpec", "read_spec_file", "use_registry"]

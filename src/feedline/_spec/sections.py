@@ -1,0 +1,183 @@
+"""The spec's sections: one frozen dataclass per part of a spec (sources, tokenizer, shuffle, ...).
+
+:class:`~feedline._spec.spec.Spec` holds them; each is parsed with
+:func:`~feedline._core.options.build`, so its fields and defaults are declared here only.
+
+    >>> SourceSpec(path="corpus/*.jsonl").format
+    'auto'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from feedline.errors import SpecError
+
+__all__ = ["Backend", "BatchingSpec", "EngineSpec", "MixSpec", "OnError", "ShuffleSpec", "SourceSpec", "TaskSpec",
+           "TokenizerSpec", "TokensSpec"]
+
+OnError = Literal["skip", "raise"]
+Backend = Literal["auto", "hf", "fastokens"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokensSpec:
+    """How a pre-tokenized source stores its token ids (``format: tokens | megatron | flat``).
+
+    Attributes:
+        ids: ``tokens``: the column of token-id lists.
+        labels: ``tokens``: an optional column of label lists (same lengths; ``-100`` = no loss),
+            read when present; ``null`` never reads one.
+        dtype: ``flat``: ``uint16`` or ``uint32``; ``auto`` reads an llm.c header, or infers it
+            only when the values leave no doubt (see docs/sources.md).
+        eos: ``flat``: the separator id between documents (50256 for GPT-2); required.
+        eos_at: ``flat``: whether the separator ends each document (nanoGPT) or starts it
+            (llm.c); ``auto``: ``start`` for llm.c files (they have a header), else ``end``.
+    """
+
+    ids: str = "input_ids"
+    labels: str | None = "labels"
+    dtype: Literal["auto", "uint16", "uint32"] = "auto"
+    eos: int | None = None
+    eos_at: Literal["auto", "end", "start"] = "auto"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizerSpec:
+    """``tokenizer: {path: ..., backend: ...}``; a plain string means ``backend: auto``.
+
+    ``backend`` picks the encoder of plain text: ``hf`` (``tokenizers``), ``fastokens`` (required,
+    verified), or ``auto`` (fastokens where it loads the tokenizer and encodes a verification corpus
+    and the first data identically, else ``tokenizers``). Batches are the same for every backend,
+    so it is not part of :meth:`Spec.hash`.
+    """
+
+    path: str
+    backend: Backend = "auto"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceSpec:
+    """Where and how to read one source.
+
+    Attributes:
+        path: file, glob, directory or URL (``http(s)://``, ``s3://``, ``gs://``, ``hf://``).
+        hf: a Hugging Face dataset name, read with ``datasets.load_dataset`` (instead of path).
+        format: reader name, or ``auto`` to detect it from the file name.
+        text: field holding the text (dotted path allowed, ``body.text``); ``null`` keeps each
+            record as it is, with no text check (chat data: ``messages``/``conversations``).
+        weight: relative weight in a mixture.
+        name: a label for reports; defaults to the path.
+        unit: for ``text``: one record per ``line``, ``paragraph`` (blank-line separated) or ``file``.
+        columns: for ``csv``/``tsv`` without a header: the column names; for ``parquet``,
+            ``arrow`` and ``hf``: the columns to read (projection; all when unset).
+        delimiter: for ``csv``: the field separator (``tsv`` uses a tab).
+        header: for ``csv``/``tsv``: whether the first row names the columns.
+        namespaces: for ``cirrus``/``wikixml``: the page namespaces to keep (0 = articles).
+        split_bytes: uncompressed files larger than this are read as several byte-range splits.
+        max_record_bytes: a record (line, CSV row, JSON document) larger than this is rejected
+            as ``too_large`` while it is read, in bounded memory (default 32 MiB).
+        tokens: for pre-tokenized formats (``tokens``, ``megatron``, ``flat``): how ids are stored.
+        config, split, streaming, data_files, data_dir, revision: ``load_dataset`` arguments for ``hf``.
+        iterable: a Python iterable of records or strings (not hashed; Python specs only).
+    """
+
+    path: str | None = None
+    hf: str | None = None
+    format: str = "auto"
+    text: str | None = "text"
+    weight: float = 1.0
+    name: str | None = None
+    unit: Literal["line", "paragraph", "file"] = "line"
+    columns: tuple[str, ...] | None = None
+    delimiter: str | None = None
+    header: bool = True
+    namespaces: tuple[int, ...] = (0,)
+    split_bytes: int = 64 << 20
+    max_record_bytes: int = 32 << 20
+    config: str | None = None
+    split: str = "train"
+    streaming: bool = True
+    data_files: Any = None
+    data_dir: str | None = None
+    revision: str | None = None
+    tokens: TokensSpec | None = None
+    iterable: Any = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        given = [k for k in ("path", "hf", "iterable") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise SpecError("a source needs exactly one of 'path', 'hf' or 'iterable'" + (f"; got {given}" if given else ""))
+        if self.weight <= 0:
+            raise SpecError(f"weight: {self.weight} must be > 0")
+        if self.split_bytes < 1 << 16:
+            raise SpecError(f"split_bytes: {self.split_bytes} must be at least 65536")
+        if self.max_record_bytes < 1:
+            raise SpecError(f"max_record_bytes: {self.max_record_bytes} must be >= 1")
+
+    @property
+    def label(self) -> str:
+        return self.name or self.path or self.hf or "iterable"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixSpec:
+    """How several sources are mixed.
+
+    ``stopping``: ``all_exhausted`` (each source read once per epoch; weights set the
+    interleaving), ``first_exhausted`` (the epoch ends when any source runs out), or ``cycle``
+    (sources restart as needed so proportions follow the weights; the epoch ends when the
+    largest-weight-adjusted source has been read once).
+    """
+
+    stopping: Literal["all_exhausted", "first_exhausted", "cycle"] = "all_exhausted"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShuffleSpec:
+    """Seeded shuffling: split (shard) order per epoch, then a bounded buffer of records."""
+
+    buffer: int = 10_000
+    shards: bool = True
+
+    def __post_init__(self) -> None:
+        if self.buffer < 0:
+            raise SpecError(f"shuffle.buffer: {self.buffer} must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskSpec:
+    """A task kind (or ``module:Class`` plug-in) and its validated options dataclass.
+
+    In a spec, the options sit beside ``kind``: ``task: {kind: mlm, max_length: 128}``.
+    """
+
+    kind: str = "clm"
+    options: Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchingSpec:
+    """How examples become global batches; ``options`` is the strategy's own dataclass.
+
+    In a spec, the options sit beside the common keys: ``batching: {strategy: pack, batch_size: 64}``.
+    """
+
+    strategy: str = "pad"
+    batch_size: int = 8
+    remainder: Literal["drop", "pad", "keep"] = "drop"
+    options: Any
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise SpecError(f"batching.batch_size: {self.batch_size!r} must be a positive integer (global rows per step)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineSpec:
+    """Where the per-record work runs: ``local`` threads, or a Ray cluster."""
+
+    kind: Literal["local", "ray"] = "local"
+    address: str = "auto"
+    num_cpus: int | None = None

@@ -1,0 +1,283 @@
+"""The spec: one description of a pipeline, validated up front, with a stable hash.
+
+A spec comes from a YAML or JSON file, a dict, or :class:`Spec` itself::
+
+    >>> spec = Spec.load({"sources": [{"path": "corpus/*.jsonl"}], "tokenizer": "tok.json",
+    ...                   "task": {"kind": "clm", "max_length": 512},
+    ...                   "batching": {"strategy": "pad", "batch_size": 8}})
+    >>> spec.task.kind, spec.task.options.max_length
+    ('clm', 512)
+    >>> Spec.load({"sources": [{"path": "x"}], "task": {"kind": "mln"}})
+    Traceback (most recent call last):
+    ...
+    feedline.errors.SpecError: task.kind: 'mln' is not a task; did you mean 'mlm'? (tasks: ...)
+
+Task- and batcher-specific keys sit beside ``kind``/``strategy`` and are validated against that
+task's or batcher's own options dataclass. :meth:`Spec.hash` covers everything that changes the
+batches (fields marked ``hash: False`` in their metadata: ``engine``, ``workers``, ``prefetch``,
+``streams``), so a resume state can refuse another spec. Every section is declared by its
+dataclass and parsed with :func:`~feedline._core.options.build`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from feedline._core.options import build, close_match, to_plain
+from feedline._spec.sections import (
+    Backend,
+    BatchingSpec,
+    EngineSpec,
+    MixSpec,
+    OnError,
+    ShuffleSpec,
+    SourceSpec,
+    TaskSpec,
+    TokenizerSpec,
+    TokensSpec,
+)
+from feedline.errors import SpecError
+
+__all__ = ["BatchingSpec", "EngineSpec", "MixSpec", "Registry", "ShuffleSpec", "SourceSpec", "Spec", "TaskSpec", "TokenizerSpec",
+           "TokensSpec", "use_registry"]
+
+# ---------------------------------------------------------------------- sections
+# A spec field with a ``section`` in its metadata is parsed by that function (shorthands, and the
+# task's and strategy's own options dataclasses from the registry); every other field, and what a
+# section returns, goes through core.options.build. ``hash: False`` leaves a field out of the hash.
+
+NOT_HASHED: Mapping[str, Any] = {"hash": False}
+
+
+@dataclass(frozen=True)
+class _Context:
+    base: Path | None
+    registry: Registry
+
+
+def _default(cls: type, name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
+
+def _sources(raw: Any, ctx: _Context) -> tuple[SourceSpec, ...]:
+    if not raw:
+        raise SpecError("sources: at least one source is required, e.g. sources: [{path: corpus.jsonl}]")
+    if isinstance(raw, (str, Mapping)):
+        raw = [raw]
+    out = []
+    for i, s in enumerate(raw):
+        src = build(SourceSpec, {"path": s} if isinstance(s, str) else s, f"sources[{i}]")
+        if ctx.base is not None and src.path and "://" not in src.path and not os.path.isabs(src.path):
+            src = dataclasses.replace(src, path=str(ctx.base / src.path))
+        out.append(src)
+    return tuple(out)
+
+
+def _task(raw: Any, ctx: _Context) -> TaskSpec:
+    raw = {"kind": raw} if isinstance(raw, str) else dict(raw or {})
+    kind = raw.pop("kind", _default(TaskSpec, "kind"))
+    return build(TaskSpec, {"kind": kind, "options": build(ctx.registry.task(kind).Options, raw, "task")}, "task")
+
+
+def _batching(raw: Any, ctx: _Context) -> BatchingSpec:
+    raw = dict(raw or {})
+    common = {f.name: raw.pop(f.name) for f in dataclasses.fields(BatchingSpec) if f.name != "options" and f.name in raw}
+    strategy = common.get("strategy", _default(BatchingSpec, "strategy"))
+    options = build(ctx.registry.batcher(strategy).Options, raw, "batching")
+    return build(BatchingSpec, {**common, "options": options}, "batching")
+
+
+def _shuffle(raw: Any, ctx: _Context) -> ShuffleSpec | None:
+    if raw is None or raw is False:
+        return None
+    if raw is True:
+        raw = {}
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        raw = {"buffer": raw}
+    return build(ShuffleSpec, raw, "shuffle")
+
+
+def _engine(raw: Any, ctx: _Context) -> EngineSpec:
+    return build(EngineSpec, {"kind": raw} if isinstance(raw, str) else raw, "engine")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spec:
+    """A validated pipeline description. Build it with :meth:`load`."""
+
+    sources: tuple[SourceSpec, ...] = field(metadata={"section": _sources})
+    task: TaskSpec = field(metadata={"section": _task})
+    batching: BatchingSpec = field(metadata={"section": _batching})
+    tokenizer: str | None = None
+    #: The encoder backend (``tokenizer: {path, backend}``); not hashed: batches are the same.
+    tokenizer_backend: Backend = field(default="auto", metadata=NOT_HASHED)
+    seed: int = 0
+    epochs: int | None = 1
+    mix: MixSpec = MixSpec()  # noqa: RUF009 (frozen: one shared default is safe)
+    shuffle: ShuffleSpec | None = field(default=None, metadata={"section": _shuffle})
+    on_error: OnError = "skip"
+    #: Records all rejected at a fresh start before a SourceError (0: off); never changes batches.
+    reject_limit: int = field(default=1000, metadata=NOT_HASHED)
+    engine: EngineSpec = field(default=EngineSpec(), metadata={"section": _engine, **NOT_HASHED})
+    workers: int = field(default=0, metadata=NOT_HASHED)
+    prefetch: int = field(default=4, metadata=NOT_HASHED)
+    streams: Mapping[str, Any] | None = field(default=None, metadata=NOT_HASHED)
+
+    def __post_init__(self) -> None:
+        if self.epochs is not None and self.epochs < 1:
+            raise SpecError(f"epochs: {self.epochs} must be >= 1, or null for endless")
+        if self.workers < 0 or self.prefetch < 1:
+            raise SpecError("workers must be >= 0 (0 = automatic) and prefetch >= 1")
+        if self.reject_limit < 0:
+            raise SpecError(f"reject_limit: {self.reject_limit} must be >= 0 (0 turns the check off)")
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def load(cls, spec: Spec | Mapping[str, Any] | str | os.PathLike[str], *, registry: Registry | None = None) -> Spec:
+        """Load and validate a spec from a ``Spec``, a mapping, or a ``.yaml``/``.json`` file.
+
+        Relative source paths in a file are resolved against the file's directory. ``registry``
+        names the task and batcher classes (default: feedline's, installed by the package).
+        """
+        if isinstance(spec, Spec):
+            return spec
+        if isinstance(spec, (str, os.PathLike)):
+            return cls.from_mapping(read_spec_file(spec), base=Path(spec).resolve().parent, registry=registry)
+        if isinstance(spec, Mapping):
+            return cls.from_mapping(spec, registry=registry)
+        raise SpecError(f"a spec must be a path, a mapping or a feedline.Spec; got {type(spec).__name__}")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], base: Path | None = None, *, registry: Registry | None = None) -> Spec:
+        """Validate a mapping; see the module docstring for the layout.
+
+        After the spec is built, the task class's ``check_spec(spec)`` hook may refuse settings
+        the task cannot work with (e.g. ``infer`` refuses shuffling).
+        """
+        ctx = _Context(base=base, registry=registry or _default_registry())
+        data = dict(data)
+        if "source" in data:
+            if "sources" in data:
+                raise SpecError("give either 'source' or 'sources', not both")
+            data["sources"] = [data.pop("source")]
+        fields = dataclasses.fields(cls)
+        known = {f.name for f in fields} - {"tokenizer_backend"}  # set by tokenizer: {path, backend}
+        for key in data:
+            if key not in known:
+                raise SpecError(f"{key}: unknown key{close_match(key, sorted(known))} (allowed: {', '.join(sorted(known))})")
+        if isinstance(data.get("tokenizer"), Mapping):
+            tok = build(TokenizerSpec, data["tokenizer"], "tokenizer")
+            data["tokenizer"], data["tokenizer_backend"] = tok.path, tok.backend
+        values: dict[str, Any] = {}
+        for f in fields:
+            section = f.metadata.get("section")
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            if section is not None and (f.name in data or required):
+                values[f.name] = section(data.get(f.name), ctx)
+            elif f.name in data:
+                values[f.name] = data[f.name]
+        spec = build(cls, values, "spec")
+        task_cls = ctx.registry.task(spec.task.kind)
+        check = getattr(task_cls, "check_spec", None)
+        if check is not None:
+            check(spec)
+        return spec
+
+    # ------------------------------------------------------------------ identity
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as plain data (what :meth:`hash` covers, plus engine/workers/prefetch)."""
+        d = to_plain(self)
+        d["task"] = {"kind": self.task.kind, **to_plain(self.task.options)}
+        d["batching"] = {"strategy": self.batching.strategy, "batch_size": self.batching.batch_size,
+                         "remainder": self.batching.remainder, **to_plain(self.batching.options)}
+        for s in d["sources"]:
+            s.pop("iterable", None)
+            if s.get("tokens") is None:
+                s.pop("tokens", None)  # absent unless set, so older specs keep their hash
+        backend = d.pop("tokenizer_backend")
+        if backend != "auto" and self.tokenizer:
+            d["tokenizer"] = {"path": self.tokenizer, "backend": backend}
+        return d
+
+    def hash(self) -> str:
+        """A stable hex digest of everything that determines the batches."""
+        d = self.to_dict()
+        d["tokenizer"] = self.tokenizer  # the backend gives the same batches
+        for f in dataclasses.fields(self):
+            if not f.metadata.get("hash", True):
+                d.pop(f.name, None)
+        for s in d["sources"]:  # options added later are hashed only when set, so old states still resume
+            for k, default in _HASHED_IF_SET.items():
+                if s.get(k) == default:
+                    s.pop(k, None)
+        blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def replace(self, **changes: Any) -> Spec:
+        """A copy with some top-level fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+# Source options whose default value is left out of the hash (see Spec.hash).
+_HASHED_IF_SET: dict[str, Any] = {"max_record_bytes": 32 << 20}
+
+
+@dataclass(frozen=True)
+class Registry:
+    """Where a spec finds the class behind a task kind and a batching strategy.
+
+    The spec never imports the task or batcher packages (they sit above it); the package root
+    installs feedline's registries with :func:`use_registry`, and :meth:`Spec.load` takes
+    another one for a test or an embedding application::
+
+        >>> Registry(task=lambda kind: MyTask, batcher=lambda strategy: MyBatcher)   # doctest: +SKIP
+
+    Each callable raises :class:`~feedline.errors.SpecError` for an unknown name and returns
+    a class with an ``Options`` dataclass (tasks may also have a ``check_spec(spec)`` hook).
+    """
+
+    task: Callable[[str], Any]
+    batcher: Callable[[str], Any]
+
+
+_REGISTRY: list[Registry] = []
+
+
+def use_registry(registry: Registry) -> None:
+    """Make ``registry`` the default of :meth:`Spec.load` (``feedline/__init__.py`` installs feedline's)."""
+    _REGISTRY[:] = [registry]
+
+
+def _default_registry() -> Registry:
+    if not _REGISTRY:
+        raise SpecError("no task/batcher registry is installed; import feedline (which installs it) or pass registry=")
+    return _REGISTRY[0]
+
+
+def read_spec_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a ``.yaml``/``.yml``/``.json`` spec file (``-`` reads standard input)."""
+    import sys
+
+    import yaml
+
+    p = str(path)
+    try:
+        text = sys.stdin.read() if p == "-" else Path(p).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(f"{p}: spec file not found") from None
+    except OSError as e:
+        raise SpecError(f"{p}: cannot read spec file ({e.strerror})") from e
+    try:
+        data = json.loads(text) if p.endswith(".json") else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise SpecError(f"{p}: not valid {'JSON' if p.endswith('.json') else 'YAML'}: {e}") from e
+    if not isinstance(data, dict):
+        raise SpecError(f"{p}: a spec must be a mapping at the top level, got {type(data).__name__}")
+    return data

@@ -1,0 +1,169 @@
+"""The resume state a loader hands out: small, JSON, versioned, tied to its spec.
+
+    {"version": 1, "spec_hash": "3f2a...", "step": 120, "world_size": 4,
+     "pipeline": {...nested stage states...}}
+
+Tables of buffered keys (shuffle buffer, packed rows) are packed integer columns that carry their
+own format version (``{"packed": 1, ...}``, :mod:`feedline._core.packed`); the JSON lists that
+earlier states hold in their place still load, so the state version stays 1.
+
+The walkers at the end (:func:`find_rejected`, :func:`mixture_shares`, :func:`epochs_in`) read
+figures out of a nested pipeline state for ``Loader.stats()``, the service's stats and tests.
+
+``step`` counts global steps delivered. The pipeline state is the same for every rank, so a
+state saved by any rank resumes every rank, with any world size (elastic resume).
+
+A state may come from anywhere (a checkpoint file, a network peer), so :func:`check_state`
+validates it strictly before anything uses it: JSON values only, integers non-negative and below
+2**63, floats finite, at most :data:`MAX_DEPTH` levels of nesting and :data:`MAX_NODES` values.
+
+    >>> check_state({"version": 1, "spec_hash": "h", "step": -1, "pipeline": {}}, "h")
+    Traceback (most recent call last):
+    ...
+    feedline.errors.StateError: resume state: step must be a non-negative integer, got -1
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from feedline._core.report import sum_rejected
+from feedline.errors import StateError
+
+__all__ = ["MAX_DEPTH", "MAX_NODES", "STATE_VERSION", "check_state", "epochs_in", "find_rejected", "make_state",
+           "mixture_shares", "parse_state_json", "state_json"]
+
+STATE_VERSION = 1
+MAX_DEPTH = 64            # real states nest about 7 levels deep
+MAX_NODES = 4_000_000     # values in one state (a 100k-record shuffle buffer holds ~400k)
+_MAX_INT = 2**63 - 1
+
+
+def make_state(spec_hash: str, global_state: Mapping[str, Any], world_size: int) -> dict[str, Any]:
+    return {"version": STATE_VERSION, "spec_hash": spec_hash, "step": global_state["step"],
+            "world_size": world_size, "pipeline": global_state["pipeline"]}
+
+
+def state_json(spec_hash: str, global_state: Mapping[str, Any], world_size: int) -> str:
+    """:func:`make_state` as compact JSON (what the service sends with each batch)."""
+    return json.dumps(make_state(spec_hash, global_state, world_size), separators=(",", ":"))
+
+
+def check_state(state: Any, spec_hash: str) -> dict[str, Any]:
+    """Validate a resume state against the spec; returns the global stream state.
+
+    Raises:
+        StateError: malformed, another version, or saved under another spec.
+    """
+    if isinstance(state, (str, bytes)):
+        state = parse_state_json(state)
+    if not isinstance(state, Mapping):
+        raise StateError(f"resume state must be a mapping from Loader.state_dict(), got {type(state).__name__}")
+    version = state.get("version")
+    if version != STATE_VERSION:
+        raise StateError(f"resume state has version {version!r}; this feedline reads version {STATE_VERSION}")
+    if state.get("spec_hash") != spec_hash:
+        raise StateError(
+            f"resume state was saved under spec {state.get('spec_hash')!r} but this spec hashes to {spec_hash!r}; "
+            "resume with the same spec (seed, sources, task and batching must match)"
+        )
+    for key in ("step", "pipeline"):
+        if key not in state:
+            raise StateError(f"resume state lacks {key!r}; pass a state from Loader.state_dict()")
+    step = state["step"]
+    if not _is_int(step):
+        raise StateError(f"resume state: step must be a non-negative integer, got {step!r:.40}")
+    world_size = state.get("world_size", 1)
+    if not _is_int(world_size) or world_size < 1:
+        raise StateError(f"resume state: world_size must be a positive integer, got {world_size!r:.40}")
+    _check_values(state["pipeline"])
+    return {"step": step, "pipeline": state["pipeline"]}
+
+
+def parse_state_json(text: str | bytes) -> Any:
+    """``json.loads`` for states: refuses NaN/Infinity and nesting too deep to parse.
+
+    Raises:
+        StateError: not valid JSON, a non-finite number, or nested beyond the parser's limit.
+    """
+    def no_constants(name: str) -> Any:
+        raise StateError(f"resume state holds {name}; states hold only finite numbers")
+
+    try:
+        return json.loads(text, parse_constant=no_constants)
+    except json.JSONDecodeError as e:
+        raise StateError(f"resume state is not valid JSON ({e})") from e
+    except RecursionError:
+        raise StateError(f"resume state is nested too deeply (states nest at most {MAX_DEPTH} levels)") from None
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= _MAX_INT
+
+
+def _check_values(root: Any) -> None:
+    """Walk a state without recursion: JSON types, integers in range, finite floats, bounded shape."""
+    stack: list[tuple[Any, int, str]] = [(root, 1, "pipeline")]
+    nodes = 0
+    while stack:
+        value, depth, path = stack.pop()
+        nodes += 1
+        if nodes > MAX_NODES:
+            raise StateError(f"resume state holds more than {MAX_NODES} values; it is not a feedline state")
+        if depth > MAX_DEPTH:
+            raise StateError(f"resume state is nested deeper than {MAX_DEPTH} levels at {path:.80}")
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                if not isinstance(k, str):
+                    raise StateError(f"resume state: key {k!r:.40} at {path:.80} is not a string")
+                stack.append((v, depth + 1, f"{path}.{k}"))
+        elif isinstance(value, (list, tuple)):
+            stack.extend((v, depth + 1, f"{path}[{i}]") for i, v in enumerate(value))
+        elif isinstance(value, bool) or value is None or isinstance(value, str):
+            continue
+        elif isinstance(value, int):
+            if not _is_int(value):
+                raise StateError(f"resume state: {path:.80} = {value!r:.40} is not a non-negative 64-bit integer")
+        elif isinstance(value, float):
+            if not math.isfinite(value) or value < 0:
+                raise StateError(f"resume state: {path:.80} = {value!r} is not a finite non-negative number")
+        else:
+            raise StateError(f"resume state: {path:.80} holds a {type(value).__name__}, not a JSON value")
+
+
+# ---------------------------------------------------------------- walkers over a nested pipeline state
+def find_rejected(state: Any, into: dict[str, int]) -> None:
+    """Sum every ``rejected: {reason: n}`` table found in a nested pipeline state into ``into``."""
+    sum_rejected(state, into)
+
+
+def mixture_shares(state: Any) -> list[float] | None:
+    """Realised share of records drawn from each source (from the mixture's ``counts``)."""
+    if isinstance(state, Mapping):
+        counts = state.get("counts")
+        if isinstance(counts, list) and "sources" in state and all(isinstance(c, int) for c in counts):
+            total = sum(counts)
+            return [round(c / total, 4) for c in counts] if total else None
+        for v in state.values():
+            found = mixture_shares(v)
+            if found is not None:
+                return found
+    return None
+
+
+def epochs_in(state: Any) -> list[int]:
+    """Every ``epoch`` value in a nested pipeline state, in walk order (what changes at an epoch edge)."""
+    found: list[int] = []
+    if isinstance(state, Mapping):
+        for k, v in state.items():
+            if k == "epoch" and isinstance(v, int):
+                found.append(v)
+            else:
+                found.extend(epochs_in(v))
+    elif isinstance(state, list):
+        for v in state:
+            found.extend(epochs_in(v))
+    return found

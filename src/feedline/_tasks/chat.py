@@ -1,0 +1,382 @@
+"""Chat SFT: conversations rendered with the tokenizer's chat template, loss on assistant turns only.
+
+A record's conversation is read from ``messages``, ``conversation`` or ``conversations`` (or
+``task.messages``), in OpenAI form (``role``/``content``, ``tool_calls``, ``tool`` results) or
+ShareGPT form (``from``/``value`` with ``human``/``gpt``/``system``/``function_call``/
+``observation``); ShareGPT turns are converted to OpenAI form, a ``function_call`` turn to an
+assistant ``tool_calls`` entry. Tools come from ``tools`` (a list, or a JSON string)::
+
+    task: {kind: chat, max_length: 4096}
+    task: {kind: chat, max_length: 2048, truncation: reject, system: "You are terse."}
+
+The conversation is rendered with the template (``task.chat_template`` or the tokenizer's),
+tokenized in one batched call, and ``labels`` = ``input_ids`` on assistant tokens, -100
+elsewhere. Which characters are "assistant":
+
+* ``generation`` (templates with ``{% generation %}`` blocks): exactly the blocks, mapped to
+  tokens as ``apply_chat_template(..., return_assistant_tokens_mask=True)`` does;
+* ``prefix`` (any other template): the whole conversation is rendered once and each
+  assistant turn is located in it, in order. The turn as the template writes it when it is the
+  last message (the render of turns ``<= i`` after the render of turns ``< i``) splits into the
+  header that the generation prompt also writes (``<|im_start|>assistant\\n``; Qwen3's prompt
+  adds ``<think>\\n``) and what the model writes: reasoning where the template renders it, the
+  reply, tool calls and the end-of-turn text (``<|im_end|>\\n`` for ChatML). That part is
+  found after the same header; where the template writes earlier turns differently (Qwen3 and
+  Qwen3.5 give only the latest turns a think block, DeepSeek-R1 drops earlier reasoning), the
+  longest tail of it that follows a shorter header and still holds the reply and its tool-call
+  names. A turn found neither way rejects the conversation (``turn_not_located``, counted and
+  logged). Tokens are those the characters map to; one that straddles the turn's edge is
+  trained if its other part is template text, never if it holds a neighbour message's text.
+
+Reasoning follows the template: trained where the template renders it (Qwen3.5: the think
+block of turns after the last user query, the opening ``<think>\\n`` being the generation
+prompt), absent and untrained where it does not (R1; Qwen3.5's earlier turns). Tool-call
+arguments are passed as objects (the Hugging Face convention) and, for templates that
+concatenate them as strings (DeepSeek-R1), as JSON strings.
+
+``loss_mask: auto`` picks ``generation`` when the template has the tags. ``assistant_only:
+false`` trains on every token.
+
+Conversations ending on user (or tool) turns lose those trailing turns (``trailing: drop``;
+they would carry no loss); one with no assistant turn is rejected (``no_assistant``).
+Truncation to ``max_length`` (``truncation``): ``turns`` keeps the longest run of whole turns
+ending on an assistant turn (rejects ``too_long`` when the first reply does not fit),
+``reject`` rejects long conversations, ``cut`` cuts mid-turn (logged once: the kept part of the
+last turn is trained on). Differences from TRL: no bundled training templates are swapped in
+(``loss_mask: prefix`` works with the model's own template); a generation span
+whose first character maps to no token is narrowed to the characters that do, instead of
+ending the mask.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Literal
+
+import numpy as np
+
+from feedline._core.record import Record
+from feedline._tasks.base import Task, TaskOutput
+from feedline._tasks.chat_turns import (
+    free_after,
+    free_before,
+    locate_turn,
+    reply_pieces,
+    token_mask,
+    tokens_before,
+    tokens_within,
+)
+from feedline.errors import MissingDependency, SpecError, TaskError
+
+__all__ = ["Chat", "ChatOptions", "normalize_conversation"]
+
+log = logging.getLogger(__name__)
+
+_FIELDS = ("messages", "conversation", "conversations")
+_ROLES = {
+    "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "model": "assistant",
+    "chatgpt": "assistant", "bard": "assistant", "bing": "assistant", "system": "system", "tool": "tool",
+    "function": "tool", "observation": "tool", "function_response": "tool", "ipython": "tool",
+    "function_call": "function_call",
+}
+_GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatOptions:
+    """Options of the ``chat`` task.
+
+    Attributes:
+        max_length: tokens per example; ``None`` keeps whole conversations.
+        messages: record field holding the conversation (default: the first of messages/conversation/conversations).
+        tools: record field holding the tool schemas.
+        system: a system prompt prepended to conversations that have none.
+        chat_template: a Jinja template replacing the tokenizer's.
+        loss_mask: how assistant tokens are found: ``auto``, ``generation`` or ``prefix``.
+        assistant_only: train on assistant tokens only (``false``: on every token).
+        trailing: ``drop`` turns after the last assistant turn, or ``keep`` them (no loss).
+        truncation: ``turns``, ``reject`` or ``cut`` (see the module docstring).
+    """
+
+    max_length: int | None = 4096
+    messages: str | None = None
+    tools: str = "tools"
+    system: str | None = None
+    chat_template: str | None = None
+    loss_mask: Literal["auto", "generation", "prefix"] = "auto"
+    assistant_only: bool = True
+    trailing: Literal["drop", "keep"] = "drop"
+    truncation: Literal["turns", "reject", "cut"] = "turns"
+
+    def __post_init__(self) -> None:
+        if self.max_length is not None and self.max_length < 2:
+            raise SpecError(f"task.max_length: {self.max_length} must be >= 2")
+
+
+def _json_or(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def _tool_call(call: Any) -> dict[str, Any]:
+    """An OpenAI ``tool_calls`` entry with ``arguments`` parsed from JSON when it is a string."""
+    call = _json_or(call)
+    if not isinstance(call, dict):
+        raise ValueError(f"a tool call must be an object, got {call!r}")
+    fn = call.get("function", call)
+    fn = {k: v for k, v in fn.items() if v is not None}
+    if "arguments" in fn:
+        fn["arguments"] = _json_or(fn["arguments"])
+    return {"type": "function", "function": fn}
+
+
+def normalize_conversation(data: dict[str, Any], field: str | None = None, tools_field: str = "tools") -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The OpenAI-form messages and tool schemas of a record.
+
+        >>> normalize_conversation({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]})
+        ([{'role': 'user', 'content': 'hi'}, {'role': 'assistant', 'content': 'yo'}], None)
+
+    Raises:
+        ValueError: naming what is malformed.
+    """
+    name = field or next((f for f in _FIELDS if f in data), None)
+    if name is None or name not in data:
+        raise ValueError(f"no conversation field (looked for {field or ', '.join(_FIELDS)})")
+    raw = data[name]
+    if not isinstance(raw, list):
+        raise ValueError(f"field {name!r} is {type(raw).__name__}, not a list of messages")
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict):
+            raise ValueError(f"message {i} is {type(m).__name__}, not an object")
+        role_raw = m.get("role", m.get("from"))
+        role = _ROLES.get(str(role_raw).lower()) if role_raw is not None else None
+        if role is None:
+            raise ValueError(f"message {i} has unknown role {role_raw!r}")
+        content = m.get("content", m.get("value"))
+        if role == "function_call":
+            out.append({"role": "assistant", "content": None, "tool_calls": [_tool_call(content)]})
+            continue
+        msg = {k: v for k, v in m.items() if k not in ("from", "value") and v is not None}
+        msg["role"] = role
+        if content is not None:
+            msg["content"] = content
+        if "tool_calls" in msg:
+            msg["tool_calls"] = [_tool_call(c) for c in msg["tool_calls"]]
+        out.append(msg)
+    tools = _json_or(data.get(tools_field))
+    if tools in (None, "", []):
+        tools = None
+    elif not isinstance(tools, list):
+        tools = [tools] if isinstance(tools, dict) else None
+    return out, tools
+
+
+class Chat(Task):
+    """The ``chat`` task."""
+
+    kind = "chat"
+    Options = ChatOptions
+
+    @cached_property
+    def template(self) -> str:
+        t = self.options.chat_template or self.tok.config.get("chat_template")
+        if isinstance(t, list):  # named templates: take "default"
+            t = next((x.get("template") for x in t if x.get("name") == "default"), None)
+        if not t:
+            raise TaskError(f"chat: tokenizer {self.tok.name!r} has no chat_template; set task.chat_template")
+        return str(t)
+
+    @cached_property
+    def mode(self) -> str:
+        has_tags = bool(_GENERATION.search(self.template))
+        if self.options.loss_mask == "generation" and not has_tags:
+            raise TaskError("chat: loss_mask: generation needs a template with {% generation %} blocks; use loss_mask: prefix")
+        return "generation" if self.options.loss_mask != "prefix" and has_tags else "prefix"
+
+    @cached_property
+    def _template_kwargs(self) -> dict[str, Any]:
+        return dict(self.tok.hf.special_tokens_map)
+
+    def _render(self, msgs: list[dict[str, Any]], tools: Any, *, gen_prompt: bool = False, spans: bool = False) -> tuple[str, list[tuple[int, int]]]:
+        try:
+            from transformers.utils.chat_template_utils import render_jinja_template
+        except ImportError as e:
+            raise MissingDependency("the chat task renders chat templates with transformers; "
+                                    "install it with: pip install 'feedline[hf]'") from e
+        out: Any = render_jinja_template(
+            conversations=[msgs], tools=tools, chat_template=self.template,
+            return_assistant_tokens_mask=spans, add_generation_prompt=gen_prompt, **self._template_kwargs)
+        rendered, indices = out
+        return rendered[0], [(int(a), int(b)) for a, b in indices[0]] if spans else []
+
+    def _prepare(self, rec: Record) -> tuple[str, list[Any], list[int] | None, list[dict[str, Any]], Any] | str:
+        """Rendered text, assistant char spans, assistant-turn end chars (prefix mode), or a rejection."""
+        opts: ChatOptions = self.options
+        try:
+            msgs, tools = normalize_conversation(rec.data, opts.messages, opts.tools)
+        except ValueError as e:
+            return f"bad_conversation: {e}"
+        if opts.system is not None and not any(m["role"] == "system" for m in msgs):
+            msgs.insert(0, {"role": "system", "content": opts.system})
+        if opts.trailing == "drop":
+            while msgs and msgs[-1]["role"] != "assistant":
+                msgs.pop()
+        if not any(m["role"] == "assistant" for m in msgs):
+            return "no_assistant: the conversation has no assistant turn"
+        try:
+            return self._spans(msgs, tools)
+        except MissingDependency:
+            raise
+        except Exception as e:  # jinja raises many types (TemplateError, TypeError, raise_exception)
+            if not _has_object_arguments(msgs):
+                return f"template_error: {type(e).__name__}: {e}"
+            first = e
+        try:  # templates such as DeepSeek-R1's concatenate tool-call arguments as a JSON string
+            return self._spans(_string_arguments(msgs), tools)
+        except Exception:
+            return f"template_error: {type(first).__name__}: {first}"
+
+    def _spans(self, msgs: list[dict[str, Any]], tools: Any) -> tuple[str, list[Any], list[int] | None, list[dict[str, Any]], Any] | str:
+        """The render, the assistant spans (``(s, e)`` from generation blocks, ``(lo, s, e, hi)`` located), turn ends."""
+        if self.mode == "generation":
+            text, spans = self._render(msgs, tools, spans=True)
+            return text, spans, None, msgs, tools
+        text, _ = self._render(msgs, tools)
+        located: list[tuple[int, int, int, int]] = []
+        cursor = 0
+        for i, m in enumerate(msgs):
+            if m["role"] != "assistant":
+                continue
+            span = self._locate_turn(text, cursor, msgs, i, tools)
+            if span is None:
+                return (f"turn_not_located: assistant turn {i} (message {i + 1} of {len(msgs)}) was not found "
+                        "in the rendered conversation; give the template {% generation %} blocks")
+            h, start, end = span
+            located.append((free_before(text, h, msgs, i), start, end, free_after(text, end, msgs, i)))
+            cursor = end
+        return text, located, [e for _, _, e, _ in located], msgs, tools
+
+    def _render_or_none(self, msgs: list[dict[str, Any]], tools: Any, gen_prompt: bool = False) -> str | None:
+        """The render of a partial conversation, or ``None`` when the template refuses it."""
+        if not msgs:
+            return ""
+        try:
+            return self._render(msgs, tools, gen_prompt=gen_prompt)[0]
+        except Exception:  # e.g. "No user query found in messages." for a system-only prefix
+            return None
+
+    def _locate_turn(self, text: str, cursor: int, msgs: list[dict[str, Any]], i: int, tools: Any) -> tuple[int, int, int] | None:
+        """Assistant turn ``i`` in ``text`` at or after ``cursor`` (see :func:`~feedline._tasks.chat_turns.locate_turn`)."""
+        last = self._render_or_none(msgs[:i + 1], tools)
+        before = self._render_or_none(msgs[:i], tools) if i else self._opening(last, tools)
+        if before is None or last is None:
+            return None
+        prompt = self._render_or_none(msgs[:i], tools, gen_prompt=True) if i else None
+        return locate_turn(text, cursor, before=before, prompt=prompt, last=last,
+                           token_ends=self._token_boundaries, needed=reply_pieces(msgs[i]))
+
+    def _opening(self, last: str | None, tools: Any) -> str | None:
+        """What a template writes before a first message that is the assistant's (a default
+        system prompt, the header): the part of ``last`` an empty assistant message shares,
+        cut at a token boundary."""
+        empty = self._render_or_none([{"role": "assistant", "content": ""}], tools)
+        if last is None or empty is None:
+            return None
+        n = next((k for k, (a, b) in enumerate(zip(last, empty, strict=False)) if a != b), min(len(last), len(empty)))
+        return last[:max(c for c in self._token_boundaries(last) if c <= n)]
+
+    def _token_boundaries(self, s: str) -> list[int]:
+        """Character offsets in ``s`` where its tokens end (so a header is never cut inside a token)."""
+        cache: dict[str, list[int]] = self.__dict__.setdefault("_boundaries", {})
+        if s not in cache:
+            enc = self.tok.backend.encode(s, add_special_tokens=False) if s else None
+            cache[s] = [0, *sorted({int(e) for _, e in enc.offsets})] if enc is not None else [0]
+            if len(cache) > 256:
+                cache.pop(next(iter(cache)))
+        return cache[s]
+
+    def _turn_ends(self, text: str, msgs: list[dict[str, Any]], tools: Any) -> list[int] | None:
+        ends = []
+        for i, m in enumerate(msgs):
+            if m["role"] == "assistant":
+                through, _ = self._render(msgs[:i + 1], tools)
+                if not text.startswith(through):
+                    return None
+                ends.append(len(through))
+        return ends
+
+    def process(self, records: Sequence[Record]) -> list[TaskOutput]:
+        prepared = [self._prepare(r) for r in records]
+        texts = [p[0] if isinstance(p, tuple) else "" for p in prepared]
+        encs = self.tok.backend.encode_batch(texts, add_special_tokens=False) if texts else []
+        out: list[TaskOutput] = []
+        for rec, prep, enc in zip(records, prepared, encs, strict=True):
+            if isinstance(prep, str):
+                reason, _, detail = prep.partition(": ")
+                out.append(self.reject(rec, reason, detail))
+                continue
+            res = self._example(rec, prep, enc)
+            out.append([res] if not isinstance(res, str) else self.reject(rec, *res.split(": ", 1)))
+        return out
+
+    def _example(self, rec: Record, prep: tuple[Any, ...], enc: Any) -> Any:
+        opts: ChatOptions = self.options
+        text, spans, ends, msgs, tools = prep
+        ids = np.asarray(enc.ids, dtype=np.int32)
+        if not opts.assistant_only:
+            mask = np.ones(len(ids), bool)
+        elif self.mode == "generation":
+            mask = token_mask(enc, spans, len(ids))
+        else:
+            mask = tokens_within(enc, spans, len(ids))
+        n = len(ids)
+        if opts.max_length is not None and n > opts.max_length:
+            if opts.truncation == "reject":
+                return f"too_long: {n} tokens > max_length {opts.max_length}"
+            if opts.truncation == "cut":
+                if not getattr(self, "_warned", False):
+                    self._warned = True
+                    log.warning("chat: truncation: cut keeps partial turns; the cut part of a turn is trained on")
+                n = opts.max_length
+            else:
+                ends = ends if ends is not None else self._turn_ends(text, msgs, tools)
+                cut = 0
+                for end in ends or []:
+                    t = tokens_before(enc, end, len(ids))
+                    if t > opts.max_length:
+                        break
+                    cut = t
+                if cut == 0:
+                    return f"too_long: no whole assistant turn fits in max_length {opts.max_length} ({len(ids)} tokens)"
+                n = cut
+        ids, mask = ids[:n], mask[:n]
+        if not mask.any():
+            return "no_assistant_tokens: no token of an assistant turn survived rendering and truncation"
+        labels = np.where(mask, ids, -100).astype(np.int32)
+        return self.example(rec, 0, input_ids=ids, labels=labels)
+
+
+def _has_object_arguments(msgs: list[dict[str, Any]]) -> bool:
+    return any(not isinstance(c["function"].get("arguments", ""), str) for m in msgs for c in m.get("tool_calls") or [])
+
+
+def _string_arguments(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with every tool call's ``arguments`` as a JSON string (OpenAI's wire form)."""
+    out = []
+    for m in msgs:
+        if m.get("tool_calls"):
+            calls = [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"].get("arguments", {}), ensure_ascii=False)}}
+                     if not isinstance(c["function"].get("arguments", ""), str) else c for c in m["tool_calls"]]
+            m = {**m, "tool_calls": calls}
+        out.append(m)
+    return out

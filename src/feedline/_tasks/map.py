@@ -1,0 +1,299 @@
+"""Apply a task to a record stream in chunks, in order, with exact state.
+
+Records are read in the caller's thread in chunks of ``chunk`` records; a :class:`ChunkRunner`
+runs each chunk's :meth:`Task.process` somewhere (a thread pool here; Ray workers in
+:mod:`feedline._ray.map`), up to ``runner.ahead`` chunks in flight; examples come out in record
+order. The state is the parent's state *at the start of the current chunk* plus how many of its
+examples were already yielded; a restore re-reads and re-processes that one chunk and skips,
+which gives the same examples because tasks are pure functions of (record, seed, epoch, key).
+The runner never appears in the state, so a state resumes under any runner.
+
+:meth:`TaskMap.rebuild` answers the stages above (batchers' buffers): it re-reads the records
+of the refs through ``parent.fetch`` and re-processes them in one batched task call.
+
+State: ``{"parent": ..., "skip": n, "rejected": {reason: n}, "chunk": n}``, where ``chunk`` is
+the size of the chunk the state points into (chunks ramp up from :data:`FIRST_CHUNK`, so the
+first batch waits for few records). ``rejected`` counts every
+rejection *up to the end of the current chunk* that the parent's state (taken at the chunk's
+start) does not already hold: the task's own rejections so far, plus the parent's rejections
+made while reading the current chunk. Summing every ``rejected`` table in the state therefore
+counts each rejection the moment the chunk holding it is processed (never a chunk late; a
+small corpus is counted at the first example). A restore re-reads the chunk and recovers the
+task's count at its start by subtracting what the chunk re-counts.
+
+A fresh iterator whose task rejects its first ``reject_limit`` records, or whose stream ends
+without one example, raises :class:`~feedline.errors.SourceError` (counts, a sample, the fix).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Protocol
+
+from feedline._core.block import ExampleBlock
+from feedline._core.dataset import Dataset, DatasetIterator, State
+from feedline._core.record import Example, ExampleRef, Key, Record, Rejection
+from feedline._core.report import Rejections, add_counts, nothing_delivered, sum_rejected
+from feedline._tasks.base import Task, TaskOutput
+from feedline.errors import SourceError, StateError
+
+__all__ = ["ChunkRunner", "TaskMap", "ThreadRunner"]
+
+DEFAULT_CHUNK = 256
+
+
+#: The first chunk after a start or restore holds this many records; each next one twice as many,
+#: up to ``chunk``. Long documents (Wikipedia articles) then reach the first batch without waiting
+#: for 256 of them. Output never depends on chunking (tasks are pure per record); the state
+#: names the size of the chunk it points into, so a restore re-reads exactly that chunk (and
+#: re-counts exactly its rejections).
+FIRST_CHUNK = 8
+
+class ChunkRunner(Protocol):
+    """Where chunks are processed: ``submit`` returns a handle, ``result`` waits for it."""
+
+    ahead: int
+
+    def submit(self, records: Sequence[Record]) -> Any: ...
+
+    def result(self, handle: Any, state: State) -> list[TaskOutput] | ExampleBlock: ...
+
+    def close(self) -> None: ...
+
+
+class ThreadRunner:
+    """Process chunks on ``workers`` threads, ``workers + 2`` chunks in flight.
+
+    Even one thread runs apart from the caller, so reading, batching and the consumer overlap the
+    tokenizer; the tokenizer's Rust batch call already spreads each chunk over every core. One
+    calling thread was measured fastest (``bench/tuning.py``: more threads contend for the GIL
+    in the tasks' Python and for the tokenizer's thread pool).
+    """
+
+    def __init__(self, task: Task, workers: int) -> None:
+        self.task = task
+        self.workers = max(1, workers)
+        self.ahead = self.workers + 2
+        self.pool: cf.ThreadPoolExecutor | None = None
+
+    def submit(self, records: Sequence[Record]) -> Any:
+        if self.pool is None:
+            self.pool = cf.ThreadPoolExecutor(self.workers, thread_name_prefix="feedline-task")
+        return self.pool.submit(self.task.process_block, records)
+
+    def result(self, handle: Any, state: State) -> list[TaskOutput] | ExampleBlock:
+        return handle.result() if isinstance(handle, cf.Future) else handle  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = None
+
+
+class TaskMap(Dataset[Example]):
+    """The examples of ``task`` over ``parent``'s records."""
+
+    def __init__(self, parent: Dataset[Record], task: Task, *, chunk: int = DEFAULT_CHUNK, workers: int = 1,
+                 on_error: str = "skip", reject_limit: int = 0) -> None:
+        if chunk < 1:
+            raise ValueError(f"chunk: {chunk} must be >= 1")
+        self.parent = parent
+        self.task = task
+        self.chunk = chunk
+        self.workers = max(1, workers)
+        self.on_error = on_error
+        self.reject_limit = reject_limit
+
+    #: key -> (file, line) for reports of rejected records; set by the pipeline.
+    locate: Callable[[Key], tuple[str, int | None]] | None = None
+
+    def runner(self) -> ChunkRunner:
+        """A fresh runner for one iterator (override to run chunks elsewhere)."""
+        return ThreadRunner(self.task, self.workers)
+
+    def __iter__(self) -> TaskMapIterator:
+        return TaskMapIterator(self)
+
+    def rebuild(self, refs: Sequence[ExampleRef]) -> list[Example]:
+        """The examples named by ``refs``: their records re-read and re-processed in one task call.
+
+        Raises:
+            StateError: a record is now rejected (the data changed since the state was saved).
+        """
+        wanted = list(dict.fromkeys((int(r[0]), int(r[1]), int(r[2]), int(r[3])) for r in refs))
+        found = self.parent.fetch(list(dict.fromkeys((s, f, p) for s, f, p, _e in wanted)))
+        outputs = self.task.process([Record((s, f, p), e, found[(s, f, p)]) for s, f, p, e in wanted]) if wanted else []
+        made: dict[tuple[int, int, int, int], list[Example]] = {}
+        for k, out in zip(wanted, outputs, strict=True):
+            if not isinstance(out, list):
+                raise StateError(f"record {k[:3]} was rejected on re-read; the data changed since the state was saved")
+            made[k] = out
+        try:
+            return [made[(int(r[0]), int(r[1]), int(r[2]), int(r[3]))][int(r[4])] for r in refs]
+        except IndexError as e:
+            raise StateError(f"an example ref in the state names an example its record no longer makes ({e}); "
+                             "the data or the tokenizer changed since the state was saved") from e
+
+
+class TaskMapIterator(DatasetIterator[Example]):
+    """Cursor over a :class:`TaskMap` (or any subclass with its own runner).
+
+    Its ``parent`` entry is the parent's state at the start of the current chunk (not the
+    parent's live state, which has read ahead), so :meth:`get_state` is its own.
+    """
+
+    NAME = "task map"
+    STATE_KEYS = ("skip", "rejected", "chunk")
+    STATE_DEFAULTS: ClassVar[Mapping[str, Any]] = {"chunk": None}
+
+    def __init__(self, ds: TaskMap) -> None:
+        self.ds = ds
+        self.runner = ds.runner()
+        self.parent = iter(ds.parent)
+        self.rejections = Rejections(ds.on_error, locate=getattr(ds, "locate", None))
+        # (parent state at the chunk's start, its size, runner handle (None: no record), parent
+        #  rejections made reading it, parent state at its end)
+        self.inflight: collections.deque[tuple[State, int, Any, dict[str, int], State]] = collections.deque()
+        self.exhausted = False
+        self.current: list[Example] | ExampleBlock = []
+        self.current_state: State | None = None
+        self.current_end: State | None = None
+        self.current_rejected: dict[str, int] = {}
+        self.skip = 0
+        self._next_start: State | None = None  # parent state where the next chunk starts (cached)
+        self._watch = ds.reject_limit > 0  # fresh and no example yet: see _nothing
+        self.chunk = min(FIRST_CHUNK, ds.chunk)  # the next chunk's size (ramps up to ds.chunk)
+        self.current_size = self.chunk  # the size of the chunk current_state points into
+
+    def _submit(self) -> None:
+        """Read chunks until ``runner.ahead`` are in flight or the parent is exhausted; only one
+        before the first chunk's examples are out (the first batch waits for nothing else)."""
+        ahead = self.runner.ahead if self.current_state is not None else 1
+        while not self.exhausted and len(self.inflight) < ahead:
+            state = self._next_start if self._next_start is not None else self.parent.get_state()
+            size, self.chunk = self.chunk, min(2 * self.chunk, self.ds.chunk)
+            recs: list[Record] = self.parent.take(size)
+            if len(recs) < size:
+                self.exhausted = True
+            self._next_start = end = self.parent.get_state()
+            read = add_counts(sum_rejected(end), sum_rejected(state), -1)
+            if not recs:
+                if read:  # rejections after the last record: counted with an empty chunk
+                    self.inflight.append((state, size, None, read, end))
+                break
+            self.inflight.append((state, size, self.runner.submit(recs), read, end))
+
+    def _advance(self) -> bool:
+        self._submit()
+        if not self.inflight:
+            return False
+        state, self.current_size, handle, read, self.current_end = self.inflight.popleft()
+        outputs = self.runner.result(handle, state) if handle is not None else []
+        self.current_state = state
+        examples: list[Example] | ExampleBlock
+        if isinstance(outputs, ExampleBlock):
+            examples = outputs
+            for record, rejection in outputs.rejected:
+                self.rejections.add(rejection)
+                if self._watch and not outputs.examples_before(record) and self.rejections.total >= self.ds.reject_limit:
+                    self._nothing(first=self.ds.reject_limit)
+        else:
+            examples = []
+            for out in outputs:
+                if isinstance(out, Rejection):
+                    self.rejections.add(out)
+                    if self._watch and not examples and self.rejections.total >= self.ds.reject_limit:
+                        self._nothing(first=self.ds.reject_limit)
+                else:
+                    examples.extend(out)
+        if len(examples):
+            self._watch = False
+        self.current_rejected = add_counts(self.rejections.get_state(), read)
+        self.current, self.skip = examples, 0
+        return True
+
+    def _nothing(self, first: int | None) -> None:
+        counts = add_counts(dict(self.rejections.counts), sum_rejected(self.parent.get_state()))
+        where = f"task {self.ds.task.kind!r}" if self.rejections.counts else "the spec's sources"
+        raise SourceError(nothing_delivered(where, counts, self.rejections.samples, first=first))
+
+    def __next__(self) -> Example:
+        if not self._ready():
+            raise StopIteration
+        ex = self.current[self.skip]
+        self.skip += 1
+        return ex
+
+    def _ready(self) -> bool:
+        """Advance to a chunk with examples left; False at the end of the stream."""
+        while self.skip >= len(self.current):
+            if not self._advance():
+                if self._watch:
+                    self._nothing(first=None)
+                return False
+        return True
+
+    def peek_block(self) -> ExampleBlock | list[Example] | None:
+        """The examples left in the current chunk (the next one when it is used up), without taking
+        them: an :class:`ExampleBlock` (views) or a list; ``None`` at the end of the stream. Take
+        the first ``n`` with :meth:`consume`; the state is then as after ``n`` calls of ``next``.
+        """
+        if not self._ready():
+            return None
+        cur = self.current
+        return cur.slice(self.skip, len(cur)) if isinstance(cur, ExampleBlock) else cur[self.skip:]
+
+    def consume(self, n: int) -> None:
+        """Take the first ``n`` examples of :meth:`peek_block`."""
+        if not 0 <= n <= len(self.current) - self.skip:
+            raise ValueError(f"consume({n}): {len(self.current) - self.skip} examples are left in the chunk")
+        self.skip += n
+
+    def get_state(self) -> State:
+        if self.current_state is None:
+            return {"parent": self.parent.get_state(), "skip": 0, "rejected": self.rejections.get_state(),
+                    "chunk": self.chunk}
+        if self.skip == 0:  # a chunk that gave no example (the end of the stream): stand after it
+            return {"parent": self.current_end, "skip": 0, "rejected": self.rejections.get_state(),
+                    "chunk": min(2 * self.current_size, self.ds.chunk)}
+        return {"parent": self.current_state, "skip": self.skip, "rejected": self.current_rejected,
+                "chunk": self.current_size}
+
+    def restore(self, own: Mapping[str, Any]) -> None:
+        skip, rejected = int(own["skip"]), own["rejected"]
+        chunk = self.ds.chunk if own["chunk"] is None else int(own["chunk"])  # older states: whole chunks
+        self._drop_inflight()
+        self.rejections.set_state(rejected)
+        self.exhausted, self.current, self.current_state, self.current_end, self.skip = False, [], None, None, 0
+        self._next_start, self._watch = None, False
+        self.chunk = self.current_size = max(1, min(chunk, self.ds.chunk))
+        if skip:
+            # ``rejected`` includes the current chunk, which _advance counts again: start from
+            # the count before it (the chunk re-counts the same rejections: tasks are pure).
+            self.rejections.set_state({})
+            if not self._advance():
+                raise StateError("task map: the state points past the end of the stream")
+            base = add_counts({str(k): int(v) for k, v in rejected.items()}, self.current_rejected, -1)
+            if any(v < 0 for v in base.values()):
+                raise StateError(f"task map: rejected counts {dict(rejected)} are fewer than the chunk re-counts")
+            self.rejections.set_state(add_counts(base, self.rejections.counts))
+            self.current_rejected = {str(k): int(v) for k, v in rejected.items()}
+            self.skip = skip
+
+    def _drop_inflight(self) -> None:
+        for _state, _size, handle, _read, _end in self.inflight:
+            if isinstance(handle, cf.Future):
+                handle.cancel()
+        self.inflight.clear()  # other handles (Ray refs) are freed when dropped
+
+    @property
+    def rejected(self) -> dict[str, int]:
+        """Every rejection counted so far (the parent's and the task's), as the state reports them."""
+        return sum_rejected(self.get_state())
+
+    def release(self) -> None:
+        self._drop_inflight()
+        self.current = []
+        self.runner.close()

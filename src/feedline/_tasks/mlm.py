@@ -1,0 +1,184 @@
+"""Masked language modelling (BERT/RoBERTa) with dynamic masking.
+
+Each document becomes ``[CLS] tokens [SEP]`` rows of at most ``max_length`` tokens (long
+documents are split into consecutive pieces, or truncated), or, with ``text_pair``, one
+``[CLS] A [SEP] B [SEP]`` row with ``token_type_ids`` 0 up to the first [SEP] and 1 after::
+
+    task: {kind: mlm, max_length: 128, mlm_probability: 0.15, whole_word_mask: false}
+    task: {kind: mlm, max_length: 128, text_pair: answer}      # record field holding segment B
+
+Fields: ``input_ids`` (masked), ``labels`` (original id where chosen, -100 elsewhere),
+``token_type_ids`` (int32). Masking is :mod:`feedline._tasks.masking` with the generator of
+``(seed, epoch, record key, piece)`` (all rows of a chunk at once: :meth:`Masker.mask_rows`): a new mask every epoch, the same mask on resume.
+
+Differences from the references (see ``docs/tasks.md``): [CLS]/[SEP] framing is done here with
+the tokenizer's cls/sep tokens (RoBERTa's pair layout ``<s> A </s></s> B </s>`` becomes
+``<s> A </s> B </s>``); pairs are truncated longest-first from the end (HF ``longest_first``);
+the masking differences are listed in :mod:`feedline._tasks.masking`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal
+
+import numpy as np
+
+from feedline._core.record import Record
+from feedline._core.rng import sample_keys
+from feedline._tasks.base import Task, TaskOutput
+from feedline._tasks.masking import Masker, MaskingOptions
+from feedline.errors import SpecError
+
+__all__ = ["MaskedLM", "MaskedLMOptions", "encode_words", "truncate_longest_first"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MaskedLMOptions(MaskingOptions):
+    """Options of the ``mlm`` task (plus those of :class:`~feedline._tasks.masking.MaskingOptions`).
+
+    Attributes:
+        max_length: tokens per row, [CLS] and [SEP] included.
+        text_pair: record field holding the second segment; rows become sentence pairs.
+        overflow: ``split`` long single documents into several rows, or ``truncate`` them.
+    """
+
+    max_length: int = 512
+    text_pair: str | None = None
+    overflow: Literal["split", "truncate"] = "split"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.max_length < 4:
+            raise SpecError(f"task.max_length: {self.max_length} must be >= 4 ([CLS] A [SEP] B [SEP])")
+
+
+def encode_words(task: Task, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Token ids and word index per token (the pre-tokenizer's words), in one batched call."""
+    if not texts:
+        return []
+    encs = task.tok.backend.encode_batch(list(texts), add_special_tokens=False)
+    out = []
+    for e in encs:
+        words = np.asarray([-1 if w is None else w for w in e.word_ids], dtype=np.int64)
+        out.append((np.asarray(e.ids, dtype=np.int32), words))
+    return out
+
+
+def truncate_longest_first(a: np.ndarray, b: np.ndarray, budget: int) -> tuple[int, int]:
+    """Lengths ``(la, lb)`` after removing tokens from the end of the longer segment until they fit.
+
+        >>> truncate_longest_first(np.arange(10), np.arange(3), 8)
+        (5, 3)
+    """
+    la, lb = len(a), len(b)
+    while la + lb > budget:
+        if la >= lb:
+            la -= 1
+        else:
+            lb -= 1
+    return la, lb
+
+
+class MaskedLM(Task):
+    """The ``mlm`` task."""
+
+    kind = "mlm"
+    Options = MaskedLMOptions
+
+    @cached_property
+    def masker(self) -> Masker:
+        return Masker(self.options, self.tok)
+
+    def _encode(self, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        if self.options.whole_word_mask:
+            return encode_words(self, texts)
+        return [(ids, np.zeros(0, np.int64)) for ids in self.tok.encode_batch(texts)]
+
+    def process(self, records: Sequence[Record]) -> list[TaskOutput]:
+        opts: MaskedLMOptions = self.options
+        cls, sep = self.tok.special("cls"), self.tok.special("sep")
+        masker = self.masker
+        first = self._encode([r.data["text"] for r in records])
+        out: list[TaskOutput] = []
+        if opts.text_pair is None:
+            return self._single(records, first, cls, sep)
+        pair_texts, missing = [], set()
+        for i, r in enumerate(records):
+            t = r.data.get(opts.text_pair)
+            if not isinstance(t, str):
+                missing.add(i)
+                t = ""
+            pair_texts.append(t)
+        second = self._encode(pair_texts)
+        kept: list[int] = []
+        pieces, piece_words, types = [], [], []
+        for i, ((a, wa), (b, wb)) in enumerate(zip(first, second, strict=True)):
+            if i in missing:
+                continue
+            la, lb = truncate_longest_first(a, b, opts.max_length - 3)
+            pieces.append(np.concatenate([[cls], a[:la], [sep], b[:lb], [sep]]).astype(np.int32))
+            piece_words.append(np.concatenate([[-1], wa[:la], [-1], wb[:lb] + (wa.max(initial=0) + 1), [-1]])
+                               if opts.whole_word_mask else None)
+            types.append(np.concatenate([np.zeros(la + 2, np.int32), np.ones(lb + 1, np.int32)]))
+            kept.append(i)
+        masked = masker.mask_rows(pieces, self._keys(records, kept, [0] * len(kept)), piece_words)
+        by_record = dict(zip(kept, zip(masked, types, strict=True), strict=True))
+        for i, rec in enumerate(records):
+            if i in missing:
+                out.append(self.reject(rec, "missing_field", f"no text field {opts.text_pair!r} (task.text_pair)"))
+                continue
+            (inp, labels), tt = by_record[i]
+            out.append([self.example(rec, 0, input_ids=inp, labels=labels, token_type_ids=tt)])
+        return out
+
+    def _single(self, records: Sequence[Record], first: list[tuple[np.ndarray, np.ndarray]], cls: int,
+                sep: int) -> list[TaskOutput]:
+        """``[CLS] piece [SEP]`` rows of single documents, built and masked for the whole chunk at once."""
+        opts: MaskedLMOptions = self.options
+        body = opts.max_length - 2
+        doc_len = np.fromiter((len(ids) for ids, _ in first), dtype=np.int64, count=len(first))
+        n_pieces = np.ones_like(doc_len) if opts.overflow == "truncate" else np.maximum(1, -(-doc_len // body))
+        owner = np.repeat(np.arange(len(first)), n_pieces)
+        subs = np.arange(len(owner)) - np.repeat(_starts(n_pieces), n_pieces)
+        begin = subs * body  # token offset of each piece in its document
+        blen = np.clip(doc_len[owner] - begin, 0, body)
+        offs = np.zeros(len(owner) + 1, dtype=np.int64)
+        np.cumsum(blen + 2, out=offs[1:])
+        # Gather every piece's body at once: output index and source index of each body token.
+        within = np.arange(int(blen.sum())) - np.repeat(_starts(blen), blen)
+        dst = np.repeat(offs[:-1] + 1, blen) + within
+        src = np.repeat(_starts(doc_len)[owner] + begin, blen) + within
+        flat = np.empty(int(offs[-1]), dtype=np.int32)
+        flat[dst] = np.concatenate([ids for ids, _ in first]).astype(np.int32, copy=False)[src] if len(src) else 0
+        flat[offs[:-1]], flat[offs[1:] - 1] = cls, sep
+        words = None
+        if opts.whole_word_mask:
+            wflat = np.full(len(flat), -1, dtype=np.int64)
+            if len(src):
+                wflat[dst] = np.concatenate([w for _, w in first])[src]
+            words = [wflat[a:b] for a, b in zip(offs[:-1].tolist(), offs[1:].tolist(), strict=True)]
+        inp, labels = self.masker.mask_flat(flat, offs, self._keys(records, owner, subs), words)
+        out: list[TaskOutput] = [[] for _ in records]
+        types = np.zeros(int(blen.max(initial=0)) + 2, np.int32)
+        for i, j, a, b in zip(owner.tolist(), subs.tolist(), offs[:-1].tolist(), offs[1:].tolist(), strict=True):
+            # Copies: a buffered example (bucket or pack batcher) must not hold the whole chunk's arrays.
+            out[i].append(self.example(records[i], j, input_ids=inp[a:b].copy(), labels=labels[a:b].copy(),  # type: ignore[union-attr]
+                                       token_type_ids=types[:b - a]))
+        return out
+
+    def _keys(self, records: Sequence[Record], owner: Sequence[int] | np.ndarray, subs: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Masking generator keys (stream 0) of the rows ``(records[owner[i]], subs[i])``: :meth:`Task.rng`'s."""
+        idx = np.asarray(owner, dtype=np.int64)
+        keys = np.asarray([r.key for r in records], dtype=np.int64).reshape(len(records), 3)[idx]
+        epochs = np.asarray([r.epoch for r in records], dtype=np.int64)[idx]
+        return sample_keys(self.seed, epochs, keys, np.asarray(subs, dtype=np.int64))
+
+
+def _starts(lengths: np.ndarray) -> np.ndarray:
+    """Exclusive cumulative sum: where each of consecutive runs of ``lengths`` starts."""
+    out = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=out[1:])
+    return out

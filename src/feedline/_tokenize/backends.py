@@ -1,0 +1,362 @@
+"""Encoder backends: which library turns text into ids, verified to match ``tokenizers`` exactly.
+
+``tokenizer: {path: gpt2/, backend: auto}`` (a plain ``tokenizer: gpt2/`` means the same):
+
+* ``hf``: the Hugging Face ``tokenizers`` encoder (``encode_batch_fast``), as always.
+* ``fastokens``: the ``fastokens`` encoder (Rust BPE, ``pip install 'feedline[fast]'``), required:
+  a tokenizer it cannot load or a verification it fails is an error.
+* ``auto`` (default): fastokens when it is installed, loads the tokenizer, and encodes the
+  verification corpus (:func:`verification_corpus`) identically to ``tokenizers``; otherwise
+  ``tokenizers``. The choice and its reason are logged (``feedline._tokenize``). The load-time
+  check (fastokens takes 0.3-2 s and ~100 MB to load a large vocabulary) starts once a stream has
+  encoded :data:`START_AFTER_CHARS` characters with ``tokenizers`` (so short runs, ``inspect`` and
+  small corpora never pay for it) and runs on a background thread, once per tokenizer in a
+  process; ``tokenizers`` encodes meanwhile, so no batch waits for it, and batches do not depend
+  on when it finishes.
+
+Verification does not stop at load time. A :class:`VerifiedEncoder` encodes the texts holding the
+first ``window`` characters of the actual data with both encoders and hands out the ``tokenizers``
+ids for them; afterwards it re-encodes one text of every ``spot_every``-th call with ``tokenizers``. A
+difference inside the window makes ``auto`` fall back to ``tokenizers`` for good (logged; every
+id handed out so far came from ``tokenizers``, so batches stay identical), and ``fastokens``
+raise :class:`~feedline.errors.TokenizerDivergence`; a difference found by a spot check raises
+for both, since earlier batches may already hold fastokens ids. Batches are therefore the same
+for every backend, and the backend is not part of the spec hash.
+
+Only plain ids come from fastokens: offsets, word ids and pairs (whole-word masking, chat masks,
+classification pairs) are always computed by ``tokenizers`` (``Tokenizer.backend``).
+
+    >>> tok = with_backend(load_tokenizer("gpt2/"), "auto")         # doctest: +SKIP
+    >>> tok.encoder.name                                            # doctest: +SKIP
+    'fastokens'
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import hashlib
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, TypeVar
+
+import numpy as np
+
+from feedline._tokenize.encoder import Encoder, FastEncoder, HfEncoder, TokenizerLike, join_ids, split_ids
+from feedline._tokenize.verification import verification_corpus
+from feedline.errors import MissingDependency, TokenizerDivergence, TokenizerError
+
+__all__ = [
+    "Backend",
+    "Encoder",
+    "FastEncoder",
+    "HfEncoder",
+    "Verdict",
+    "VerifiedEncoder",
+    "check_fastokens",
+    "verdict_future",
+    "with_backend",
+]
+
+log = logging.getLogger("feedline.tokenize")
+
+Backend = Literal["auto", "hf", "fastokens"]
+T = TypeVar("T", bound=TokenizerLike)
+BACKENDS: tuple[str, ...] = ("auto", "hf", "fastokens")
+
+#: Characters of real data encoded by both encoders before fastokens' ids are used.
+WINDOW_CHARS = 1 << 18
+#: After the window, one text of every this many calls is re-encoded by ``tokenizers``.
+SPOT_EVERY = 16
+#: ``auto`` starts the fastokens check after a stream has encoded this many characters.
+START_AFTER_CHARS = 1 << 20
+
+
+def _first_difference(want: Sequence[np.ndarray], got: Sequence[np.ndarray] | None) -> int | None:
+    if got is None or len(got) != len(want):
+        return 0
+    for i, (a, b) in enumerate(zip(want, got, strict=True)):
+        if a.shape != b.shape or not np.array_equal(a, b):
+            return i
+    return None
+
+
+def _describe(name: str, text: str, want: np.ndarray, got: np.ndarray | None) -> str:
+    snippet = text[:60] + ("..." if len(text) > 60 else "")
+    n = 0 if got is None else next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+    shown = "an error" if got is None else f"{got[n:n + 5].tolist()} from token {n}"
+    return (f"tokenizer {name!r}: fastokens and tokenizers encode {snippet!r} differently "
+            f"(tokenizers {want[n:n + 5].tolist()}, fastokens {shown})")
+
+
+class VerifiedEncoder:
+    """fastokens, checked against ``tokenizers`` on the data (see the module docstring).
+
+    Args:
+        hf, fast: the two encoders.
+        strict: raise on any difference (``backend: fastokens``); else fall back inside the window.
+        label: the tokenizer's name, for messages.
+        window: characters of data encoded by both before fastokens' ids are used.
+        spot_every: afterwards, one text of every ``spot_every``-th call is re-encoded.
+        pending: instead of ``fast``, the load-time check still running in the background
+            (``auto``): until it is done, ``tokenizers`` encodes; then fastokens takes over
+            (starting with the window) if it passed.
+        start, start_after: instead of ``pending``, how to start that check, once this encoder
+            has encoded ``start_after`` characters (or :meth:`wait` is called).
+    """
+
+    def __init__(self, hf: HfEncoder, fast: FastEncoder | None, *, strict: bool, label: str,
+                 window: int = WINDOW_CHARS, spot_every: int = SPOT_EVERY,
+                 pending: cf.Future[Verdict] | None = None,
+                 start: Callable[[], cf.Future[Verdict]] | None = None, start_after: int = 0) -> None:
+        self.hf, self.fast, self.pending = hf, fast, pending
+        self.start, self.start_after, self.seen = start, start_after, 0
+        self.strict, self.label = strict, label
+        self.window, self.spot_every = window, max(1, spot_every)
+        self.checked = 0
+        self.calls = 0
+        self.fell_back = fast is None and pending is None and start is None
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return "hf" if self.fell_back or self.fast is None else "fastokens"
+
+    def wait(self, timeout: float | None = None) -> str:
+        """Start (if deferred) and wait for the load-time check; returns :attr:`name`."""
+        with self._lock:
+            if self.start is not None:
+                self.pending, self.start = self.start(), None
+        if self.pending is not None:
+            self.pending.result(timeout)
+            self._resolve()
+        return self.name
+
+    def _resolve(self) -> None:
+        with self._lock:
+            if self.pending is None or not self.pending.done():
+                return
+            verdict, self.pending = self.pending.result(), None
+            if verdict.fast is None:
+                self.fell_back = True
+                log.info("tokenizer %r: encoding with tokenizers (%s)", self.label, verdict.reason)
+            else:
+                self.fast = verdict.fast
+                log.info("tokenizer %r: encoding with fastokens from now on (%s; the next %d characters of data "
+                         "are checked too)", self.label, verdict.reason, self.window)
+
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[np.ndarray]:
+        if not texts:
+            return []
+        got = self._encode(texts, add_special_tokens)
+        return got if isinstance(got, list) else split_ids(*got)
+
+    def encode_flat(self, texts: Sequence[str], add_special_tokens: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Like :meth:`encode_batch`, as one flat array and bounds (fastokens' own layout: no split)."""
+        if not texts:
+            return np.zeros(0, dtype=np.int32), np.zeros(1, dtype=np.int64)
+        got = self._encode(texts, add_special_tokens, flat=True)
+        return join_ids(got) if isinstance(got, list) else got
+
+    def _encode(self, texts: Sequence[str], add_special_tokens: bool,
+                flat: bool = False) -> list[np.ndarray] | tuple[np.ndarray, np.ndarray]:
+        """Ids from whichever encoder the state of the check says (fastokens' flat when ``flat``)."""
+        if self.start is not None:
+            with self._lock:
+                self.seen += sum(len(t) for t in texts)
+                if self.start is not None and self.seen >= self.start_after:
+                    self.pending, self.start = self.start(), None
+            if self.pending is None:
+                return self.hf.encode_batch(texts, add_special_tokens)
+        if self.pending is not None:
+            if not self.pending.done():
+                return self.hf.encode_batch(texts, add_special_tokens)
+            self._resolve()
+        checked = 0
+        with self._lock:
+            if self.fell_back:
+                mode = "hf"
+            elif self.checked < self.window:
+                mode = "window"
+                budget = self.window - self.checked
+                while checked < len(texts) and budget > 0:  # the texts that fill what is left of the window
+                    budget -= len(texts[checked])
+                    checked += 1
+                self.checked += sum(len(t) for t in texts[:checked])
+            else:
+                self.calls += 1
+                mode = "spot" if self.calls % self.spot_every == 0 else "fast"
+        if mode == "hf" or self.fast is None:
+            return self.hf.encode_batch(texts, add_special_tokens)
+        if mode == "window":
+            return self._window(texts, checked, add_special_tokens)
+        try:
+            got = self.fast.encode_flat(texts, add_special_tokens)
+        except Exception:  # e.g. lone surrogates: tokenizers decides (encodes or raises its own error)
+            return self.hf.encode_batch(texts, add_special_tokens)
+        if mode == "spot":
+            i = (self.calls // self.spot_every) % len(texts)
+            want = self.hf.encode_batch([texts[i]], add_special_tokens)[0]
+            mine = got[0][got[1][i]:got[1][i + 1]]
+            if not np.array_equal(want, mine):
+                raise TokenizerDivergence(
+                    _describe(self.label, texts[i], want, mine)
+                    + "; batches already delivered may hold fastokens ids. Set tokenizer: {backend: hf} and restart "
+                    "from a state saved before this run used fastokens, and report the text to fastokens")
+        return got if flat else split_ids(*got)
+
+    def _window(self, texts: Sequence[str], checked: int, add_special_tokens: bool) -> list[np.ndarray]:
+        """Encode with fastokens and compare the first ``checked`` texts with tokenizers.
+
+        The checked texts are handed out as tokenizers encoded them. On a difference: raise
+        (strict), or fall back and encode the rest with tokenizers too.
+        """
+        assert self.fast is not None
+        want = self.hf.encode_batch(texts[:checked], add_special_tokens)
+        try:
+            got: list[np.ndarray] | None = self.fast.encode_batch(texts, add_special_tokens)
+        except Exception:  # fastokens failing where tokenizers did not is a difference
+            got = None
+        bad = _first_difference(want, None if got is None else got[:checked])
+        if bad is None and got is not None:
+            return want + got[checked:]
+        message = _describe(self.label, texts[bad or 0], want[bad or 0], None if got is None else got[bad or 0])
+        if self.strict:
+            raise TokenizerDivergence(message + " on the data; use tokenizer: {backend: hf} (or auto)")
+        with self._lock:
+            self.fell_back = True
+        log.warning("%s on the data; encoding with tokenizers from now on (every id so far came from tokenizers)", message)
+        return want + self.hf.encode_batch(texts[checked:], add_special_tokens)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether fastokens may encode for a tokenizer: ``fast`` is its encoder when verified."""
+
+    fast: FastEncoder | None
+    reason: str
+    missing: bool = False
+
+
+# digest of a tokenizer's JSON -> its check: every pipeline (a service cursor, a loader) loads its
+# own tokenizer object, and one check (one fastokens load, ~100 MB for a large vocabulary) per
+# distinct tokenizer in a process is enough.
+_VERDICTS: collections.OrderedDict[str, cf.Future[Verdict]] = collections.OrderedDict()
+_VERDICTS_KEPT = 8
+_VERDICTS_LOCK = threading.Lock()
+
+
+def _key(tok: TokenizerLike) -> str:
+    """The digest of ``tok``'s JSON, computed once per tokenizer object."""
+    key: str | None = getattr(tok, "_fastokens_key", None)
+    if key is None:
+        key = hashlib.blake2b(tok.backend.to_str().encode(), digest_size=16).hexdigest()
+        try:
+            tok._fastokens_key = key  # type: ignore[attr-defined]
+        except AttributeError:  # a tokenizer with __slots__: recomputed next time
+            pass
+    return key
+
+
+def verdict_future(tok: T) -> cf.Future[Verdict]:
+    """The load-time check of ``tok`` (:func:`check_fastokens`), started on a background thread
+    the first time (fastokens releases the GIL while it loads), cached per distinct tokenizer."""
+    key = _key(tok)
+    with _VERDICTS_LOCK:
+        cached = _VERDICTS.get(key)
+        if cached is not None:
+            _VERDICTS.move_to_end(key)
+            return cached
+        fut: cf.Future[Verdict] = cf.Future()
+        _VERDICTS[key] = fut
+        while len(_VERDICTS) > _VERDICTS_KEPT:
+            _VERDICTS.popitem(last=False)
+
+    def run() -> None:
+        try:
+            fut.set_result(_check(tok))
+        except BaseException as e:  # reported as a verdict, never lost with the thread
+            fut.set_result(Verdict(None, f"the check failed: {type(e).__name__}: {e}"))
+
+    # Not a daemon: the interpreter waits for it at exit. A daemon thread still inside fastokens'
+    # Rust code when Python finalizes is unwound by force, and the process aborts.
+    threading.Thread(target=run, name="feedline-fastokens-check", daemon=False).start()
+    return fut
+
+
+def _checked(tok: T) -> bool:
+    """Whether the load-time check of ``tok`` has finished (never starts one)."""
+    key = _key(tok)
+    with _VERDICTS_LOCK:
+        cached = _VERDICTS.get(key)
+    return cached is not None and cached.done()
+
+
+def check_fastokens(tok: T) -> Verdict:
+    """Load ``tok`` into fastokens and compare it with ``tokenizers`` on :func:`verification_corpus`.
+
+    Cached per distinct tokenizer; waits for a check already running.
+    """
+    return verdict_future(tok).result()
+
+
+def _check(tok: T) -> Verdict:
+    try:
+        import fastokens
+    except ImportError:
+        return Verdict(None, "fastokens is not installed (pip install 'feedline[fast]')", missing=True)
+    try:
+        fast = FastEncoder(fastokens.Tokenizer.from_json_str(tok.backend.to_str()))
+    except Exception as e:
+        return Verdict(None, f"fastokens cannot load it: {str(e).splitlines()[0][:160]}")
+    hf = HfEncoder(tok.backend)
+    corpus = verification_corpus(tok)
+    for special in (False, True):
+        want = hf.encode_batch(corpus, special)
+        try:
+            got: list[np.ndarray] | None = fast.encode_batch(corpus, special)
+        except Exception:
+            got = None
+        bad = _first_difference(want, got)
+        if bad is not None:
+            detail = _describe(tok.name, corpus[bad], want[bad], None if got is None else got[bad])
+            return Verdict(None, f"verification failed: {detail} (add_special_tokens={special})")
+    return Verdict(fast, f"verified identical on {len(corpus)} texts, {sum(map(len, corpus))} characters")
+
+
+def with_backend(tok: T, backend: str) -> T:
+    """A view of ``tok`` whose plain-id encoding uses ``backend`` (``auto``, ``hf`` or ``fastokens``).
+
+    Each call makes a fresh :class:`VerifiedEncoder` (its own data window), sharing the loaded
+    tokenizers and the cached load-time verification.
+
+    Raises:
+        TokenizerError: ``fastokens`` was asked for and cannot load or verify this tokenizer.
+        MissingDependency: ``fastokens`` was asked for and is not installed.
+    """
+    if backend not in BACKENDS:
+        raise TokenizerError(f"backend: {backend!r} is not one of {', '.join(BACKENDS)}")
+    hf = HfEncoder(tok.backend)
+    if backend == "hf":
+        return tok.with_encoder(hf, "hf")
+    if backend == "auto" and not _checked(tok):
+        log.info("tokenizer %r: encoding with tokenizers; fastokens is checked in the background after the first "
+                 "%d characters", tok.name, START_AFTER_CHARS)
+        pending = VerifiedEncoder(hf, None, strict=False, label=tok.name, window=WINDOW_CHARS,
+                                  spot_every=SPOT_EVERY, start=lambda: verdict_future(tok),
+                                  start_after=START_AFTER_CHARS)
+        return tok.with_encoder(pending, backend)
+    verdict = verdict_future(tok).result()
+    if verdict.fast is None:
+        if backend == "fastokens":
+            err = MissingDependency if verdict.missing else TokenizerError
+            raise err(f"tokenizer {tok.name!r}: backend: fastokens: {verdict.reason}; use backend: auto or hf")
+        log.info("tokenizer %r: encoding with tokenizers (%s)", tok.name, verdict.reason)
+        return tok.with_encoder(hf, backend)
+    log.info("tokenizer %r: encoding with fastokens (%s; the first %d characters of data are checked too)",
+             tok.name, verdict.reason, WINDOW_CHARS)
+    encoder = VerifiedEncoder(hf, verdict.fast, strict=backend == "fastokens", label=tok.name,
+                              window=WINDOW_CHARS, spot_every=SPOT_EVERY)
+    return tok.with_encoder(encoder, backend)

@@ -1,0 +1,98 @@
+"""The plain-id encoders behind a :class:`~feedline._tokenize.tokenizer.Tokenizer`.
+
+An :class:`Encoder` turns a batch of texts into int32 id arrays: :class:`HfEncoder`
+(``tokenizers``) or :class:`FastEncoder` (``fastokens``); :mod:`feedline._tokenize.backends`
+chooses and verifies them. :class:`TokenizerLike` is what the backends need of a tokenizer
+(kept here so the backends never import the tokenizer module that uses them).
+
+    >>> HfEncoder(tokenizers.Tokenizer.from_file("gpt2/tokenizer.json")).encode_batch(["Hi"])  # doctest: +SKIP
+    [array([17250], dtype=int32)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+__all__ = ["Encoder", "FastEncoder", "HfEncoder", "TokenizerLike", "join_ids", "split_ids"]
+
+
+def join_ids(ids: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Id arrays as one flat int32 array and ``n + 1`` int64 bounds (text ``i`` is ``flat[b[i]:b[i + 1]]``).
+
+        >>> flat, bounds = join_ids([np.array([5, 6]), np.array([7])]); flat.tolist(), bounds.tolist()
+        ([5, 6, 7], [0, 2, 3])
+    """
+    bounds = np.zeros(len(ids) + 1, dtype=np.int64)
+    if ids:
+        np.cumsum(np.fromiter((len(a) for a in ids), dtype=np.int64, count=len(ids)), out=bounds[1:])
+    flat = np.concatenate(ids).astype(np.int32, copy=False) if ids else np.zeros(0, dtype=np.int32)
+    return flat, bounds
+
+
+def split_ids(flat: np.ndarray, bounds: np.ndarray) -> list[np.ndarray]:
+    """The per-text arrays of :func:`join_ids`' output."""
+    return np.split(flat, bounds[1:-1]) if len(bounds) > 1 else []
+
+
+class Encoder(Protocol):
+    """Turns a batch of texts into int32 id arrays; ``name`` says which library does it now."""
+
+    @property
+    def name(self) -> str: ...
+
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[np.ndarray]: ...
+
+    def encode_flat(self, texts: Sequence[str], add_special_tokens: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of every text in one int32 array plus ``len(texts) + 1`` bounds (see :func:`join_ids`)."""
+        ...
+
+
+class HfEncoder:
+    """``tokenizers``' ``encode_batch_fast`` (Rust thread pool, GIL released)."""
+
+    name = "hf"
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[np.ndarray]:
+        if not texts:
+            return []
+        encs = self.backend.encode_batch_fast(list(texts), add_special_tokens=add_special_tokens)
+        return [np.asarray(e.ids, dtype=np.int32) for e in encs]
+
+    def encode_flat(self, texts: Sequence[str], add_special_tokens: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        return join_ids(self.encode_batch(texts, add_special_tokens))
+
+
+class FastEncoder:
+    """fastokens' flat batch call: one buffer of ids and one of offsets, no per-token objects."""
+
+    name = "fastokens"
+
+    def __init__(self, fast: Any) -> None:
+        self.fast = fast
+
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[np.ndarray]:
+        if not texts:
+            return []
+        return split_ids(*self.encode_flat(texts, add_special_tokens))
+
+    def encode_flat(self, texts: Sequence[str], add_special_tokens: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        if not texts:
+            return np.zeros(0, dtype=np.int32), np.zeros(1, dtype=np.int64)
+        ids, offsets = self.fast.encode_batch_flat(list(texts), add_special_tokens=add_special_tokens)
+        return np.frombuffer(ids, dtype=np.uint32).astype(np.int32), np.frombuffer(offsets, dtype=np.uint64).astype(np.int64)
+
+
+class TokenizerLike(Protocol):
+    """What the encoder backends need of a tokenizer."""
+
+    name: str
+    backend: Any
+    encoder: Encoder
+
+    def with_encoder(self, encoder: Encoder, request: str) -> Any: ...

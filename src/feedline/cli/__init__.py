@@ -1,1 +1,0 @@
-"""The ``feedline`` command line: one entry point, one module per subcommand in :mod:`feedline.cli.commands`."""

@@ -1,6 +1,0 @@
-"""The tokenizer layer: load any tokenizer users have, encode in large GIL-free batches."""
-
-from feedline.tokenize.load import load_tokenizer
-from feedline.tokenize.tokenizer import Tokenizer
-
-__all__ = ["Tokenizer", "load_tokenizer"]
