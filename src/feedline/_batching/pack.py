@@ -193,8 +193,9 @@ class PackIterator(DatasetIterator[Batch]):
             return False
         block = got if isinstance(got, ExampleBlock) else _block_of(got)
         cum = np.cumsum(self._counts(block.lengths))
-        # the old loop added one example while fewer than ``room`` pieces had been added
-        k = min(int(np.searchsorted(cum, room, side="left")) + 1, len(block))
+        # one example at a time while fewer than ``room`` pieces are added (count_nonzero, unlike
+        # searchsorted, keeps the GIL: handing it to the task thread costs up to a switch interval)
+        k = min(int(np.count_nonzero(cum < room)) + 1, len(block))
         self.parent.consume(k)  # type: ignore[attr-defined]
         self._add(block.slice(0, k))
         return True
