@@ -164,3 +164,28 @@ def test_task_map_blocks_leave_the_state_of_next(tmp_path: Any) -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_a_subclass_that_overrides_process_is_used_by_the_task_map(tmp_path: Any) -> None:
+    """A plug-in deriving from clm and changing process() keeps working: its lists, not clm's block."""
+    from feedline._core.record import Rejection
+    from feedline._tasks.map import TaskMap
+
+    class NoRiver(CausalLM):
+        def process(self, records: Any) -> Any:
+            out = super().process(records)
+            return [Rejection("x", None, "river") if "river" in r.data["text"] else o for r, o in zip(records, out, strict=True)]
+
+    src = tmp_path / "c4.jsonl"
+    src.write_text("\n".join(shared("prose", "c4_demo.jsonl").read_text(encoding="utf-8").splitlines()[:80]) + "\n")
+    spec = Spec.load({"sources": [{"path": str(src)}], "tokenizer": str(shared("tokenizers", "gpt2")),
+                      "task": {"kind": "clm", "max_length": 64}, "batching": {"strategy": "pack", "batch_size": 4}})
+    pipe = Pipeline(spec)
+    it = iter(TaskMap(pipe.records(), NoRiver(pipe.task.options, pipe.task.ctx)))
+    keys = {ex.key for ex in it}
+    assert it.rejected.get("river", 0) > 0  # type: ignore[attr-defined]
+    it.close()
+    rec_it = iter(Pipeline(spec).records())
+    river = {r.key for r in rec_it if "river" in r.data["text"]}
+    rec_it.close()
+    assert river and not river & keys and len(keys) > 10

@@ -73,9 +73,15 @@ class CausalLM(Task):
     accepts_tokens = True
 
     def process(self, records: Sequence[Record]) -> list[TaskOutput]:
-        return self.process_block(records).outputs(len(records))  # type: ignore[return-value]
+        return self._block(records).outputs(len(records))  # type: ignore[return-value]
 
-    def process_block(self, records: Sequence[Record]) -> ExampleBlock:
+    def process_block(self, records: Sequence[Record]) -> list[TaskOutput] | ExampleBlock:
+        """The chunk as one block; a subclass that overrides :meth:`process` gets its own lists used."""
+        if type(self).process is not CausalLM.process:
+            return self.process(records)
+        return self._block(records)
+
+    def _block(self, records: Sequence[Record]) -> ExampleBlock:
         """Every record of the chunk at once: text records encoded in one flat call, stored ids checked as arrays."""
         text: list[int] = []
         stored: list[int] = []
