@@ -189,3 +189,23 @@ def test_a_subclass_that_overrides_process_is_used_by_the_task_map(tmp_path: Any
     river = {r.key for r in rec_it if "river" in r.data["text"]}
     rec_it.close()
     assert river and not river & keys and len(keys) > 10
+
+
+def test_piece_pool_shares_aliased_fields_until_a_block_does_not() -> None:
+    """labels stored once while they are input_ids' array; a block with its own labels splits them."""
+    from feedline._batching.pieces import PiecePool
+
+    pool = PiecePool()
+    a = np.arange(10, dtype=np.int32)
+    ids_a = pool.add(np.zeros((2, 6), np.int64), np.array([4, 6]), np.array([0, 4]), {"input_ids": a, "labels": a})
+    assert pool.alias == {"labels": "input_ids"}
+    b, lb = np.arange(100, 105, dtype=np.int32), np.full(5, 7, np.int32)
+    ids_b = pool.add(np.ones((1, 6), np.int64), np.array([5]), np.array([0]), {"input_ids": b, "labels": lb})
+    assert pool.alias == {}
+    pool.keep(np.array([*ids_a, *ids_b]))
+    batch, tokens = pool.collate([[ids_a[1], ids_b[0]], [ids_a[0]]], 12, 4, {"labels": -100}, mask_first=False,
+                                 attention="padding")
+    assert tokens == 15 and list(batch) == ["input_ids", "labels", "position_ids", "seq_lens", "cu_seqlens", "attention_mask"]
+    assert batch["input_ids"][0, :11].tolist() == [4, 5, 6, 7, 8, 9, 100, 101, 102, 103, 104]
+    assert batch["labels"][0].tolist() == [4, 5, 6, 7, 8, 9, 7, 7, 7, 7, 7, -100]
+    assert batch["labels"][1, :5].tolist() == [0, 1, 2, 3, -100]

@@ -45,6 +45,8 @@ class PiecePool:
         self._at = np.zeros(0, dtype=np.int64)
         self._new: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # added since the last keep
         self.arena: dict[str, np.ndarray] = {}
+        self.alias: dict[str, str] = {}  # field -> the field whose tokens it shares (clm: labels -> input_ids)
+        self.order: list[str] = []  # the fields, in the examples' order
         self.used = 0
 
     def add(self, refs: np.ndarray, lengths: np.ndarray, at: np.ndarray, fields: Mapping[str, np.ndarray]) -> range:
@@ -55,18 +57,32 @@ class PiecePool:
         lengths = np.asarray(lengths, dtype=np.int64)
         at = np.asarray(at, dtype=np.int64)
         lo, hi = int(at.min()), int((at + lengths).max())
-        base = self._append({name: arr[lo:hi] for name, arr in fields.items()})
+        base = self._append(fields, lo, hi)
         self._new.append((np.asarray(refs, dtype=np.int64).reshape(-1, 6), lengths, at - lo + base))
         self.next_id += len(lengths)
         return ids
 
-    def _append(self, fields: Mapping[str, np.ndarray]) -> int:
-        """Copy tokens to the end of the arena; returns where they start."""
-        n = len(next(iter(fields.values())))
-        if not self.arena:
-            self.arena = {name: np.empty((max(n, _SLACK), *arr.shape[1:]), dtype=arr.dtype) for name, arr in fields.items()}
-        if self.arena.keys() != fields.keys():
+    def _append(self, fields: Mapping[str, np.ndarray], lo: int, hi: int) -> int:
+        """Copy tokens ``[lo, hi)`` to the end of the arena; returns where they start. A field that is
+        the same array as an earlier one (``labels`` of ``clm``) is stored once while every block shares it."""
+        n = hi - lo
+        if not self.arena and not self.alias:
+            self.order = list(fields)
+            first: dict[int, str] = {}
+            for name, arr in fields.items():
+                if id(arr) in first:
+                    self.alias[name] = first[id(arr)]
+                else:
+                    first[id(arr)] = name
+            self.arena = {name: np.empty((max(n, _SLACK), *arr.shape[1:]), dtype=arr.dtype)
+                          for name, arr in fields.items() if name not in self.alias}
+        if self.arena.keys() | self.alias.keys() != fields.keys():
             raise ValueError(f"pack: examples with fields {sorted(fields)} after examples with {sorted(self.arena)}")
+        for name, other in list(self.alias.items()):
+            if fields[name] is not fields[other]:  # no longer shared: give the field its own tokens
+                self.arena[name] = self.arena[other].copy()
+                del self.alias[name]
+        fields = {name: arr[lo:hi] for name, arr in fields.items() if name not in self.alias}
         if self.used + n > len(next(iter(self.arena.values()))):
             size = max(2 * len(next(iter(self.arena.values()))), self.used + n)
             for name, buf in self.arena.items():
@@ -125,7 +141,8 @@ class PiecePool:
         k = self._rows(ids)
         lengths = self._lengths[k]
         src = spans(self._at[k], lengths)
-        values = {name: buf[src] for name, buf in self.arena.items()}
+        own = {name: buf[src] for name, buf in self.arena.items()}
+        values = {name: own[self.alias.get(name, name)] for name in self.order}
         batch = collate_flat(docs, lengths, values, max_length, max_docs, pad_values, mask_first=mask_first,
                              attention=attention)
         return batch, int(lengths.sum())
