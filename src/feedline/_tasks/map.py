@@ -6,7 +6,11 @@ runs each chunk's :meth:`Task.process` somewhere (a thread pool here; Ray worker
 order. The state is the parent's state *at the start of the current chunk* plus how many of its
 examples were already yielded; a restore re-reads and re-processes that one chunk and skips,
 which gives the same examples because tasks are pure functions of (record, seed, epoch, key).
-The runner never appears in the state, so a state resumes under any runner.
+The runner never appears in the state, so a state resumes under any runner. Chunks are read
+with the parent's ``take`` and processed with ``Task.process_block``: a task that builds a chunk
+as one :class:`~feedline._core.block.ExampleBlock` has it kept whole, and a consumer that takes
+examples a chunk at a time (the ``pack`` batcher) uses ``peek_block``/``consume`` instead of
+``next`` (same examples, same state).
 
 :meth:`TaskMap.rebuild` answers the stages above (batchers' buffers): it re-reads the records
 of the refs through ``parent.fetch`` and re-processes them in one batched task call.
