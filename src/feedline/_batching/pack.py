@@ -16,9 +16,9 @@ State: ``{"parent", "ready": rows not yet delivered, "open": open rows, "stats"}
 of piece refs ``[source, file, position, epoch, sub, start]``, packed (:func:`feedline._core.packed.pack_ragged`;
 ``[]`` when there is no row; older states' nested lists still load). The refs of the ready and
 open rows are collected once per window, not per batch: a batch only moves the ready rows' start.
-Pieces are arrays in a :class:`~feedline._batching.pieces.PiecePool`; the packer places their ids. Buffered examples are rebuilt from
-their records on resume; the window itself is always empty at a batch boundary (windows are read
-whole, between batches). The iterator's :attr:`stats` reports the packing efficiency.
+Pieces are arrays in a :class:`~feedline._batching.pieces.PiecePool`; the packer places their ids.
+Buffered examples are rebuilt from their records on resume; the window itself is always empty at a
+batch boundary (windows are read whole, between batches). The iterator's :attr:`stats` reports the packing efficiency.
 """
 
 from __future__ import annotations
