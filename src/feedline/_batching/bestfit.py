@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import bisect
 import collections
+import operator
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Generic, TypeVar
 
@@ -34,6 +36,11 @@ from feedline.errors import SpecError
 __all__ = ["BestFitPacker"]
 
 T = TypeVar("T")
+
+#: An open bin's key in the sorted room list is ``room << _ID_BITS | id``: one int compare per step.
+_ID_BITS = 40
+_ID_MASK = (1 << _ID_BITS) - 1
+_length = operator.itemgetter(0)
 
 
 class BestFitPacker(Generic[T]):
@@ -65,7 +72,7 @@ class BestFitPacker(Generic[T]):
         self.ready: collections.deque[list[T]] = collections.deque()
         self._pending: list[tuple[int, T]] = []
         self._bins: dict[int, tuple[list[T], list[int]]] = {}  # id -> (items, [room])
-        self._rooms: list[tuple[int, int]] = []  # sorted (room, id) of open bins
+        self._rooms: list[int] = []  # sorted keys (room << _ID_BITS | id) of open bins: by room, then age
         self._next_id = 0
 
     # ----------------------------------------------------------------- feeding
@@ -81,6 +88,12 @@ class BestFitPacker(Generic[T]):
             raise ValueError(f"item length {length} is not in [1, {self.capacity}]")
         self._pending.append((length, item))
 
+    def add_many(self, lengths: Sequence[int], items: Iterable[T]) -> None:
+        """:meth:`add` of each ``(length, item)`` pair, in order."""
+        if len(lengths) and not 0 < min(lengths) <= max(lengths) <= self.capacity:
+            raise ValueError(f"item lengths {min(lengths)}..{max(lengths)} are not in [1, {self.capacity}]")
+        self._pending.extend(zip(lengths, items, strict=True))
+
     @property
     def pending(self) -> int:
         """Items waiting for the next window."""
@@ -89,14 +102,25 @@ class BestFitPacker(Generic[T]):
     def pack(self) -> None:
         """Place the pending window, then close the fullest bins beyond ``open_bins``."""
         window, self._pending = self._pending, []
-        window.sort(key=lambda x: -x[0])
-        for length, item in window:
-            self._place(length, item)
-        excess = len(self._rooms) - self.open_bins
+        window.sort(key=_length, reverse=True)  # longest first; stable, so ties keep arrival order
+        rooms, bins, ready, mask = self._rooms, self._bins, self.ready, _ID_MASK
+        max_items = self.max_items if self.max_items is not None else sys.maxsize
+        find, insort = bisect.bisect_left, bisect.insort
+        for length, item in window:  # best fit: the least room that holds it (ties: the oldest bin)
+            i = find(rooms, length << _ID_BITS)
+            bid = rooms.pop(i) & mask if i < len(rooms) else self._new_bin()
+            items, room = bins[bid]
+            items.append(item)
+            room[0] -= length
+            if room[0] == 0 or len(items) >= max_items:
+                ready.append(bins.pop(bid)[0])
+            else:
+                insort(rooms, room[0] << _ID_BITS | bid)
+        excess = len(rooms) - self.open_bins
         if excess > 0:
-            for _room, bid in self._rooms[:excess]:
-                self._close(bid)
-            del self._rooms[:excess]
+            for key in rooms[:excess]:
+                self._close(key & mask)
+            del rooms[:excess]
 
     def flush(self) -> None:
         """Pack what is pending and close every open bin (oldest first): the end of the stream."""
@@ -120,7 +144,7 @@ class BestFitPacker(Generic[T]):
             for length, item in contents:
                 items.append(item)
                 room[0] -= length
-            bisect.insort(self._rooms, (room[0], bid))
+            bisect.insort(self._rooms, room[0] << _ID_BITS | bid)
 
     # ----------------------------------------------------------------- internals
     def _new_bin(self) -> int:
@@ -128,17 +152,6 @@ class BestFitPacker(Generic[T]):
         self._next_id += 1
         self._bins[bid] = ([], [self.capacity])
         return bid
-
-    def _place(self, length: int, item: T) -> None:
-        i = bisect.bisect_left(self._rooms, (length, -1))
-        bid = self._rooms.pop(i)[1] if i < len(self._rooms) else self._new_bin()
-        items, room = self._bins[bid]
-        items.append(item)
-        room[0] -= length
-        if room[0] == 0 or (self.max_items is not None and len(items) >= self.max_items):
-            self._close(bid)
-        else:
-            bisect.insort(self._rooms, (room[0], bid))
 
     def _close(self, bid: int) -> None:
         self.ready.append(self._bins.pop(bid)[0])

@@ -15,9 +15,10 @@ mask; :mod:`feedline._batching.rows` describes the layout.
 State: ``{"parent", "ready": rows not yet delivered, "open": open rows, "stats"}``, each row a list
 of piece refs ``[source, file, position, epoch, sub, start]``, packed (:func:`feedline._core.packed.pack_ragged`;
 ``[]`` when there is no row; older states' nested lists still load). The refs of the ready and
-open rows are collected once per window, not per batch: a batch only moves the ready rows' start. Buffered examples are rebuilt from
-their records on resume; the window itself is always empty at a batch boundary (windows are read
-whole, between batches). The iterator's :attr:`stats` reports the packing efficiency.
+open rows are collected once per window, not per batch: a batch only moves the ready rows' start.
+Pieces are arrays in a :class:`~feedline._batching.pieces.PiecePool`; the packer places their ids.
+Buffered examples are rebuilt from their records on resume; the window itself is always empty at a
+batch boundary (windows are read whole, between batches). The iterator's :attr:`stats` reports the packing efficiency.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ import numpy as np
 
 from feedline._batching.base import Batch, Batcher, FillStats
 from feedline._batching.bestfit import BestFitPacker
-from feedline._batching.rows import Attention, Piece, collate_rows, piece_of, token_fields
+from feedline._batching.pieces import PiecePool
+from feedline._batching.rows import Attention, Piece, piece_of, token_fields
+from feedline._core.block import ExampleBlock, exclusive_cumsum
 from feedline._core.dataset import DatasetIterator, State
 from feedline._core.packed import pack_ragged_array, unpack_ragged
 from feedline._core.record import Example
@@ -121,7 +124,12 @@ class PackBatcher(Batcher):
 
 
 class PackIterator(DatasetIterator[Batch]):
-    """Cursor over a :class:`PackBatcher`; :attr:`stats` reports rows, tokens and efficiency."""
+    """Cursor over a :class:`PackBatcher`; :attr:`stats` reports rows, tokens and efficiency.
+
+    Pieces live in a :class:`~feedline._batching.pieces.PiecePool` (arrays) and the packer places
+    their integer ids; examples are read a chunk at a time from a parent that offers blocks
+    (the task map's ``peek_block``/``consume``), one at a time from any other.
+    """
 
     NAME = "pack"
     STATE_KEYS = ("ready", "open", "stats")
@@ -131,19 +139,16 @@ class PackIterator(DatasetIterator[Batch]):
         self.opts: PackOptions = ds.options
         self.parent = iter(ds.parent)
         self.max_length = row_length(self.opts, ds.ctx.task.max_length, "pack")
-        self.packer: BestFitPacker[Piece] = self._new_packer()
+        self.packer: BestFitPacker[int] = self._new_packer()
+        self.pool = PiecePool()
         self.exhausted = False
         self.stats = FillStats()
         self._refs: tuple[np.ndarray, np.ndarray, np.ndarray, Any] | None = None  # see _row_refs
         self._taken = 0  # ready rows delivered since _refs was built
-        self._ref_tables = _RefTables()
 
-    def _new_packer(self) -> BestFitPacker[Piece]:
+    def _new_packer(self) -> BestFitPacker[int]:
         o = self.opts
         return BestFitPacker(self.max_length, window=o.window, open_bins=o.open_bins, max_items=o.max_docs_per_row)
-
-    def _stop(self, ex: Example, start: int) -> int:
-        return min(start + self.max_length, ex.length)
 
     def _window_size(self) -> int:
         """This window's size: a ramp from ``first_window`` to ``window`` (a function of the state)."""
@@ -155,34 +160,63 @@ class PackIterator(DatasetIterator[Batch]):
     def _read_window(self) -> None:
         size = self._window_size()
         while self.packer.pending < size:
-            ex = next(self.parent, None)
-            if ex is None:
+            if not self._read(size - self.packer.pending):
                 self.exhausted = True
                 self.packer.flush()
-                self._refs = None
-                return
-            self._add(ex)
-        self.packer.pack()
+                break
+        else:
+            self.packer.pack()
+        self._keep()
+
+    def _keep(self) -> None:
+        """Drop the tokens of delivered pieces: keep those of the ready and open rows."""
+        rows = itertools.chain(self.packer.ready, self.packer.open_contents())
+        self.pool.keep(np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64))
         self._refs = None
 
-    def _add(self, ex: Example) -> None:
-        n = ex.length
-        self.stats.documents += 1
-        if n == 0:
-            return
-        if n <= self.max_length:  # the common case: the whole example is one piece (no slicing)
-            self.packer.add(n, Piece(ex.ref, 0, token_fields(ex, "pack")))
-            return
-        starts = range(0, n, self.max_length)
-        if len(starts) > 1:
-            if self.opts.overflow == "truncate":
-                self.stats.truncated_tokens += n - self.max_length
-                starts = range(0, 1)
-            else:
-                self.stats.split_documents += 1
-        for s in starts:
-            piece = piece_of(ex, s, self._stop(ex, s), "pack")
-            self.packer.add(piece.length, piece)
+    def _counts(self, lengths: np.ndarray) -> np.ndarray:
+        """Pieces per example: none for an empty one, one up to a row, a row's worth each beyond (``split``)."""
+        if self.opts.overflow == "truncate":
+            return (lengths > 0).astype(np.int64)
+        return -(-lengths // self.max_length)
+
+    def _read(self, room: int) -> bool:
+        """Add examples until ``room`` more pieces are pending (or the chunk ends); False at the end."""
+        peek = getattr(self.parent, "peek_block", None)
+        if peek is None:  # a parent without blocks (a task's own stream stage): one example at a time
+            ex = next(self.parent, None)
+            if ex is None:
+                return False
+            self._add(_block_of([ex]))
+            return True
+        got = peek()
+        if got is None:
+            return False
+        block = got if isinstance(got, ExampleBlock) else _block_of(got)
+        cum = np.cumsum(self._counts(block.lengths))
+        # one example at a time while fewer than ``room`` pieces are added (count_nonzero, unlike
+        # searchsorted, keeps the GIL: handing it to the task thread costs up to a switch interval)
+        k = min(int(np.count_nonzero(cum < room)) + 1, len(block))
+        self.parent.consume(k)  # type: ignore[attr-defined]
+        self._add(block.slice(0, k))
+        return True
+
+    def _add(self, block: ExampleBlock) -> None:
+        """Cut the block's examples into pieces of at most a row and hand them to the packer."""
+        n, cap = block.lengths, self.max_length
+        counts = self._counts(n)
+        self.stats.documents += len(block)
+        long = n > cap
+        if self.opts.overflow == "truncate":
+            self.stats.truncated_tokens += int((n[long] - cap).sum())
+        else:
+            self.stats.split_documents += int(long.sum())
+        ex = np.repeat(np.arange(len(block)), counts)
+        start = (np.arange(len(ex)) - np.repeat(exclusive_cumsum(counts), counts)) * cap
+        lengths = np.minimum(cap, n[ex] - start)
+        refs = np.concatenate([block.refs[ex], start[:, None]], axis=1)
+        ids = self.pool.add(refs, lengths, block.starts[ex] + start, block.fields)
+        self.packer.add_many(lengths.tolist(), ids)
 
     def __next__(self) -> Batch:
         want = self.ds.ctx.batch_size
@@ -192,12 +226,13 @@ class PackIterator(DatasetIterator[Batch]):
             raise StopIteration
         rows = [self.packer.ready.popleft() for _ in range(min(want, len(self.packer.ready)))]
         self._taken += len(rows)
-        self.stats.rows += len(rows)
-        self.stats.tokens += sum(p.length for row in rows for p in row)
-        self.stats.slots += len(rows) * self.max_length
         o = self.opts
-        return collate_rows(rows, self.max_length, o.max_docs_per_row, self.ds.ctx.task.pad_values,
-                            mask_first=o.mask_first_token, attention=o.attention)
+        batch, tokens = self.pool.collate(rows, self.max_length, o.max_docs_per_row, self.ds.ctx.task.pad_values,
+                                          mask_first=o.mask_first_token, attention=o.attention)
+        self.stats.rows += len(rows)
+        self.stats.tokens += tokens
+        self.stats.slots += len(rows) * self.max_length
+        return batch
 
     def _row_refs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:
         """Lengths, row starts and refs of the ready rows, and the packed open rows, as of the last window."""
@@ -207,9 +242,10 @@ class PackIterator(DatasetIterator[Batch]):
             starts = np.zeros(len(ready) + 1, dtype=np.int64)
             np.cumsum(lengths, out=starts[1:])
             open_lengths = np.fromiter((len(r) for r in open_rows), dtype=np.int64, count=len(open_rows))
-            tables = self._ref_tables.tables([*ready, *open_rows])
-            open_state = pack_ragged_array(open_lengths, _stack(tables[len(ready):]))
-            self._refs, self._taken = (lengths, starts, _stack(tables[:len(ready)]), open_state), 0
+            ids = np.fromiter(itertools.chain.from_iterable(itertools.chain(ready, open_rows)), dtype=np.int64)
+            refs = self.pool.refs(ids)
+            n = int(starts[-1])
+            self._refs, self._taken = (lengths, starts, refs[:n], pack_ragged_array(open_lengths, refs[n:])), 0
         return self._refs
 
     def own_state(self) -> State:
@@ -224,39 +260,36 @@ class PackIterator(DatasetIterator[Batch]):
     def restore(self, own: Mapping[str, Any]) -> None:
         stats = own["stats"]
         ready, open_rows = unpack_ragged(own["ready"], 6, "pack: ready rows"), unpack_ragged(own["open"], 6, "pack: open rows")
-        self._refs = None
-        rows = restore_pieces([*ready, *open_rows], self.ds.parent.rebuild, self._stop, "pack")
+        rows = [*ready, *open_rows]
+        try:
+            refs = np.asarray([r[:6] for row in rows for r in row], dtype=np.int64).reshape(-1, 6)
+        except (TypeError, ValueError) as e:
+            raise StateError(f"pack: malformed piece ref in state ({e})") from e
+        wanted = sorted({tuple(r) for r in refs[:, :5].tolist()})
+        block = _block_of(self.ds.parent.rebuild(wanted) if wanted else [])
+        where = {ref: i for i, ref in enumerate(wanted)}
+        ex = np.fromiter((where[tuple(r)] for r in refs[:, :5].tolist()), dtype=np.int64, count=len(refs))
+        start = refs[:, 5]
+        lengths = np.minimum(start + self.max_length, block.lengths[ex]) - start
+        if len(refs) and (lengths.min() < 1 or start.min() < 0):
+            raise StateError("pack: a piece ref in the state names tokens its example does not have; the data or "
+                             "the tokenizer changed since the state was saved")
+        ids = list(self.pool.add(refs, lengths, block.starts[ex] + start, block.fields))
         self.packer = self._new_packer()
-        self.packer.restore(rows[:len(ready)], [[(p.length, p) for p in row] for row in rows[len(ready):]])
+        at = 0
+        restored: list[list[int]] = []
+        for row in rows:
+            restored.append(ids[at:at + len(row)])
+            at += len(row)
+        n = lengths.tolist()
+        self.packer.restore(restored[:len(ready)], [[(n[i], i) for i in row] for row in restored[len(ready):]])
         self.exhausted = False
         self.stats = FillStats.from_state(stats)
-
-class _RefTables:
-    """The ``[pieces, 6]`` state refs of each row, kept between windows.
-
-    Rows only grow (a window adds pieces to open rows; closed rows move to ``ready`` unchanged), so
-    a row's table is extended by its new pieces instead of rebuilt: a window costs its new pieces.
-    Each entry holds its row, so a row's ``id`` is not reused while it is cached.
-    """
-
-    def __init__(self) -> None:
-        self.cache: dict[int, tuple[list[Piece], int, np.ndarray]] = {}
-
-    def tables(self, rows: Sequence[list[Piece]]) -> list[np.ndarray]:
-        out, fresh = [], {}
-        for row in rows:
-            hit = self.cache.get(id(row))
-            if hit is not None and hit[0] is row and hit[1] == len(row):
-                table = hit[2]
-            else:
-                done = hit[1] if hit is not None and hit[0] is row and hit[1] < len(row) else 0
-                new = np.fromiter(itertools.chain.from_iterable((*p.ref, p.start) for p in row[done:]), dtype=np.int64)
-                table = np.concatenate([hit[2], new.reshape(-1, 6)]) if done and hit is not None else new.reshape(-1, 6)
-            fresh[id(row)] = (row, len(row), table)
-            out.append(table)
-        self.cache = fresh
-        return out
+        self._keep()
 
 
-def _stack(tables: Sequence[np.ndarray]) -> np.ndarray:
-    return np.concatenate(tables) if tables else np.zeros((0, 6), dtype=np.int64)
+def _block_of(examples: Sequence[Example]) -> ExampleBlock:
+    """Examples (not from a block) as one; a field with one value per example cannot be packed."""
+    for ex in examples:
+        token_fields(ex, "pack")
+    return ExampleBlock.from_examples(examples)

@@ -31,7 +31,7 @@ from feedline._batching.base import Batch, int_dtype
 from feedline._core.record import Example
 from feedline.errors import TaskError
 
-__all__ = ["Attention", "Piece", "collate_rows", "flat_cu_seqlens", "piece_of", "token_fields"]
+__all__ = ["Attention", "Piece", "collate_flat", "collate_rows", "flat_cu_seqlens", "piece_of", "token_fields"]
 
 Attention = Literal["padding", "block_diagonal", "block_causal"]
 
@@ -80,22 +80,39 @@ def collate_rows(rows: Sequence[Sequence[Piece]], max_length: int, max_docs: int
         >>> b["labels"].tolist(), b["position_ids"].tolist(), b["cu_seqlens"].tolist()
         ([[-100, 6, 7, -100, 9, -100]], [[0, 1, 2, 0, 1, 0]], [[0, 3, 5, 5]])
     """
-    n = len(rows)
+    docs = np.fromiter((len(row) for row in rows), dtype=np.int64, count=len(rows))
+    pieces = [p for row in rows for p in row]
+    lengths = np.fromiter((p.length for p in pieces), dtype=np.int64, count=len(pieces))
     first = rows[0][0].fields
+    values = {name: np.concatenate([p.fields[name] for p in pieces]) for name in first}
+    return collate_flat(docs, lengths, values, max_length, max_docs, pad_values, like=first,
+                        reset_positions=reset_positions, mask_first=mask_first, attention=attention)
+
+
+def collate_flat(docs: np.ndarray, lengths: np.ndarray, values: Mapping[str, np.ndarray], max_length: int,
+                 max_docs: int, pad_values: Mapping[str, Any], *, like: Mapping[str, np.ndarray] | None = None,
+                 reset_positions: bool = True, mask_first: bool = True, attention: Attention = "padding") -> Batch:
+    """:func:`collate_rows` of rows given as arrays: ``docs`` pieces per row, each piece's length, and
+    per token field every piece's tokens one after another (``like``: arrays whose dtype and trailing
+    shape each field takes; default ``values``).
+
+        >>> v = {"input_ids": np.array([5, 6, 7, 8, 9], np.int32)}
+        >>> collate_flat(np.array([2]), np.array([3, 2]), v, 6, 3, {})["seq_lens"].tolist()
+        [[3, 2, 0]]
+    """
+    like = values if like is None else like
+    n = len(docs)
     batch: Batch = {}
-    for name, arr in first.items():
+    for name, arr in like.items():
         fill = pad_values.get(name, 0)
         batch[name] = np.full((n, max_length, *arr.shape[1:]), fill, dtype=int_dtype(name, arr))
     seq_lens = np.zeros((n, max_docs), dtype=np.int32)
     positions = np.zeros((n, max_length), dtype=np.int32)
     # Every piece of the batch at once: its row, its index in the row, its first token's place.
-    docs = np.fromiter((len(row) for row in rows), dtype=np.int64, count=n)
     if docs.max(initial=0) > max_docs:
         raise TaskError(f"a packed row holds {int(docs.max())} documents but max_docs_per_row is {max_docs}")
-    pieces = [p for row in rows for p in row]
-    lengths = np.fromiter((p.length for p in pieces), dtype=np.int64, count=len(pieces))
     prow = np.repeat(np.arange(n), docs)
-    pdoc = np.arange(len(pieces)) - np.repeat(_run_starts(docs), docs)
+    pdoc = np.arange(len(lengths)) - np.repeat(_run_starts(docs), docs)
     seq_lens[prow, pdoc] = lengths
     totals = seq_lens.sum(axis=1, dtype=np.int64)
     if totals.max(initial=0) > max_length:
@@ -104,7 +121,7 @@ def collate_rows(rows: Sequence[Sequence[Piece]], max_length: int, max_docs: int
     within = np.arange(int(lengths.sum())) - np.repeat(_run_starts(lengths), lengths)
     dest = np.repeat(piece_at, lengths) + within  # flat index in [n * max_length] of each token
     for name, out in batch.items():
-        out.reshape(n * max_length, *out.shape[2:])[dest] = np.concatenate([p.fields[name] for p in pieces])
+        out.reshape(n * max_length, *out.shape[2:])[dest] = values[name]
     if reset_positions:
         positions.reshape(-1)[dest] = within
     if not reset_positions:

@@ -25,6 +25,7 @@ inherits the delegation.
 from __future__ import annotations
 
 import functools
+import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -101,6 +102,11 @@ class DatasetIterator(ABC, Iterator[T_co]):
     @abstractmethod
     def __next__(self) -> T_co:
         """Return the next element or raise ``StopIteration`` at the end of the stream."""
+
+    def take(self, n: int) -> list[T_co]:
+        """The next ``n`` elements (fewer at the end of the stream), the state then as after ``n``
+        calls of ``next``. Stages that can read many elements faster than one by one override it."""
+        return list(itertools.islice(self, n))
 
     # ----------------------------------------------------------------- state
     def get_state(self) -> State:

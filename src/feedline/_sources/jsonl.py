@@ -65,6 +65,10 @@ class JsonlReader(LineReader):
         obj = parse_json_line(raw, path, line)
         if obj is None or isinstance(obj, Rejection):
             return obj
+        if self.spec.text == "text" and type(obj) is dict:  # the common case, as text_record decides it
+            text = obj.get("text")
+            if type(text) is str and text and not text.isspace():
+                return obj
         return text_record(obj, self.spec.text, path, line)
 
 

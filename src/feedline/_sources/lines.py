@@ -194,6 +194,73 @@ class LineReader(Reader):
         return int(getattr(self.spec, "max_record_bytes", 32 << 20))
 
     def read(self, split: Split, position: int, line: int) -> Iterator[Item]:
+        if type(self).records is LineReader.records and codec_of(split.path) is None and not is_url(split.path) \
+                and not _is_utf16(split.path):
+            return self._read_plain(split, position, line)
+        return self._read_lines(split, position, line)
+
+    def _read_plain(self, split: Split, position: int, line: int) -> Iterator[Item]:
+        """:meth:`_read_lines` for a plain local file, in blocks: one loop per line, no stack of generators.
+
+        Same items, positions, line numbers and rejections; a line longer than :data:`_LONG` (or the
+        record bound) is handed to :meth:`_read_lines` with the rest of the split, which skips it in
+        bounded memory.
+        """
+        path, end, limit, parse = split.path, split.end, self.max_bytes, self.parse
+        known = split.start == 0
+        last_start, last_end = position, position  # the last line read: where it starts and ends
+        last_line = line  # the line number of the last item
+        try:
+            with open(path, "rb") as f:
+                pos = position
+                if position == split.start and position > 0:  # aligned: start at the first line starting at or after it
+                    f.seek(position - 1)
+                    pos = position - 1 + len(next(_bounded(f, 1 << 20), b""))
+                else:
+                    f.seek(position)
+                buf, at = b"", 0
+                while True:
+                    if end is not None and pos >= end:
+                        return
+                    nl = buf.find(b"\n", at)
+                    if nl < 0:
+                        chunk = f.read(_BLOCK)
+                        if chunk:
+                            buf, at = buf[at:] + chunk, 0
+                            if len(buf) > min(limit, _LONG) and buf.find(b"\n") < 0:  # a very long line
+                                yield from self._read_lines(split, pos, line)
+                                return
+                            continue
+                        if at == len(buf):
+                            break
+                        nl = len(buf) - 1  # the last line, without a newline
+                    raw, at = buf[at:nl + 1], nl + 1
+                    start, pos = pos, pos + len(raw)
+                    last_start, last_end = start, pos
+                    line += 1
+                    content = len(raw) - (raw[-1:] == b"\n")
+                    if content > limit:
+                        last_line = line
+                        yield start, pos, line, _locate(self.too_large(path, line if known else None, len(raw)), start, known)
+                        continue
+                    if start == 0 and raw.startswith(BOM):
+                        raw = raw[len(BOM):]
+                        last_end = len(raw)  # as the line-by-line path counts it
+                    rec = parse(raw, path, line if known else None)
+                    if rec is not None:
+                        last_line = line
+                        yield start, start + len(raw), line, (_locate(rec, start, known) if type(rec) is Rejection else rec)
+            planned = split.end if split.end is not None else split.size
+            if planned is not None and last_end < planned:
+                yield last_end, last_end, last_line, _shrunk(path, last_end, planned)
+        except SourceError:
+            raise
+        except Exception as e:
+            if not _is_broken(e):
+                raise
+            yield last_start, last_start, last_line, _broken(path, last_start, e)
+
+    def _read_lines(self, split: Split, position: int, line: int) -> Iterator[Item]:
         align = position == split.start and split.start > 0
         known = split.start == 0
         lines = iter_lines(split.path, position, align=align, max_bytes=self.max_bytes)
@@ -211,22 +278,14 @@ class LineReader(Reader):
                 yield item
             planned = split.end if split.end is not None else split.size
             if last[0] == -1 and planned is not None and last[2] < planned:
-                now = size_of(split.path)
-                yield last[2], last[2], last[1], Rejection(
-                    split.path, None, "truncated",
-                    f"the file ended at byte {last[2]} but held {planned} bytes when reading was planned (now {now}): "
-                    "it shrank while being read; records before the end were delivered",
-                )
+                yield last[2], last[2], last[1], _shrunk(split.path, last[2], planned)
         except SourceError:
             raise
         except Exception as e:
             if not _is_broken(e):
                 raise
             where = last[0] if last[0] >= 0 else position
-            yield where, where, last[1], Rejection(
-                split.path, None, "truncated",
-                f"stream broken after byte {where} ({type(e).__name__}: {e}); records before it were delivered",
-            )
+            yield where, where, last[1], _broken(split.path, where, e)
         finally:
             lines.close()
 
@@ -245,6 +304,22 @@ class LineReader(Reader):
                 raise SourceError(f"{path}: no record at byte {p}; the file changed since the state was saved")
             found[p] = item[3]
         return found
+
+
+#: Bytes read at a time by the plain-file path; lines longer than ``_LONG`` go the bounded way.
+_BLOCK = 1 << 20
+_LONG = 4 << 20
+
+
+def _shrunk(path: str, at: int, planned: int) -> Rejection:
+    return Rejection(path, None, "truncated",
+                     f"the file ended at byte {at} but held {planned} bytes when reading was planned (now {size_of(path)}): "
+                     "it shrank while being read; records before the end were delivered")
+
+
+def _broken(path: str, where: int, e: BaseException) -> Rejection:
+    return Rejection(path, None, "truncated",
+                     f"stream broken after byte {where} ({type(e).__name__}: {e}); records before it were delivered")
 
 
 def _locate(rec: dict[str, Any] | Rejection, pos: int, known: bool) -> dict[str, Any] | Rejection:

@@ -109,6 +109,18 @@ class MixtureIterator(DatasetIterator[Record]):
                 raise StopIteration
             self.active[i] = False
 
+    def take(self, n: int) -> list[Record]:
+        """One source (outside ``cycle``) passes its records straight through: many at a time."""
+        if len(self.its) > 1 or self.mix.stopping == "cycle" or not self.active[0]:
+            return super().take(n)
+        out = self.its[0].take(n)
+        self.step += len(out)
+        self.counts[0] += len(out)
+        if len(out) < n:  # the source is exhausted: as next() finds it
+            self.step += 1
+            self.active[0] = False
+        return out
+
     def get_state(self) -> State:
         return {"step": self.step, "active": list(self.active), "done": list(self.done),
                 "counts": list(self.counts), "sources": [it.get_state() for it in self.its]}

@@ -189,34 +189,46 @@ class FileSourceIterator(DatasetIterator[Record]):
                 return False
 
     def __next__(self) -> Record:
-        while True:
+        got = self.take(1)
+        if not got:
+            raise StopIteration
+        return got[0]
+
+    def take(self, n: int) -> list[Record]:
+        """The next ``n`` records (fewer at the end); the state is as after ``n`` calls of ``next``."""
+        out: list[Record] = []
+        index, add = self.src.index, out.append
+        while len(out) < n:
             if self._items is None and not self._start_split():
-                raise StopIteration
-            try:
-                item = next(self._items, None)
-            except RecordError:
-                raise
-            except SourceError as e:
-                # A file that cannot be opened or read (missing, 404, permission) is one
-                # rejection; the other files are still read.
-                sp = self.src.splits[self._order[self.split]]  # type: ignore[index]
-                self.close()
-                self.rejections.add(Rejection(sp.path, None, "unreadable", str(e).removeprefix(f"{sp.path}: ")))
-                item = None
-            if item is None:
-                self._items, self.split, self.pos = None, self.split + 1, None
-                continue
-            pos, nxt, line, rec = item
-            self.pos, self.line = nxt, line
-            if isinstance(rec, Rejection):
-                self.rejections.add(rec)
+                break
+            items, epoch = self._items, self.epoch
+            file = self.src.splits[self._order[self.split]].file  # type: ignore[index]
+            while len(out) < n:
+                try:
+                    item = next(items, None)  # (one call per record: read() is a generator)
+                except RecordError:
+                    raise
+                except SourceError as e:
+                    # A file that cannot be opened or read (missing, 404, permission) is one
+                    # rejection; the other files are still read.
+                    sp = self.src.splits[self._order[self.split]]  # type: ignore[index]
+                    self.close()
+                    self.rejections.add(Rejection(sp.path, None, "unreadable", str(e).removeprefix(f"{sp.path}: ")))
+                    item = None
+                if item is None:
+                    self._items, self.split, self.pos = None, self.split + 1, None
+                    break
+                pos, self.pos, self.line, rec = item
+                if isinstance(rec, Rejection):
+                    self.rejections.add(rec)
+                    if self._watch:
+                        self._check_nothing(at_end=False)
+                    continue
+                add(Record((index, file, pos), epoch, rec))
                 if self._watch:
-                    self._check_nothing(at_end=False)
-                continue
-            sp = self.src.splits[self._order[self.split]]  # type: ignore[index]
-            self._delivered += 1
-            self._watch = False
-            return Record((self.src.index, sp.file, pos), self.epoch, rec)
+                    self._watch = False
+                self._delivered += 1
+        return out
 
     def _check_nothing(self, *, at_end: bool) -> None:
         """Raise when a fresh read rejected every record: at the end of its first pass, or after ``reject_limit``."""

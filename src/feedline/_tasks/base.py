@@ -44,6 +44,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from feedline._core.block import ExampleBlock
 from feedline._core.dataset import Dataset
 from feedline._core.record import Example, Record, Rejection
 from feedline._core.rng import sample_rng
@@ -127,6 +128,15 @@ class Task(ABC):
     @abstractmethod
     def process(self, records: Sequence[Record]) -> list[TaskOutput]:
         """Turn records into examples; one entry per record, in order."""
+
+    def process_block(self, records: Sequence[Record]) -> list[TaskOutput] | ExampleBlock:
+        """The chunk's examples as the task map takes them: :meth:`process`'s list by default.
+
+        A task that builds a whole chunk as arrays returns an :class:`~feedline._core.block.ExampleBlock`
+        (the same examples, as columns; ``clm`` does) and defines :meth:`process` as
+        ``self.process_block(records).outputs(len(records))``.
+        """
+        return self.process(records)
 
     def stream(self, examples: Dataset[Example]) -> Dataset[Example]:
         """The example stream the batcher reads: ``examples`` (the task map's output) by default.

@@ -32,7 +32,8 @@ from typing import Literal
 
 import numpy as np
 
-from feedline._core.record import Record
+from feedline._core.block import ExampleBlock, exclusive_cumsum, spans
+from feedline._core.record import Record, Rejection
 from feedline._tasks.base import Task, TaskOutput
 from feedline.errors import SpecError
 
@@ -65,51 +66,46 @@ class CausalLMOptions:
 
 
 class CausalLM(Task):
-    """The ``clm`` task."""
+    """The ``clm`` task: a chunk becomes one :class:`~feedline._core.block.ExampleBlock` (no object per example)."""
 
     kind = "clm"
     Options = CausalLMOptions
     accepts_tokens = True
 
     def process(self, records: Sequence[Record]) -> list[TaskOutput]:
-        opts: CausalLMOptions = self.options
-        out: list[TaskOutput | None] = [None] * len(records)
-        texts = [i for i, r in enumerate(records) if not isinstance(r.data.get("input_ids"), np.ndarray)]
-        if texts:
-            recs = [records[i] for i in texts]
-            ids = self.tok.encode_batch([r.data["text"] for r in recs])
-            frame_b = np.asarray([self.tok.special("bos")] if opts.bos else [], np.int32)
-            frame_e = np.asarray([self.tok.special("eos")] if opts.eos else [], np.int32)
-            if opts.frame == "document":
-                made = self._documents(recs, ids, frame_b, frame_e)
-            else:
-                made = [self._pieces(rec, doc, frame_b, frame_e) for rec, doc in zip(recs, ids, strict=True)]
-            for i, m in zip(texts, made, strict=True):
-                out[i] = m
-        for i, rec in enumerate(records):
-            if out[i] is None:
-                out[i] = self._stored(rec)
-        return out  # type: ignore[return-value]
+        return self._block(records).outputs(len(records))  # type: ignore[return-value]
 
-    def _pieces(self, rec: Record, doc: np.ndarray, frame_b: np.ndarray, frame_e: np.ndarray) -> TaskOutput:
-        """``frame: piece``: a text document cut at ``max_length`` with BOS/EOS around every piece."""
+    def process_block(self, records: Sequence[Record]) -> list[TaskOutput] | ExampleBlock:
+        """The chunk as one block; a subclass that overrides :meth:`process` gets its own lists used."""
+        if type(self).process is not CausalLM.process:
+            return self.process(records)
+        return self._block(records)
+
+    def _block(self, records: Sequence[Record]) -> ExampleBlock:
+        """Every record of the chunk at once: text records encoded in one flat call, stored ids checked as arrays."""
+        text: list[int] = []
+        stored: list[int] = []
+        for i, r in enumerate(records):
+            (stored if isinstance(r.data.get("input_ids"), np.ndarray) else text).append(i)
+        parts = []
+        if text:
+            parts.append(self._text([records[i] for i in text], np.asarray(text, dtype=np.int64)))
+        if stored:
+            parts.append(self._stored([records[i] for i in stored], np.asarray(stored, dtype=np.int64)))
+        return ExampleBlock.merge(parts)
+
+    def _text(self, recs: Sequence[Record], index: np.ndarray) -> ExampleBlock:
+        """Text documents: encoded, framed (per ``document`` or per ``piece``) and cut at ``max_length``."""
         opts: CausalLMOptions = self.options
+        ids, bounds = self.tok.encode_batch_flat([r.data["text"] for r in recs])
+        frame_b = np.asarray([self.tok.special("bos")] if opts.bos else [], np.int32)
+        frame_e = np.asarray([self.tok.special("eos")] if opts.eos else [], np.int32)
         nb, ne = len(frame_b), len(frame_e)
-        n = (opts.max_length or len(doc) + nb + ne) - nb - ne
-        pieces = [np.concatenate([frame_b, doc[i:i + n], frame_e]) for i in range(0, max(len(doc), 1), max(n, 1))]
-        if opts.overflow == "truncate":
-            pieces = pieces[:1]
-        return [self.example(rec, j, input_ids=p, labels=p) for j, p in enumerate(pieces)]
-
-    def _documents(self, records: Sequence[Record], ids: list[np.ndarray], frame_b: np.ndarray,
-                   frame_e: np.ndarray) -> list[TaskOutput]:
-        """``frame: document``: every framed document of the chunk framed in one array, then cut into pieces.
-
-        Each piece is its own copy, so a buffered piece (a packer's open row) never holds the whole chunk.
-        """
-        opts: CausalLMOptions = self.options
-        nb, ne = len(frame_b), len(frame_e)
-        lengths = np.fromiter((len(d) for d in ids), dtype=np.int64, count=len(ids)) + (nb + ne)
+        keys = _keys(recs)
+        sizes = np.diff(bounds)
+        if opts.frame == "piece":
+            return self._pieces(ids, bounds[:-1], sizes, frame_b, frame_e, keys, index)
+        lengths = sizes + (nb + ne)
         ends = np.cumsum(lengths)
         flat = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.int32)
         if nb or ne:
@@ -118,44 +114,99 @@ class CausalLM(Task):
                 body[ends - lengths + k] = False
             for k in range(ne):
                 body[ends - ne + k] = False
-            flat[body] = np.concatenate(ids) if ids else 0
+            flat[body] = ids
             for k in range(nb):
                 flat[ends - lengths + k] = frame_b[k]
             for k in range(ne):
                 flat[ends - ne + k] = frame_e[k]
-        elif ids:
-            flat[:] = np.concatenate(ids)
-        out: list[TaskOutput] = []
-        for rec, end, n_doc in zip(records, ends.tolist(), lengths.tolist(), strict=True):
-            start = end - n_doc
-            n = opts.max_length or max(n_doc, 1)
-            if n_doc <= n or opts.overflow == "truncate":
-                p = flat[start:start + min(n, n_doc)].copy()
-                out.append([self.example(rec, 0, input_ids=p, labels=p)])
-                continue
-            pieces = [flat[i:min(i + n, end)].copy() for i in range(start, end, n)]
-            out.append([self.example(rec, j, input_ids=p, labels=p) for j, p in enumerate(pieces)])
-        return out
+        else:
+            flat[:] = ids
+        return _cut(keys, index, ends - lengths, lengths, opts.max_length, opts.overflow == "truncate", flat, flat)
 
-    def _stored(self, rec: Record) -> TaskOutput:
-        """A pre-tokenized document: its ids as stored (never re-framed), cut at ``max_length``;
-        its ``labels`` when the source has them, else the ids."""
+    def _pieces(self, ids: np.ndarray, doc_starts: np.ndarray, sizes: np.ndarray, frame_b: np.ndarray,
+                frame_e: np.ndarray, keys: np.ndarray, index: np.ndarray) -> ExampleBlock:
+        """``frame: piece``: each text document cut into bodies of ``max_length`` minus the frame, BOS/EOS around each."""
         opts: CausalLMOptions = self.options
-        ids: np.ndarray = rec.data["input_ids"]
-        labels: np.ndarray | None = rec.data.get("labels")
+        nb, ne = len(frame_b), len(frame_e)
+        body = sizes if opts.max_length is None else np.full(len(sizes), opts.max_length - nb - ne, dtype=np.int64)
+        step = np.maximum(body, 1)
+        count = np.ones(len(sizes), dtype=np.int64) if opts.overflow == "truncate" else -(-np.maximum(sizes, 1) // step)
+        doc = np.repeat(np.arange(len(sizes)), count)
+        sub = np.arange(len(doc)) - np.repeat(exclusive_cumsum(count), count)
+        offset = sub * step[doc]
+        body_len = np.clip(np.minimum(body[doc], sizes[doc] - offset), 0, None)
+        lengths = body_len + (nb + ne)
+        starts = exclusive_cumsum(lengths)
+        flat = np.empty(int(lengths.sum()), dtype=np.int32)
+        for k in range(nb):
+            flat[starts + k] = frame_b[k]
+        flat[spans(starts + nb, body_len)] = ids[spans(doc_starts[doc] + offset, body_len)]
+        for k in range(ne):
+            flat[starts + nb + body_len + k] = frame_e[k]
+        refs = np.concatenate([keys[doc], sub[:, None]], axis=1)
+        return ExampleBlock(refs, index[doc], starts, lengths, {"input_ids": flat, "labels": flat})
+
+    def _stored(self, recs: Sequence[Record], index: np.ndarray) -> ExampleBlock:
+        """Pre-tokenized documents: ids as stored (never re-framed), cut at ``max_length``; the source's
+        ``labels`` when it has them, else the ids. Empty documents, labels of another length and ids
+        outside ``[0, vocabulary)`` are rejected."""
+        opts: CausalLMOptions = self.options
+        ids: list[np.ndarray] = [r.data["input_ids"] for r in recs]
+        labels: list[np.ndarray | None] = [r.data.get("labels") for r in recs]
+        sizes = np.fromiter((len(a) for a in ids), dtype=np.int64, count=len(ids))
+        flat = np.concatenate(ids)
+        starts = exclusive_cumsum(sizes)
+        nonempty = sizes > 0
+        lo = np.zeros(len(ids), dtype=np.int64)
+        hi = np.zeros(len(ids), dtype=np.int64)
+        if nonempty.any():
+            lo[nonempty] = np.minimum.reduceat(flat, starts[nonempty])
+            hi[nonempty] = np.maximum.reduceat(flat, starts[nonempty])
+        vocab = self.ctx.tokenizer.vocab_size if self.ctx.tokenizer is not None else None
+        bad = ~nonempty | (lo < 0) | (hi >= vocab if vocab is not None else False)
+        has_labels = any(lab is not None for lab in labels)
+        if has_labels:
+            bad |= np.fromiter((lab is not None and len(lab) != n for lab, n in zip(labels, sizes.tolist(), strict=True)),
+                               dtype=bool, count=len(ids))
+        rejected = []
+        for i in np.flatnonzero(bad).tolist():
+            rejected.append((int(index[i]), self._rejection(recs[i], ids[i], labels[i], vocab)))
+        target = flat
+        if has_labels:
+            target = np.concatenate([ids[i] if lab is None or bad[i] else lab for i, lab in enumerate(labels)])
+        good = ~bad
+        block = _cut(_keys(recs)[good], index[good], starts[good], sizes[good], opts.max_length,
+                     opts.overflow == "truncate", flat, target)
+        block.rejected = rejected
+        return block
+
+    def _rejection(self, rec: Record, ids: np.ndarray, labels: np.ndarray | None, vocab: int | None) -> Rejection:
         if not len(ids):
             return self.reject(rec, "empty_document")
         if labels is not None and len(labels) != len(ids):
             return self.reject(rec, "labels_length", f"{len(labels)} labels for {len(ids)} token ids")
         lo, hi = int(ids.min()), int(ids.max())
-        vocab = self.ctx.tokenizer.vocab_size if self.ctx.tokenizer is not None else None
-        if lo < 0 or (vocab is not None and hi >= vocab):
-            return self.reject(rec, "token_out_of_range",
-                               f"ids {lo}..{hi}" + (f", vocabulary {vocab}" if vocab is not None else "") +
-                               "; check the source's tokens.dtype and the tokenizer")
-        target = ids if labels is None else labels
-        n = opts.max_length or len(ids)
-        starts = range(0, len(ids), n)
-        if opts.overflow == "truncate":
-            starts = starts[:1]
-        return [self.example(rec, j, input_ids=ids[s:s + n], labels=target[s:s + n]) for j, s in enumerate(starts)]
+        return self.reject(rec, "token_out_of_range",
+                           f"ids {lo}..{hi}" + (f", vocabulary {vocab}" if vocab is not None else "") +
+                           "; check the source's tokens.dtype and the tokenizer")
+
+
+def _keys(recs: Sequence[Record]) -> np.ndarray:
+    """``[n, 4]`` int64: each record's key and epoch."""
+    return np.array([(*r.key, r.epoch) for r in recs], dtype=np.int64).reshape(-1, 4)
+
+
+def _cut(keys: np.ndarray, index: np.ndarray, starts: np.ndarray, lengths: np.ndarray, max_length: int | None,
+         truncate: bool, ids: np.ndarray, labels: np.ndarray) -> ExampleBlock:
+    """Documents ``[starts, starts + lengths)`` of ``ids`` cut into examples of at most ``max_length``
+    (``None``: whole); ``truncate`` keeps only each document's first."""
+    cap = np.maximum(lengths, 1) if max_length is None else np.full(len(lengths), max_length, dtype=np.int64)
+    count = np.ones(len(lengths), dtype=np.int64)
+    if not truncate:
+        count = np.maximum(-(-lengths // cap), 1)
+    doc = np.repeat(np.arange(len(lengths)), count)
+    sub = np.arange(len(doc)) - np.repeat(exclusive_cumsum(count), count)
+    offset = sub * cap[doc]
+    refs = np.concatenate([keys[doc], sub[:, None]], axis=1)
+    return ExampleBlock(refs, index[doc], starts[doc] + offset, np.minimum(cap[doc], lengths[doc] - offset),
+                        {"input_ids": ids, "labels": labels})

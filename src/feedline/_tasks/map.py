@@ -6,7 +6,11 @@ runs each chunk's :meth:`Task.process` somewhere (a thread pool here; Ray worker
 order. The state is the parent's state *at the start of the current chunk* plus how many of its
 examples were already yielded; a restore re-reads and re-processes that one chunk and skips,
 which gives the same examples because tasks are pure functions of (record, seed, epoch, key).
-The runner never appears in the state, so a state resumes under any runner.
+The runner never appears in the state, so a state resumes under any runner. Chunks are read
+with the parent's ``take`` and processed with ``Task.process_block``: a task that builds a chunk
+as one :class:`~feedline._core.block.ExampleBlock` has it kept whole, and a consumer that takes
+examples a chunk at a time (the ``pack`` batcher) uses ``peek_block``/``consume`` instead of
+``next`` (same examples, same state).
 
 :meth:`TaskMap.rebuild` answers the stages above (batchers' buffers): it re-reads the records
 of the refs through ``parent.fetch`` and re-processes them in one batched task call.
@@ -32,6 +36,7 @@ import concurrent.futures as cf
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
+from feedline._core.block import ExampleBlock
 from feedline._core.dataset import Dataset, DatasetIterator, State
 from feedline._core.record import Example, ExampleRef, Key, Record, Rejection
 from feedline._core.report import Rejections, add_counts, nothing_delivered, sum_rejected
@@ -57,7 +62,7 @@ class ChunkRunner(Protocol):
 
     def submit(self, records: Sequence[Record]) -> Any: ...
 
-    def result(self, handle: Any, state: State) -> list[TaskOutput]: ...
+    def result(self, handle: Any, state: State) -> list[TaskOutput] | ExampleBlock: ...
 
     def close(self) -> None: ...
 
@@ -80,9 +85,9 @@ class ThreadRunner:
     def submit(self, records: Sequence[Record]) -> Any:
         if self.pool is None:
             self.pool = cf.ThreadPoolExecutor(self.workers, thread_name_prefix="feedline-task")
-        return self.pool.submit(self.task.process, records)
+        return self.pool.submit(self.task.process_block, records)
 
-    def result(self, handle: Any, state: State) -> list[TaskOutput]:
+    def result(self, handle: Any, state: State) -> list[TaskOutput] | ExampleBlock:
         return handle.result() if isinstance(handle, cf.Future) else handle  # type: ignore[no-any-return]
 
     def close(self) -> None:
@@ -156,7 +161,7 @@ class TaskMapIterator(DatasetIterator[Example]):
         #  rejections made reading it, parent state at its end)
         self.inflight: collections.deque[tuple[State, int, Any, dict[str, int], State]] = collections.deque()
         self.exhausted = False
-        self.current: list[Example] = []
+        self.current: list[Example] | ExampleBlock = []
         self.current_state: State | None = None
         self.current_end: State | None = None
         self.current_rejected: dict[str, int] = {}
@@ -173,11 +178,7 @@ class TaskMapIterator(DatasetIterator[Example]):
         while not self.exhausted and len(self.inflight) < ahead:
             state = self._next_start if self._next_start is not None else self.parent.get_state()
             size, self.chunk = self.chunk, min(2 * self.chunk, self.ds.chunk)
-            recs: list[Record] = []
-            for rec in self.parent:
-                recs.append(rec)
-                if len(recs) == size:
-                    break
+            recs: list[Record] = self.parent.take(size)
             if len(recs) < size:
                 self.exhausted = True
             self._next_start = end = self.parent.get_state()
@@ -195,15 +196,23 @@ class TaskMapIterator(DatasetIterator[Example]):
         state, self.current_size, handle, read, self.current_end = self.inflight.popleft()
         outputs = self.runner.result(handle, state) if handle is not None else []
         self.current_state = state
-        examples: list[Example] = []
-        for out in outputs:
-            if isinstance(out, Rejection):
-                self.rejections.add(out)
-                if self._watch and not examples and self.rejections.total >= self.ds.reject_limit:
+        examples: list[Example] | ExampleBlock
+        if isinstance(outputs, ExampleBlock):
+            examples = outputs
+            for record, rejection in outputs.rejected:
+                self.rejections.add(rejection)
+                if self._watch and not outputs.examples_before(record) and self.rejections.total >= self.ds.reject_limit:
                     self._nothing(first=self.ds.reject_limit)
-            else:
-                examples.extend(out)
-        if examples:
+        else:
+            examples = []
+            for out in outputs:
+                if isinstance(out, Rejection):
+                    self.rejections.add(out)
+                    if self._watch and not examples and self.rejections.total >= self.ds.reject_limit:
+                        self._nothing(first=self.ds.reject_limit)
+                else:
+                    examples.extend(out)
+        if len(examples):
             self._watch = False
         self.current_rejected = add_counts(self.rejections.get_state(), read)
         self.current, self.skip = examples, 0
@@ -215,14 +224,36 @@ class TaskMapIterator(DatasetIterator[Example]):
         raise SourceError(nothing_delivered(where, counts, self.rejections.samples, first=first))
 
     def __next__(self) -> Example:
+        if not self._ready():
+            raise StopIteration
+        ex = self.current[self.skip]
+        self.skip += 1
+        return ex
+
+    def _ready(self) -> bool:
+        """Advance to a chunk with examples left; False at the end of the stream."""
         while self.skip >= len(self.current):
             if not self._advance():
                 if self._watch:
                     self._nothing(first=None)
-                raise StopIteration
-        ex = self.current[self.skip]
-        self.skip += 1
-        return ex
+                return False
+        return True
+
+    def peek_block(self) -> ExampleBlock | list[Example] | None:
+        """The examples left in the current chunk (the next one when it is used up), without taking
+        them: an :class:`ExampleBlock` (views) or a list; ``None`` at the end of the stream. Take
+        the first ``n`` with :meth:`consume`; the state is then as after ``n`` calls of ``next``.
+        """
+        if not self._ready():
+            return None
+        cur = self.current
+        return cur.slice(self.skip, len(cur)) if isinstance(cur, ExampleBlock) else cur[self.skip:]
+
+    def consume(self, n: int) -> None:
+        """Take the first ``n`` examples of :meth:`peek_block`."""
+        if not 0 <= n <= len(self.current) - self.skip:
+            raise ValueError(f"consume({n}): {len(self.current) - self.skip} examples are left in the chunk")
+        self.skip += n
 
     def get_state(self) -> State:
         if self.current_state is None:

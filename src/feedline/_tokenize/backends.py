@@ -45,7 +45,7 @@ from typing import Literal, TypeVar
 
 import numpy as np
 
-from feedline._tokenize.encoder import Encoder, FastEncoder, HfEncoder, TokenizerLike
+from feedline._tokenize.encoder import Encoder, FastEncoder, HfEncoder, TokenizerLike, join_ids, split_ids
 from feedline._tokenize.verification import verification_corpus
 from feedline.errors import MissingDependency, TokenizerDivergence, TokenizerError
 
@@ -178,6 +178,19 @@ class VerifiedEncoder:
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[np.ndarray]:
         if not texts:
             return []
+        got = self._encode(texts, add_special_tokens)
+        return got if isinstance(got, list) else split_ids(*got)
+
+    def encode_flat(self, texts: Sequence[str], add_special_tokens: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Like :meth:`encode_batch`, as one flat array and bounds (fastokens' own layout: no split)."""
+        if not texts:
+            return np.zeros(0, dtype=np.int32), np.zeros(1, dtype=np.int64)
+        got = self._encode(texts, add_special_tokens, flat=True)
+        return join_ids(got) if isinstance(got, list) else got
+
+    def _encode(self, texts: Sequence[str], add_special_tokens: bool,
+                flat: bool = False) -> list[np.ndarray] | tuple[np.ndarray, np.ndarray]:
+        """Ids from whichever encoder the state of the check says (fastokens' flat when ``flat``)."""
         if self.start is not None:
             with self._lock:
                 self.seen += sum(len(t) for t in texts)
@@ -208,18 +221,19 @@ class VerifiedEncoder:
         if mode == "window":
             return self._window(texts, checked, add_special_tokens)
         try:
-            got = self.fast.encode_batch(texts, add_special_tokens)
+            got = self.fast.encode_flat(texts, add_special_tokens)
         except Exception:  # e.g. lone surrogates: tokenizers decides (encodes or raises its own error)
             return self.hf.encode_batch(texts, add_special_tokens)
         if mode == "spot":
             i = (self.calls // self.spot_every) % len(texts)
             want = self.hf.encode_batch([texts[i]], add_special_tokens)[0]
-            if not np.array_equal(want, got[i]):
+            mine = got[0][got[1][i]:got[1][i + 1]]
+            if not np.array_equal(want, mine):
                 raise TokenizerDivergence(
-                    _describe(self.label, texts[i], want, got[i])
+                    _describe(self.label, texts[i], want, mine)
                     + "; batches already delivered may hold fastokens ids. Set tokenizer: {backend: hf} and restart "
                     "from a state saved before this run used fastokens, and report the text to fastokens")
-        return got
+        return got if flat else split_ids(*got)
 
     def _window(self, texts: Sequence[str], checked: int, add_special_tokens: bool) -> list[np.ndarray]:
         """Encode with fastokens and compare the first ``checked`` texts with tokenizers.

@@ -16,7 +16,25 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["Encoder", "FastEncoder", "HfEncoder", "TokenizerLike"]
+__all__ = ["Encoder", "FastEncoder", "HfEncoder", "TokenizerLike", "join_ids", "split_ids"]
+
+
+def join_ids(ids: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Id arrays as one flat int32 array and ``n + 1`` int64 bounds (text ``i`` is ``flat[b[i]:b[i + 1]]``).
+
+        >>> flat, bounds = join_ids([np.array([5, 6]), np.array([7])]); flat.tolist(), bounds.tolist()
+        ([5, 6, 7], [0, 2, 3])
+    """
+    bounds = np.zeros(len(ids) + 1, dtype=np.int64)
+    if ids:
+        np.cumsum(np.fromiter((len(a) for a in ids), dtype=np.int64, count=len(ids)), out=bounds[1:])
+    flat = np.concatenate(ids).astype(np.int32, copy=False) if ids else np.zeros(0, dtype=np.int32)
+    return flat, bounds
+
+
+def split_ids(flat: np.ndarray, bounds: np.ndarray) -> list[np.ndarray]:
+    """The per-text arrays of :func:`join_ids`' output."""
+    return np.split(flat, bounds[1:-1]) if len(bounds) > 1 else []
 
 
 class Encoder(Protocol):
@@ -26,6 +44,10 @@ class Encoder(Protocol):
     def name(self) -> str: ...
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[np.ndarray]: ...
+
+    def encode_flat(self, texts: Sequence[str], add_special_tokens: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of every text in one int32 array plus ``len(texts) + 1`` bounds (see :func:`join_ids`)."""
+        ...
 
 
 class HfEncoder:
@@ -42,6 +64,9 @@ class HfEncoder:
         encs = self.backend.encode_batch_fast(list(texts), add_special_tokens=add_special_tokens)
         return [np.asarray(e.ids, dtype=np.int32) for e in encs]
 
+    def encode_flat(self, texts: Sequence[str], add_special_tokens: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        return join_ids(self.encode_batch(texts, add_special_tokens))
+
 
 class FastEncoder:
     """fastokens' flat batch call: one buffer of ids and one of offsets, no per-token objects."""
@@ -54,10 +79,13 @@ class FastEncoder:
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[np.ndarray]:
         if not texts:
             return []
+        return split_ids(*self.encode_flat(texts, add_special_tokens))
+
+    def encode_flat(self, texts: Sequence[str], add_special_tokens: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        if not texts:
+            return np.zeros(0, dtype=np.int32), np.zeros(1, dtype=np.int64)
         ids, offsets = self.fast.encode_batch_flat(list(texts), add_special_tokens=add_special_tokens)
-        flat = np.frombuffer(ids, dtype=np.uint32).astype(np.int32)
-        bounds = np.frombuffer(offsets, dtype=np.uint64).astype(np.int64)
-        return np.split(flat, bounds[1:-1])
+        return np.frombuffer(ids, dtype=np.uint32).astype(np.int32), np.frombuffer(offsets, dtype=np.uint64).astype(np.int64)
 
 
 class TokenizerLike(Protocol):

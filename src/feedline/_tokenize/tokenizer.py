@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import tokenizers
 
-from feedline._tokenize.encoder import Encoder, HfEncoder
+from feedline._tokenize.encoder import Encoder, HfEncoder, join_ids
 from feedline.errors import TokenizerError
 
 __all__ = ["Tokenizer"]
@@ -128,6 +128,17 @@ class Tokenizer:
     def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = False) -> list[np.ndarray]:
         """Token ids (int32) of each text, encoded in one GIL-free batch call."""
         return self.encoder.encode_batch(texts, add_special_tokens)
+
+    def encode_batch_flat(self, texts: Sequence[str], *, add_special_tokens: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of every text in one int32 array and ``len(texts) + 1`` int64 bounds: text ``i`` is
+        ``flat[bounds[i]:bounds[i + 1]]``. Same ids as :meth:`encode_batch`, without an array per text.
+
+            >>> flat, bounds = tok.encode_batch_flat(["Hello", "world"])   # doctest: +SKIP
+        """
+        encode_flat = getattr(self.encoder, "encode_flat", None)
+        if encode_flat is None:  # an encoder from before encode_flat
+            return join_ids(self.encoder.encode_batch(texts, add_special_tokens))
+        return encode_flat(texts, add_special_tokens)  # type: ignore[no-any-return]
 
     def encode_batch_offsets(self, texts: Sequence[str], *, add_special_tokens: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
         """Token ids and ``[n, 2]`` character offsets of each text (slower: offsets are computed)."""

@@ -1,0 +1,148 @@
+"""The pieces a packer holds, as arrays: no object per piece, no per-piece work per batch.
+
+A piece is a slice of one example's tokens. :class:`PiecePool` gives each piece an integer id
+(in arrival order) and keeps, for the pieces still held (the window being placed, open rows,
+rows not yet delivered), their state refs ``[source, file, position, epoch, sub, start]``,
+lengths and where their tokens are. Tokens are appended to one growing array per field (the
+*arena*: one copy per chunk of examples, not per piece); when delivered pieces make up most of
+it, the live tokens are copied to a fresh arena. The packer moves ids; a batch gathers its rows'
+tokens with one index computation (:meth:`PiecePool.collate`), and the state's refs are one
+lookup (:meth:`PiecePool.refs`)::
+
+    add(block pieces)          -> ids 0..4, tokens appended to the arena
+    packer places ids          -> ready [[0, 3]], open [[1, 2, 4]]
+    keep([0, 3, 1, 2, 4])      -> every other piece forgotten (its tokens freed at the next compaction)
+    collate([[0, 3]])          -> the batch
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from feedline._batching.base import Batch
+from feedline._batching.rows import Attention, collate_flat
+from feedline._core.block import spans
+
+__all__ = ["PiecePool"]
+
+#: The arena is compacted when it holds more than this many times the live tokens (plus a slack).
+_GROWTH = 3
+_SLACK = 1 << 16
+
+
+class PiecePool:
+    """Pieces by id; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.next_id = 0
+        # the held pieces, in id order: ids, refs [n, 6], lengths, token offsets into the arena
+        self.ids = np.zeros(0, dtype=np.int64)
+        self._refs = np.zeros((0, 6), dtype=np.int64)
+        self._lengths = np.zeros(0, dtype=np.int64)
+        self._at = np.zeros(0, dtype=np.int64)
+        self._new: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # added since the last keep
+        self.arena: dict[str, np.ndarray] = {}
+        self.alias: dict[str, str] = {}  # field -> the field whose tokens it shares (clm: labels -> input_ids)
+        self.order: list[str] = []  # the fields, in the examples' order
+        self.used = 0
+
+    def add(self, refs: np.ndarray, lengths: np.ndarray, at: np.ndarray, fields: Mapping[str, np.ndarray]) -> range:
+        """Add pieces (their tokens are ``fields[name][at:at + length]``); returns their ids."""
+        ids = range(self.next_id, self.next_id + len(lengths))
+        if not len(lengths):
+            return ids
+        lengths = np.asarray(lengths, dtype=np.int64)
+        at = np.asarray(at, dtype=np.int64)
+        lo, hi = int(at.min()), int((at + lengths).max())
+        base = self._append(fields, lo, hi)
+        self._new.append((np.asarray(refs, dtype=np.int64).reshape(-1, 6), lengths, at - lo + base))
+        self.next_id += len(lengths)
+        return ids
+
+    def _append(self, fields: Mapping[str, np.ndarray], lo: int, hi: int) -> int:
+        """Copy tokens ``[lo, hi)`` to the end of the arena; returns where they start. A field that is
+        the same array as an earlier one (``labels`` of ``clm``) is stored once while every block shares it."""
+        n = hi - lo
+        if not self.arena and not self.alias:
+            self.order = list(fields)
+            first: dict[int, str] = {}
+            for name, arr in fields.items():
+                if id(arr) in first:
+                    self.alias[name] = first[id(arr)]
+                else:
+                    first[id(arr)] = name
+            self.arena = {name: np.empty((max(n, _SLACK), *arr.shape[1:]), dtype=arr.dtype)
+                          for name, arr in fields.items() if name not in self.alias}
+        if self.arena.keys() | self.alias.keys() != fields.keys():
+            raise ValueError(f"pack: examples with fields {sorted(fields)} after examples with {sorted(self.arena)}")
+        for name, other in list(self.alias.items()):
+            if fields[name] is not fields[other]:  # no longer shared: give the field its own tokens
+                self.arena[name] = self.arena[other].copy()
+                del self.alias[name]
+        fields = {name: arr[lo:hi] for name, arr in fields.items() if name not in self.alias}
+        if self.used + n > len(next(iter(self.arena.values()))):
+            size = max(2 * len(next(iter(self.arena.values()))), self.used + n)
+            for name, buf in self.arena.items():
+                grown = np.empty((size, *buf.shape[1:]), dtype=np.result_type(buf, fields[name]))
+                grown[:self.used] = buf[:self.used]
+                self.arena[name] = grown
+        base = self.used
+        for name, arr in fields.items():
+            self.arena[name][base:base + n] = arr
+        self.used += n
+        return base
+
+    def keep(self, ids: np.ndarray) -> None:
+        """Keep only the pieces ``ids`` (every other is forgotten); compacts the arena when mostly dead."""
+        want = np.sort(np.asarray(ids, dtype=np.int64))
+        if self._new:
+            first = self.next_id - sum(len(n[1]) for n in self._new)
+            ids_all = np.concatenate([self.ids, np.arange(first, self.next_id, dtype=np.int64)])
+            refs = np.concatenate([self._refs, *(n[0] for n in self._new)])
+            lengths = np.concatenate([self._lengths, *(n[1] for n in self._new)])
+            at = np.concatenate([self._at, *(n[2] for n in self._new)])
+            self._new = []
+        else:
+            ids_all, refs, lengths, at = self.ids, self._refs, self._lengths, self._at
+        rows = np.searchsorted(ids_all, want)
+        if len(want) and (rows.max() >= len(ids_all) or not np.array_equal(ids_all[rows], want)):
+            raise KeyError("piece pool: a piece id to keep is not held")
+        self.ids, self._refs, self._lengths, self._at = want, refs[rows], lengths[rows], at[rows]
+        live = int(self._lengths.sum())
+        if self.used > _GROWTH * live + _SLACK:
+            src = spans(self._at, self._lengths)
+            self.arena = {name: buf[src] for name, buf in self.arena.items()}
+            self._at = np.zeros(len(want), dtype=np.int64)
+            if len(want) > 1:
+                np.cumsum(self._lengths[:-1], out=self._at[1:])
+            self.used = live
+
+    def _rows(self, ids: np.ndarray) -> np.ndarray:
+        if self._new:
+            raise RuntimeError("piece pool: keep() the live pieces before reading them")
+        rows = np.searchsorted(self.ids, ids)
+        if len(ids) and (rows.max() >= len(self.ids) or not np.array_equal(self.ids[rows], ids)):
+            raise KeyError("piece pool: a piece id is not kept")
+        return rows
+
+    def refs(self, ids: np.ndarray) -> np.ndarray:
+        """``[len(ids), 6]`` state refs of kept pieces."""
+        return self._refs[self._rows(np.asarray(ids, dtype=np.int64))]
+
+    def collate(self, rows: Sequence[Sequence[int]], max_length: int, max_docs: int, pad_values: Mapping[str, Any], *,
+                mask_first: bool, attention: Attention) -> tuple[Batch, int]:
+        """Rows of kept piece ids laid out as a batch (:func:`~feedline._batching.rows.collate_flat`);
+        also returns the number of real tokens."""
+        docs = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+        ids = np.fromiter((i for r in rows for i in r), dtype=np.int64, count=int(docs.sum()))
+        k = self._rows(ids)
+        lengths = self._lengths[k]
+        src = spans(self._at[k], lengths)
+        own = {name: buf[src] for name, buf in self.arena.items()}
+        values = {name: own[self.alias.get(name, name)] for name in self.order}
+        batch = collate_flat(docs, lengths, values, max_length, max_docs, pad_values, mask_first=mask_first,
+                             attention=attention)
+        return batch, int(lengths.sum())

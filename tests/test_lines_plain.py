@@ -1,0 +1,70 @@
+"""The block-reading path of plain local line files gives exactly the items of the line-by-line path.
+
+``LineReader.read`` reads a plain local file in blocks (``_read_plain``); compressed, remote and
+UTF-16 files (and readers that override ``records``) go line by line (``_read_lines``). Both must
+yield the same ``(position, next position, line, record or rejection)`` items from every split and
+every resume position, on real text and on every irregular line the line path handles.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import shared
+from feedline._sources.jsonl import JsonlReader
+from feedline._sources.lines import BOM, LineReader
+from feedline._sources.reader import Split
+from feedline._spec import SourceSpec
+
+
+def _lines(tmp_path: Path) -> list[bytes]:
+    """Real text records and every irregular kind of line, as JSON Lines."""
+    with gzip.open(shared("prose", "kjv_bible_verses.txt.gz"), "rt", encoding="utf-8") as fh:
+        verses = fh.read().splitlines()
+    out = [json.dumps({"text": v.strip(), "id": i}).encode() + b"\n" for i, v in enumerate(verses[:4000]) if v.strip()]
+    odd = [b"\n", b"   \n", b"{not json}\n", b'{"text": ""}\n', b'{"text": "  "}\n', b'{"other": 1}\n',
+           b'{"text": 5}\n', b"[1, 2]\n", b'{"text": "crlf line"}\r\n', b'{"text": "\xff bad utf8"}\n',
+           json.dumps({"text": "x" * 70_000}).encode() + b"\n", b'{"text": "caf\xc3\xa9 \xe2\x98\x83"}\n']
+    for i, line in enumerate(odd):
+        out.insert(97 * (i + 1), line)
+    return out
+
+
+def _items(reader: LineReader, split: Split, position: int, line: int, plain: bool) -> list[tuple]:
+    it = reader._read_plain(split, position, line) if plain else reader._read_lines(split, position, line)
+    return [(p, n, ln, rec if isinstance(rec, dict) else (rec.reason, rec.line, rec.detail)) for p, n, ln, rec in it]
+
+
+@pytest.mark.parametrize("bom", [False, True])
+def test_block_path_equals_line_path_on_every_split_and_resume_point(tmp_path: Path, bom: bool) -> None:
+    path = tmp_path / "data.jsonl"
+    lines = _lines(tmp_path)
+    path.write_bytes((BOM if bom else b"") + b"".join(lines) + b'{"text": "last line, no newline"}')
+    spec = SourceSpec(path=str(path), split_bytes=1 << 16, max_record_bytes=50_000)
+    reader = JsonlReader(spec)
+    splits = reader.splits(0, str(path))
+    assert len(splits) > 4  # several byte-range splits, aligned to records
+    for sp in splits:
+        assert _items(reader, sp, sp.start, 0, True) == _items(reader, sp, sp.start, 0, False)
+    whole = _items(reader, Split(0, str(path), size=path.stat().st_size), 0, 0, False)
+    reasons = {rec[0] for _p, _n, _l, rec in whole if isinstance(rec, tuple)}
+    assert {"bad_json", "empty", "missing_field", "not_string", "not_object", "too_large", "bad_utf8"} <= reasons
+    for p, n, ln, _rec in whole[::37]:  # resume after any item, as FileSource does from its state
+        sp = Split(0, str(path), size=path.stat().st_size)
+        assert _items(reader, sp, n, ln, True) == _items(reader, sp, n, ln, False)
+        assert p < n
+
+
+def test_a_file_that_shrank_and_a_very_long_line(tmp_path: Path) -> None:
+    path = tmp_path / "data.jsonl"
+    lines = _lines(tmp_path)
+    path.write_bytes(b"".join(lines[:300]) + json.dumps({"text": "y" * (5 << 20)}).encode() + b"\n" + b"".join(lines[300:400]))
+    reader = JsonlReader(SourceSpec(path=str(path)))
+    planned = Split(0, str(path), size=path.stat().st_size + 1000)  # held more bytes when planned: it shrank
+    plain, slow = _items(reader, planned, 0, 0, True), _items(reader, planned, 0, 0, False)
+    assert plain == slow and plain[-1][3][0] == "truncated"
+    assert any(isinstance(rec, dict) and len(rec["text"]) == 5 << 20 for *_x, rec in plain)
