@@ -20,6 +20,7 @@ from feedline._sources.lines import BOM, LineReader
 from feedline._sources.reader import Split
 from feedline._sources.source import FileSource
 from feedline._spec import SourceSpec
+from feedline.errors import SourceError
 
 
 def _lines(tmp_path: Path) -> list[bytes]:
@@ -106,3 +107,18 @@ def test_take_from_blocks_gives_the_records_and_states_of_the_item_path(tmp_path
         it = iter(source())
         it.set_state(states[n])
         assert [(r.key, r.epoch, r.data["text"]) for r in it.take(200)] == recs[97 * (n + 1):97 * (n + 1) + 200]
+
+
+def test_take_from_blocks_stops_at_the_reject_limit_like_the_item_path(tmp_path: Path) -> None:
+    (tmp_path / "bad.jsonl").write_bytes(b"{not json}\n" * 3 + b'{"text": ""}\n' * 3 + b'{"text": "fine"}\n' * 5)
+    for limit, raises in ((6, True), (7, False)):
+        outcomes = []
+        for batched in (True, False):
+            src = FileSource(SourceSpec(path=str(tmp_path / "bad.jsonl")), 0, seed=0, shuffle_splits=False,
+                             epochs=1, reject_limit=limit)
+            try:
+                outcomes.append(_take_all(src, [4], batched))
+            except SourceError as e:
+                outcomes.append(str(e))
+        assert outcomes[0] == outcomes[1]
+        assert isinstance(outcomes[0], str) == raises
