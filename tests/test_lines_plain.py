@@ -18,7 +18,9 @@ from conftest import shared
 from feedline._sources.jsonl import JsonlReader
 from feedline._sources.lines import BOM, LineReader
 from feedline._sources.reader import Split
+from feedline._sources.source import FileSource
 from feedline._spec import SourceSpec
+from feedline.errors import SourceError
 
 
 def _lines(tmp_path: Path) -> list[bytes]:
@@ -68,3 +70,55 @@ def test_a_file_that_shrank_and_a_very_long_line(tmp_path: Path) -> None:
     plain, slow = _items(reader, planned, 0, 0, True), _items(reader, planned, 0, 0, False)
     assert plain == slow and plain[-1][3][0] == "truncated"
     assert any(isinstance(rec, dict) and len(rec["text"]) == 5 << 20 for *_x, rec in plain)
+
+
+def _take_all(src: FileSource, sizes: list[int], batched: bool) -> tuple[list[tuple], list[dict], dict[str, int]]:
+    """Every record a source's ``take`` gives at the chunk ``sizes`` (cycled), with the state after each take."""
+    it = iter(src)
+    if not batched:  # the item-at-a-time path the other readers take
+        it.src.reader.read_batches = lambda *_a: None  # type: ignore[method-assign]
+    recs: list[tuple] = []
+    states: list[dict] = []
+    for i in range(10_000):
+        got = it.take(sizes[i % len(sizes)])
+        recs.extend((r.key, r.epoch, r.data["text"]) for r in got)
+        states.append(it.get_state())
+        if not got:
+            break
+    return recs, states, dict(it.rejections.counts)
+
+
+def test_take_from_blocks_gives_the_records_and_states_of_the_item_path(tmp_path: Path) -> None:
+    lines = _lines(tmp_path)
+    for i, name in enumerate(["a.jsonl", "b.jsonl"]):
+        (tmp_path / name).write_bytes(b"".join(lines[i * 2000:(i + 1) * 2500]))
+    spec = SourceSpec(path=str(tmp_path / "*.jsonl"), split_bytes=1 << 16, max_record_bytes=50_000)
+
+    def source() -> FileSource:
+        return FileSource(spec, 0, seed=3, shuffle_splits=True, epochs=2)
+
+    for sizes in ([1], [7, 300, 1], [5000]):
+        fast, slow = _take_all(source(), sizes, True), _take_all(source(), sizes, False)
+        assert fast == slow
+        assert len(fast[0]) > 7000 and {"bad_json", "too_large", "bad_utf8"} <= set(fast[2])
+    # resuming from any state the block path saved gives the same records as reading on
+    recs, states, _ = _take_all(source(), [97], True)
+    for n in (0, 5, 31, len(states) - 3):
+        it = iter(source())
+        it.set_state(states[n])
+        assert [(r.key, r.epoch, r.data["text"]) for r in it.take(200)] == recs[97 * (n + 1):97 * (n + 1) + 200]
+
+
+def test_take_from_blocks_stops_at_the_reject_limit_like_the_item_path(tmp_path: Path) -> None:
+    (tmp_path / "bad.jsonl").write_bytes(b"{not json}\n" * 3 + b'{"text": ""}\n' * 3 + b'{"text": "fine"}\n' * 5)
+    for limit, raises in ((6, True), (7, False)):
+        outcomes = []
+        for batched in (True, False):
+            src = FileSource(SourceSpec(path=str(tmp_path / "bad.jsonl")), 0, seed=0, shuffle_splits=False,
+                             epochs=1, reject_limit=limit)
+            try:
+                outcomes.append(_take_all(src, [4], batched))
+            except SourceError as e:
+                outcomes.append(str(e))
+        assert outcomes[0] == outcomes[1]
+        assert isinstance(outcomes[0], str) == raises

@@ -18,11 +18,11 @@ chat data, whose conversation sits in ``messages``, ``conversation`` or ``conver
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from feedline._core.record import Rejection, get_path, text_record
-from feedline._sources.lines import BOM, LineReader, open_decoded
+from feedline._sources.lines import BOM, MISS, LineReader, open_decoded
 from feedline._sources.reader import Item, Reader, Split
 
 __all__ = ["JsonReader", "JsonlReader", "parse_json_line", "text_record"]
@@ -71,6 +71,26 @@ class JsonlReader(LineReader):
                 return obj
         return text_record(obj, self.spec.text, path, line)
 
+    def fast_parser(self) -> Callable[[bytes], Any] | None:
+        """With ``text: text``: a line that is one object with a non-blank string ``text`` (the C scanner only)."""
+        if self.spec.text != "text":
+            return None
+        scan, space = _SCAN, _JSON_SPACE
+
+        def fast(raw: bytes) -> Any:
+            try:
+                text = raw.decode("utf-8", "surrogatepass")
+                obj, end = scan(text, 0)
+            except (UnicodeDecodeError, StopIteration, ValueError, RecursionError):
+                return MISS
+            if (end == len(text) or not text[end:].strip(space)) and type(obj) is dict:
+                value = obj.get("text")
+                if type(value) is str and value and not value.isspace():
+                    return obj
+            return MISS
+
+        return fast
+
 
 class JsonReader(JsonlReader):
     """Reads ``.json``: an array of objects (positions are indices), else JSON Lines."""
@@ -97,6 +117,9 @@ class JsonReader(JsonlReader):
             return
         for i in range(position, len(items)):
             yield i, i + 1, i + 1, text_record(items[i], self.spec.text, split.path, i + 1)
+
+    def read_batches(self, split: Split, position: int, line: int) -> Iterator[list[Item]] | None:
+        return None if self._whole(split.path) else super().read_batches(split, position, line)
 
     def fetch(self, path: str, positions: Sequence[int]) -> dict[int, dict[str, Any]]:
         return Reader.fetch(self, path, positions) if self._whole(path) else super().fetch(path, positions)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import codecs
 import io
 import zlib
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import IO, Any
 
 from feedline._core.record import Rejection
@@ -29,7 +29,10 @@ from feedline._sources.files import DecodingStream, codec_of, is_url, open_binar
 from feedline._sources.reader import Item, Reader, Split
 from feedline.errors import SourceError
 
-__all__ = ["BOM", "LineReader", "Oversized", "iter_lines", "open_decoded"]
+__all__ = ["BOM", "MISS", "LineReader", "Oversized", "iter_lines", "open_decoded"]
+
+#: What :meth:`LineReader.fast_parser` returns for a line it leaves to :meth:`LineReader.parse`.
+MISS: Any = object()
 
 BOM = codecs.BOM_UTF8
 _UTF16 = {codecs.BOM_UTF16_LE: "utf-16-le", codecs.BOM_UTF16_BE: "utf-16-be"}
@@ -194,19 +197,36 @@ class LineReader(Reader):
         return int(getattr(self.spec, "max_record_bytes", 32 << 20))
 
     def read(self, split: Split, position: int, line: int) -> Iterator[Item]:
+        batches = self.read_batches(split, position, line)
+        return self._read_lines(split, position, line) if batches is None else _flatten(batches)
+
+    def fast_parser(self) -> Callable[[bytes], Any] | None:
+        """A parser of the common record (a line without its newline) for the block path, or ``None``.
+
+        It returns the record, or :data:`MISS` for any line it does not settle (blank, bad, a field to
+        check): :meth:`parse` then gets the line with its newline, so results are :meth:`parse`'s.
+        """
+        return None
+
+    def read_batches(self, split: Split, position: int, line: int) -> Iterator[list[Item]] | None:
+        """The items of :meth:`read` a block of lines at a time (plain local files), else ``None``."""
         if type(self).records is LineReader.records and codec_of(split.path) is None and not is_url(split.path) \
                 and not _is_utf16(split.path):
-            return self._read_plain(split, position, line)
-        return self._read_lines(split, position, line)
+            return self._plain_batches(split, position, line)
+        return None
 
     def _read_plain(self, split: Split, position: int, line: int) -> Iterator[Item]:
-        """:meth:`_read_lines` for a plain local file, in blocks: one loop per line, no stack of generators.
+        """The items of a plain local file, from :meth:`_plain_batches`."""
+        return _flatten(self._plain_batches(split, position, line))
+
+    def _plain_batches(self, split: Split, position: int, line: int) -> Generator[list[Item], None, None]:
+        """:meth:`_read_lines` for a plain local file, read in blocks and handed on a block of items at a time.
 
         Same items, positions, line numbers and rejections; a line longer than :data:`_LONG` (or the
         record bound) is handed to :meth:`_read_lines` with the rest of the split, which skips it in
         bounded memory.
         """
-        path, end, limit, parse = split.path, split.end, self.max_bytes, self.parse
+        path, end, limit, parse, fast = split.path, split.end, self.max_bytes, self.parse, self.fast_parser()
         known = split.start == 0
         last_start, last_end = position, position  # the last line read: where it starts and ends
         last_line = line  # the line number of the last item
@@ -218,47 +238,64 @@ class LineReader(Reader):
                     pos = position - 1 + len(next(_bounded(f, 1 << 20), b""))
                 else:
                     f.seek(position)
-                buf, at = b"", 0
+                tail = b""  # the start of a line the last block cut
+                block = _FIRST_BLOCK  # small first (the first records wait for a whole block), then _BLOCK
                 while True:
                     if end is not None and pos >= end:
                         return
-                    nl = buf.find(b"\n", at)
-                    if nl < 0:
-                        chunk = f.read(_BLOCK)
-                        if chunk:
-                            buf, at = buf[at:] + chunk, 0
-                            if len(buf) > min(limit, _LONG) and buf.find(b"\n") < 0:  # a very long line
-                                yield from self._read_lines(split, pos, line)
+                    chunk = f.read(block)
+                    block = min(2 * block, _BLOCK)
+                    if chunk:
+                        buf = tail + chunk if tail else chunk
+                        cut = buf.rfind(b"\n")
+                        if cut < 0:
+                            tail = buf
+                            if len(buf) > min(limit, _LONG):  # a very long line
+                                yield from ([item] for item in self._read_lines(split, pos, line))
                                 return
                             continue
-                        if at == len(buf):
+                        lines, tail = buf[:cut].split(b"\n"), buf[cut + 1:]
+                        nl = 1
+                    elif tail:  # the last line, without a newline
+                        lines, tail, nl = [tail], b"", 0
+                    else:
+                        break
+                    items: list[Item] = []
+                    add = items.append
+                    for raw in lines:
+                        if end is not None and pos >= end:
                             break
-                        nl = len(buf) - 1  # the last line, without a newline
-                    raw, at = buf[at:nl + 1], nl + 1
-                    start, pos = pos, pos + len(raw)
-                    last_start, last_end = start, pos
-                    line += 1
-                    content = len(raw) - (raw[-1:] == b"\n")
-                    if content > limit:
+                        start = pos
+                        pos += len(raw) + nl
+                        last_start, last_end = start, pos
+                        line += 1
+                        if len(raw) > limit:
+                            last_line = line
+                            add((start, pos, line, _locate(self.too_large(path, line if known else None, len(raw) + nl), start, known)))
+                            continue
+                        if start == 0 and raw.startswith(BOM):
+                            raw = raw[len(BOM):]
+                            last_end = len(raw) + nl  # as the line-by-line path counts it
+                        rec = fast(raw) if fast is not None else MISS
+                        if rec is MISS:
+                            rec = parse(raw + b"\n" if nl else raw, path, line if known else None)
+                            if rec is None:
+                                continue
+                            if type(rec) is Rejection:
+                                rec = _locate(rec, start, known)
                         last_line = line
-                        yield start, pos, line, _locate(self.too_large(path, line if known else None, len(raw)), start, known)
-                        continue
-                    if start == 0 and raw.startswith(BOM):
-                        raw = raw[len(BOM):]
-                        last_end = len(raw)  # as the line-by-line path counts it
-                    rec = parse(raw, path, line if known else None)
-                    if rec is not None:
-                        last_line = line
-                        yield start, start + len(raw), line, (_locate(rec, start, known) if type(rec) is Rejection else rec)
+                        add((start, start + len(raw) + nl, line, rec))
+                    if items:
+                        yield items
             planned = split.end if split.end is not None else split.size
             if planned is not None and last_end < planned:
-                yield last_end, last_end, last_line, _shrunk(path, last_end, planned)
+                yield [(last_end, last_end, last_line, _shrunk(path, last_end, planned))]
         except SourceError:
             raise
         except Exception as e:
             if not _is_broken(e):
                 raise
-            yield last_start, last_start, last_line, _broken(path, last_start, e)
+            yield [(last_start, last_start, last_line, _broken(path, last_start, e))]
 
     def _read_lines(self, split: Split, position: int, line: int) -> Iterator[Item]:
         align = position == split.start and split.start > 0
@@ -295,7 +332,7 @@ class LineReader(Reader):
             return super().fetch(path, positions)
         found: dict[int, dict[str, Any]] = {}
         for p in sorted(set(positions)):
-            items = self.read(Split(-1, path, 0, None), p, 0)
+            items = self._read_lines(Split(-1, path, 0, None), p, 0)  # one line, not a block
             try:
                 item = next(items, None)
             finally:
@@ -306,8 +343,21 @@ class LineReader(Reader):
         return found
 
 
-#: Bytes read at a time by the plain-file path; lines longer than ``_LONG`` go the bounded way.
+#: Bytes read at a time by the plain-file path (from ``_FIRST_BLOCK``, doubling); lines longer than
+#: ``_LONG`` go the bounded way.
 _BLOCK = 1 << 20
+_FIRST_BLOCK = 1 << 16
+
+
+def _flatten(batches: Iterator[list[Item]]) -> Generator[Item, None, None]:
+    """The items of lists of items; closing it closes ``batches`` (its file)."""
+    try:
+        for batch in batches:
+            yield from batch
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
 _LONG = 4 << 20
 
 

@@ -64,6 +64,10 @@ class Reader(ABC):
     def read(self, split: Split, position: int, line: int) -> Iterator[Item]:
         """Yield the items of ``split`` from ``position`` (whose line number is ``line``)."""
 
+    def read_batches(self, split: Split, position: int, line: int) -> Iterator[list[Item]] | None:
+        """The items of :meth:`read` in lists (a block at a time), or ``None`` where the reader has no such path."""
+        return None
+
     def fetch(self, path: str, positions: Sequence[int]) -> dict[int, dict[str, Any]]:
         """Re-read the records at ``positions``; the default scans the file once."""
         wanted = set(positions)

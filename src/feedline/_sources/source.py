@@ -14,7 +14,7 @@ shuffling is on, else file order. Nothing else is random here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from feedline._core.dataset import Dataset, DatasetIterator, State
@@ -23,7 +23,7 @@ from feedline._core.report import Rejections, nothing_delivered
 from feedline._core.rng import permutation
 from feedline._sources.arrow import saved_dataset_files
 from feedline._sources.files import expand
-from feedline._sources.reader import Reader, Split, detect_format, reader_class
+from feedline._sources.reader import Item, Reader, Split, detect_format, reader_class
 from feedline._spec import SourceSpec
 from feedline.errors import RecordError, SourceError, StateError
 
@@ -155,6 +155,9 @@ class FileSourceIterator(DatasetIterator[Record]):
         self.line = 0
         self._order: list[int] | None = None
         self._items: Any = None
+        self._batched = False  # _items yields lists of items (the reader's read_batches)
+        self._pending: list[Item] = []  # the current list of items, from _at on not yet taken
+        self._at = 0
         # Records delivered in the current epoch (1 after a restore: unknown, assume some).
         self._delivered = 0
         # Until the first record is delivered on a fresh read, a source that yields nothing is
@@ -172,7 +175,11 @@ class FileSourceIterator(DatasetIterator[Record]):
                 sp = self.src.splits[self._order[self.split]]
                 if self.pos is None:
                     self.pos, self.line = sp.start, 0
-                self._items = self.src.reader.read(sp, self.pos, self.line)
+                reader = self.src.reader
+                batches = reader.read_batches(sp, self.pos, self.line)
+                self._batched = batches is not None
+                self._items = batches if batches is not None else reader.read(sp, self.pos, self.line)
+                self._pending, self._at = [], 0
                 return True
             if self._watch and self.src.epochs is not None:
                 self._check_nothing(at_end=True)
@@ -203,18 +210,11 @@ class FileSourceIterator(DatasetIterator[Record]):
                 break
             items, epoch = self._items, self.epoch
             file = self.src.splits[self._order[self.split]].file  # type: ignore[index]
+            if self._batched:
+                self._take_batched(n, out, items, epoch, file)
+                continue
             while len(out) < n:
-                try:
-                    item = next(items, None)  # (one call per record: read() is a generator)
-                except RecordError:
-                    raise
-                except SourceError as e:
-                    # A file that cannot be opened or read (missing, 404, permission) is one
-                    # rejection; the other files are still read.
-                    sp = self.src.splits[self._order[self.split]]  # type: ignore[index]
-                    self.close()
-                    self.rejections.add(Rejection(sp.path, None, "unreadable", str(e).removeprefix(f"{sp.path}: ")))
-                    item = None
+                item = self._next_item(items)  # (one call per record: read() is a generator)
                 if item is None:
                     self._items, self.split, self.pos = None, self.split + 1, None
                     break
@@ -229,6 +229,47 @@ class FileSourceIterator(DatasetIterator[Record]):
                     self._watch = False
                 self._delivered += 1
         return out
+
+    def _take_batched(self, n: int, out: list[Record], items: Iterator[list[Item]], epoch: int, file: int) -> None:
+        """:meth:`take` from a split read in lists of items: the same records, rejections and state."""
+        index, add = self.src.index, out.append
+        while len(out) < n:
+            pend, at = self._pending, self._at
+            if at >= len(pend):
+                batch = self._next_item(items)
+                if batch is None:
+                    self._items, self.split, self.pos = None, self.split + 1, None
+                    self._pending, self._at = [], 0
+                    return
+                self._pending, self._at = pend, at = batch, 0
+            stop = min(len(pend), at + n - len(out))
+            before, watch = len(out), self._watch
+            for pos, _next, _line, rec in pend[at:stop]:
+                if isinstance(rec, Rejection):
+                    self.rejections.add(rec)
+                    if watch:
+                        self._check_nothing(at_end=False)
+                    continue
+                add(Record((index, file, pos), epoch, rec))
+                watch = False
+            self._watch = watch
+            self._delivered += len(out) - before
+            self._at = stop
+            _pos, self.pos, self.line, _rec = pend[stop - 1]
+
+    def _next_item(self, items: Iterator[Any]) -> Any:
+        """The reader's next item (or list of items); ``None`` at the end of the split or when its file cannot be read."""
+        try:
+            return next(items, None)
+        except RecordError:
+            raise
+        except SourceError as e:
+            # A file that cannot be opened or read (missing, 404, permission) is one
+            # rejection; the other files are still read.
+            sp = self.src.splits[self._order[self.split]]  # type: ignore[index]
+            self.close()
+            self.rejections.add(Rejection(sp.path, None, "unreadable", str(e).removeprefix(f"{sp.path}: ")))
+            return None
 
     def _check_nothing(self, *, at_end: bool) -> None:
         """Raise when a fresh read rejected every record: at the end of its first pass, or after ``reject_limit``."""
@@ -256,11 +297,11 @@ class FileSourceIterator(DatasetIterator[Record]):
             self.rejections.set_state(state.get("rejected", {}))
         except (KeyError, TypeError, ValueError) as e:
             raise StateError(f"source {self.src.spec.label!r}: malformed state {dict(state)!r} ({e})") from e
-        self._order, self._items = None, None
+        self._order, self._items, self._pending, self._at = None, None, [], 0
         self._delivered = 1 if (self.split or self.pos) else 0
         self._watch = False
 
     def close(self) -> None:
         if self._items is not None and hasattr(self._items, "close"):
             self._items.close()
-        self._items = None
+        self._items, self._pending, self._at = None, [], 0
