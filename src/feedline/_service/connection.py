@@ -160,7 +160,8 @@ class Connection:
             return self.items.get(timeout=timeout)
         except queue.Empty:
             if not self._thread.is_alive() and self.items.empty():
-                raise TransportError("the client connection thread stopped unexpectedly") from None
+                raise TransportError(f"the connection to the loader service at {self.address} stopped unexpectedly "
+                                     "(its thread ended without a reason); reconnect with a new Loader") from None
             return None
 
     def close(self, ack: int | None = None, wait: float = 5.0) -> None:
