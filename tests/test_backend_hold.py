@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import json
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -90,3 +91,63 @@ def test_a_global_stream_holds_until_its_first_batch_is_out(tmp_path: Path, monk
     it2 = iter(GlobalStream(p))
     it2.close()  # a stream closed before its first batch releases its hold too
     assert enc._holds == 0
+
+
+class _CountingHf(HfEncoder):
+    """``tokenizers``, counting its calls; ``on_call`` runs after each (to finish a check mid-call)."""
+
+    def __init__(self, backend: object, on_call: object = None) -> None:
+        super().__init__(backend)
+        self.calls, self.on_call = 0, on_call
+
+    def encode_batch(self, texts, add_special_tokens=False):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        out = super().encode_batch(texts, add_special_tokens)
+        if callable(self.on_call):
+            self.on_call()
+        return out
+
+
+def _prose(n: int) -> list[str]:
+    lines = shared("prose", "c4_demo.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line)["text"] for line in lines[:n]]
+
+
+def test_a_check_that_passes_mid_call_takes_the_rest_of_the_call() -> None:
+    """Before the check passes, tokenizers encodes a slice at a time; the texts after the slice where
+    it passed go to fastokens (here with no window), and the ids are those of tokenizers."""
+    fastokens = pytest.importorskip("fastokens")
+    tok = load_tokenizer(str(shared("tokenizers", "gpt2")))
+    pending: Future[Verdict] = Future()
+    fast = backends.FastEncoder(fastokens.Tokenizer.from_json_str(tok.backend.to_str()))
+    hf = _CountingHf(tok.backend, on_call=lambda: pending.done() or pending.set_result(Verdict(fast, "test")))
+    enc = VerifiedEncoder(hf, None, strict=True, label="gpt2", pending=pending, window=0)
+    texts = _prose(120)
+    assert sum(map(len, texts)) > 3 * backends.SLICE_CHARS
+    got = enc.encode_batch(texts)
+    assert hf.calls == 1 and enc.name == "fastokens"  # one slice, then fastokens
+    want = HfEncoder(tok.backend).encode_batch(texts)
+    assert [a.tolist() for a in got] == [a.tolist() for a in want]
+
+
+def test_a_running_check_is_waited_for_once_then_tokenizers_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A check that outlasts ``check_wait`` is waited for by the first call after the first batch
+    only; a stream still before its first batch never waits for it."""
+    monkeypatch.setattr(backends, "HOLD_LIMIT_CHARS", 100)
+    tok = load_tokenizer(str(shared("tokenizers", "gpt2")))
+    never: Future[Verdict] = Future()  # a check that does not finish in this test
+    enc = VerifiedEncoder(HfEncoder(tok.backend), None, strict=False, label="gpt2", start=lambda: never,
+                          start_after=10, check_wait=0.2)
+    texts = _prose(4)
+    want = [a.tolist() for a in HfEncoder(tok.backend).encode_batch(texts)]
+    enc.hold()
+    assert [a.tolist() for a in enc.encode_batch(texts)] == want
+    assert enc.pending is never and not enc._waited  # started past the hold limit, but held: no wait
+    enc.release_hold()
+    assert [a.tolist() for a in enc.encode_batch(texts)] == want
+    assert enc._waited and enc.name == "hf" and not never.done()
+    slow = VerifiedEncoder(HfEncoder(tok.backend), None, strict=False, label="gpt2", pending=never, check_wait=30)
+    slow._waited = True  # as after its one wait: the next calls do not wait again
+    t0 = time.monotonic()
+    assert [a.tolist() for a in slow.encode_batch(texts)] == want
+    assert time.monotonic() - t0 < 20  # a wait would take the whole 30 s

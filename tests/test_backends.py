@@ -254,7 +254,7 @@ def test_a_process_may_exit_while_the_check_runs(gpt2_path: str) -> None:
     code, must exit cleanly (a daemon thread there made the process abort)."""
     script = ("import sys, threading, time, feedline\n"
               "from feedline._tokenize import backends\n"
-              "backends.START_AFTER_CHARS = 0  # start the check at the first encode (by default after 1 MiB)\n"
+              "backends.START_AFTER_CHARS = 0  # start the check at the first encode (by default after 256 KiB)\n"
               "spec = {'sources': [sys.argv[1]], 'tokenizer': sys.argv[2], 'batching': {'batch_size': 2}}\n"
               "print(next(iter(feedline.Loader(spec)))['input_ids'].shape)\n"
               "def started():\n"

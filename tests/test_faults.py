@@ -37,7 +37,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tok = tokenizer_path(tmp)
     spec = make_spec(tmp, tok)
     # the tokenizers encoder: RSS figures here measure cursors, not a fastokens load that `auto`
-    # starts once the server has encoded 1 MiB (the backend is not hashed: states are the same)
+    # starts once the server has encoded 256 KiB (the backend is not hashed: states are the same)
     spec["tokenizer"] = {"path": tok, "backend": "hf"}
     return {"tmp": tmp, "spec": spec, "path": write_spec(tmp / "train.json", spec),
             "hash": feedline.Spec.load(spec).hash()}

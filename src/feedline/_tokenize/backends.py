@@ -12,8 +12,9 @@
   encoded :data:`START_AFTER_CHARS` characters with ``tokenizers`` (so short runs, ``inspect`` and
   small corpora never pay for it) and its first batch is out (a stream holds it until then:
   :meth:`VerifiedEncoder.hold`), and runs on a background thread, once per tokenizer in a
-  process; ``tokenizers`` encodes meanwhile, so no batch waits for it, and batches do not depend
-  on when it finishes.
+  process. The stream pauses up to :data:`CHECK_WAIT_S` for it once (beside ``tokenizers`` on every
+  core, the one-core load takes several times longer), then ``tokenizers`` encodes until it is
+  done; batches do not depend on when it finishes.
 
 Verification does not stop at load time. A :class:`VerifiedEncoder` encodes the texts holding the
 first ``window`` characters of the actual data with both encoders and hands out the ``tokenizers``
@@ -71,11 +72,21 @@ BACKENDS: tuple[str, ...] = ("auto", "hf", "fastokens")
 WINDOW_CHARS = 1 << 18
 #: After the window, one text of every this many calls is re-encoded by ``tokenizers``.
 SPOT_EVERY = 16
-#: ``auto`` starts the fastokens check after a stream has encoded this many characters.
-START_AFTER_CHARS = 1 << 20
+#: ``auto`` starts the fastokens check after a stream has encoded this many characters (and its
+#: first batch is out). Smaller streams never load fastokens; past it, loading (0.6 s of one core
+#: for GPT-2, 3.5 s for a Llama-3 vocabulary) is repaid within the next few MiB of text, and every
+#: character encoded before it costs ~15x more CPU, so it starts as early as a short run allows.
+START_AFTER_CHARS = 1 << 18
 #: While a stream waits for its first batch (:meth:`VerifiedEncoder.hold`), the check waits too,
 #: unless the stream has encoded this many characters.
 HOLD_LIMIT_CHARS = 1 << 23
+#: Once its first batch is out, a stream waits up to this long (once) for a running check instead
+#: of encoding beside it: ``tokenizers`` on every core starves the one-core fastokens load (0.6 s
+#: for GPT-2 alone took 2.8-7 s beside it on 2 cores), and ~15x cheaper ids sooner repay the pause.
+CHECK_WAIT_S = 5.0
+#: Before the check has passed, ``tokenizers`` encodes a call's texts this many characters at a
+#: time, so that a check started meanwhile is joined within one slice, not after the whole chunk.
+SLICE_CHARS = 1 << 16
 
 
 def _first_difference(want: Sequence[np.ndarray], got: Sequence[np.ndarray] | None) -> int | None:
@@ -109,13 +120,17 @@ class VerifiedEncoder:
             (starting with the window) if it passed.
         start, start_after: instead of ``pending``, how to start that check, once this encoder
             has encoded ``start_after`` characters (or :meth:`wait` is called).
+        check_wait: once the check runs and no stream holds it, the next encode waits this many
+            seconds for it (once) before encoding with ``tokenizers`` beside it.
     """
 
     def __init__(self, hf: HfEncoder, fast: FastEncoder | None, *, strict: bool, label: str,
                  window: int = WINDOW_CHARS, spot_every: int = SPOT_EVERY,
                  pending: cf.Future[Verdict] | None = None,
-                 start: Callable[[], cf.Future[Verdict]] | None = None, start_after: int = 0) -> None:
+                 start: Callable[[], cf.Future[Verdict]] | None = None, start_after: int = 0,
+                 check_wait: float = CHECK_WAIT_S) -> None:
         self.hf, self.fast, self.pending = hf, fast, pending
+        self.check_wait, self._waited = check_wait, False
         self.start, self.start_after, self.seen = start, start_after, 0
         self.strict, self.label = strict, label
         self.window, self.spot_every = window, max(1, spot_every)
@@ -197,10 +212,10 @@ class VerifiedEncoder:
                 if self.start is not None and self.seen >= self.start_after:
                     self.pending, self.start = self.start(), None
             if self.pending is None:
-                return self.hf.encode_batch(texts, add_special_tokens)
+                return self._before_check(texts, add_special_tokens)
         if self.pending is not None:
-            if not self.pending.done():
-                return self.hf.encode_batch(texts, add_special_tokens)
+            if not self._switch_now():
+                return self._before_check(texts, add_special_tokens)
             self._resolve()
         checked = 0
         with self._lock:
@@ -234,6 +249,36 @@ class VerifiedEncoder:
                     + "; batches already delivered may hold fastokens ids. Set tokenizer: {backend: hf} and restart "
                     "from a state saved before this run used fastokens, and report the text to fastokens")
         return got if flat else split_ids(*got)
+
+    def _switch_now(self) -> bool:
+        """True when a started check is done, after waiting for it (once, unless a stream still holds
+        it) up to :attr:`check_wait` seconds."""
+        with self._lock:
+            pending = self.pending
+            if pending is None:
+                return False
+            wait = not pending.done() and not self._waited and not self._holds
+            self._waited = self._waited or wait
+        if wait:
+            cf.wait([pending], timeout=self.check_wait)
+        return pending.done()
+
+    def _before_check(self, texts: Sequence[str], add_special_tokens: bool) -> list[np.ndarray]:
+        """``tokenizers``' ids until the check is done, a slice of :data:`SLICE_CHARS` at a time; the
+        texts after the slice where it is done (or waited for) go through :meth:`_encode` again."""
+        out: list[np.ndarray] = []
+        i = 0
+        while i < len(texts):
+            j, size = i + 1, len(texts[i])
+            while j < len(texts) and size < SLICE_CHARS:
+                size += len(texts[j])
+                j += 1
+            out += self.hf.encode_batch(texts[i:j], add_special_tokens)
+            i = j
+            if i < len(texts) and self._switch_now():
+                rest = self._encode(texts[i:], add_special_tokens)
+                return out + (rest if isinstance(rest, list) else split_ids(*rest))
+        return out
 
     def _window(self, texts: Sequence[str], checked: int, add_special_tokens: bool) -> list[np.ndarray]:
         """Encode with fastokens and compare the first ``checked`` texts with tokenizers.
