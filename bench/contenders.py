@@ -110,7 +110,8 @@ def raw(corpus: Path, w: Workload, meter: Meter) -> None:
 
     meter.extra["note"] = f"texts in memory; encode_batch_fast(1,000 texts) from {RAW_THREADS} thread, Rayon on {CORES} cores"
     meter.start()
-    with cf.ThreadPoolExecutor(RAW_THREADS) as pool:  # the consumer never waits for a call to be issued
+    pool = cf.ThreadPoolExecutor(RAW_THREADS)  # the consumer never waits for a call to be issued
+    try:
         inflight: list[cf.Future[int]] = []
         for chunk in chunks:  # a bounded number of calls ahead of the consumer, like a prefetch
             inflight.append(pool.submit(count, chunk))
@@ -118,6 +119,8 @@ def raw(corpus: Path, w: Workload, meter: Meter) -> None:
                 meter.batch(inflight.pop(0).result())
         for fut in inflight:
             meter.batch(fut.result())
+    finally:  # when the meter stops the run: drop the queued calls (~10 s of encoding nobody counts)
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 # ------------------------------------------------------------------------------- feedline

@@ -1,13 +1,13 @@
 """``make bench``: every benchmark in one run, the targets checked, plots drawn for docs/benchmarks.md.
 
-    .venv/bin/python bench/run.py                  # full run (~10 minutes on 2 cores)
+    .venv/bin/python bench/run.py                  # full run (~12 minutes on 2 cores)
     .venv/bin/python bench/run.py --quick          # small corpora, short runs (checks the scripts)
     .venv/bin/python bench/run.py --report         # re-print and re-plot from bench/results/*.json
     make bench ARGS="--only throughput"
 
 Parts: ``throughput`` (tokens/s and CPU s per M tokens, CLM packed at 1024 on documents and on
 short records, MLM at 128, every contender, each a ratio to the raw ``tokenizers`` encoder run
-interleaved with it, medians of three), ``startup`` (time to first batch, 1 GB), ``memory`` (peak
+interleaved with it, medians of three; the peers run once), ``startup`` (time to first batch, 1 GB), ``memory`` (peak
 RSS, 100 MB vs 1 GB), ``service`` (``bench/service.py``: one vs eight clients of one server),
 ``profile`` (CPU by thread, ``bench/cpu_profile.py``), and, when their scripts are present,
 ``backends`` (``bench/backends.py``: tokenizer backends) and ``pretokenized``
@@ -44,7 +44,7 @@ PROFILED = ("clm-1024", "clm-1024-short", "mlm-128")
 OPTIONAL_SCRIPTS = {"backends": "backends.py", "pretokenized": "pretokenized.py"}
 WORKLOADS = "clm-1024,clm-1024-short,mlm-128"
 FULL = {"throughput": ["--mb", "128", "--seconds", "8", "--rounds", "3", "--workloads", WORKLOADS],
-        "startup": ["--offline-mb", "48"], "memory": ["--seconds", "8"]}
+        "startup": ["--offline-mb", "24"], "memory": ["--seconds", "8"]}
 QUICK = {"throughput": ["--mb", "32", "--seconds", "4", "--workloads", WORKLOADS], "startup": ["--mb", "32", "--offline-mb", "8"],
          "memory": ["--small-mb", "8", "--large-mb", "32", "--seconds", "3"]}
 
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             elif part == "profile":
                 for wl in PROFILED:  # a fresh process each: thread CPU times are cumulative
                     subprocess.run([sys.executable, str(ROOT / "bench" / "cpu_profile.py"), "--workload", wl,
-                                    "--seconds", "4" if args.quick else "10"], check=False, env=throughput.child_env())
+                                    "--seconds", "4" if args.quick else "6"], check=False, env=throughput.child_env())
             else:
                 MODULES[part].main(sizes[part])
         save_json("summary", {"machine": machine(), "targets": targets(), "quick": args.quick})

@@ -36,7 +36,7 @@ DEFAULT_CONTENDERS = {
     "clm-2048": ["raw", "feedline"],
     "mlm-128": ["raw", "feedline", "hf-stream"],
 }
-SINGLE = {"ray-data", "litdata", "hf-offline"}  # one round only
+SINGLE = {"ray-data", "litdata", "hf-offline", "hf-stream"}  # one round only: peers far from the limit
 COLUMNS = [("label", "contender", ""), ("tokens_per_s", "tokens/s", ",.0f"), ("vs_raw", "x raw", ".2f"),
            ("e2e_tokens_per_s", "end-to-end tokens/s", ",.0f"), ("first_batch_s", "first batch s", ".2f"), ("cpu_s_per_mtok", "CPU s / M tok", ".2f"),
            ("peak_rss_mb", "peak RSS MB", ",.0f"), ("tokens", "tokens", ",d"), ("rounds", "each round, tokens/s", ""),
