@@ -28,6 +28,7 @@ from typing import Any, Literal
 import numpy as np
 
 from feedline._batching.base import Batch, int_dtype
+from feedline._core.block import spans
 from feedline._core.record import Example
 from feedline.errors import TaskError
 
@@ -117,21 +118,20 @@ def collate_flat(docs: np.ndarray, lengths: np.ndarray, values: Mapping[str, np.
     totals = seq_lens.sum(axis=1, dtype=np.int64)
     if totals.max(initial=0) > max_length:
         raise TaskError(f"a packed row holds {int(totals.max())} tokens but max_length is {max_length}")
-    piece_at = prow * max_length + (np.cumsum(seq_lens, axis=1, dtype=np.int64)[prow, pdoc] - lengths)
-    within = np.arange(int(lengths.sum())) - np.repeat(_run_starts(lengths), lengths)
-    dest = np.repeat(piece_at, lengths) + within  # flat index in [n * max_length] of each token
-    for name, out in batch.items():
-        out.reshape(n * max_length, *out.shape[2:])[dest] = values[name]
-    if reset_positions:
-        positions.reshape(-1)[dest] = within
-    if not reset_positions:
-        positions = np.broadcast_to(np.arange(max_length, dtype=np.int32), (n, max_length)).copy()
+    # A row's pieces lie end to end from its start, rows in order: the tokens, in order, fill
+    # exactly the places where ``real`` is True (row-major), so one masked store places them all.
     real = np.arange(max_length)[None, :] < totals[:, None]
+    for name, out in batch.items():
+        out[real] = values[name]
     starts = np.zeros((n, max_length), dtype=bool)
     cu = np.zeros((n, max_docs + 1), dtype=np.int32)
     cu[:, 1:] = np.cumsum(seq_lens, axis=1)
     rr, dd = np.nonzero(seq_lens)
     starts[rr, cu[rr, dd]] = True
+    if reset_positions:
+        positions[real] = spans(np.zeros(len(lengths), dtype=np.int64), lengths)  # each token's index in its piece
+    else:
+        positions = np.broadcast_to(np.arange(max_length, dtype=np.int32), (n, max_length)).copy()
     if "labels" in batch and mask_first:
         batch["labels"][starts] = -100
     batch["position_ids"] = positions
