@@ -146,6 +146,11 @@ class InProcessLoader(Loader):
         """Restart from ``state`` (the next batch is the one that followed it)."""
         self._stage.set_state(check_state(state, self.spec_hash))
 
+    def _state_snapshot(self) -> dict[str, Any]:
+        """:meth:`state_dict` with its deferred parts not yet computed (for a stage that takes the
+        state after every batch: :class:`~feedline._adapters.common.LoaderStage`)."""
+        return make_state(self.spec_hash, self._stage.snapshot(), self.world_size)
+
     def stats(self) -> dict[str, Any]:
         """What this loader has read so far: steps, rejected records by reason, realised mixture shares.
 

@@ -23,6 +23,7 @@ from feedline._batching.base import Batch, BatchContext, Batcher
 from feedline._batching.planner import complete_batch
 from feedline._batching.registry import batcher_class
 from feedline._core.dataset import Dataset, DatasetIterator, State
+from feedline._core.deferred import materialize
 from feedline._core.record import Example, Key, Record
 from feedline._sources.mix import Mixture
 from feedline._sources.shuffle import ShuffleBuffer
@@ -179,6 +180,7 @@ class GlobalStreamIterator(DatasetIterator[tuple[int, Batch, State]]):
         self._held: Any = encoder if hasattr(encoder, "hold") else None
         self._out = False
         self._state: State | None = None  # the state after the last step, built once per step
+        self._snapshot: State | None = None  # the same, with deferred parts (see snapshot)
         if self._held is not None:
             self._held.hold()
 
@@ -188,11 +190,15 @@ class GlobalStreamIterator(DatasetIterator[tuple[int, Batch, State]]):
         return self.parent
 
     def __next__(self) -> tuple[int, Batch, State]:
+        step, batch, _ = self._next_step()
+        return step, batch, self.get_state()
+
+    def _next_step(self) -> tuple[int, Batch, None]:
         p = self.gs.pipeline
         b = p.spec.batching
         if self._out:  # the first batch is out (starting the check may digest the tokenizer's JSON)
             self.release()
-        self._state = None
+        self._state = self._snapshot = None
         while not self.done:
             batch = next(self.parent, None)
             if batch is None:
@@ -203,8 +209,14 @@ class GlobalStreamIterator(DatasetIterator[tuple[int, Batch, State]]):
                 continue
             self.step += 1
             self._out = True
-            return self.step, full, self.get_state()
+            return self.step, full, None
         raise StopIteration
+
+    def next_deferred(self) -> tuple[int, Batch, State]:
+        """:meth:`__next__` with the :meth:`snapshot` instead of the state (what a prefetching
+        consumer takes after every step; it materializes only the states it is asked for)."""
+        step, batch, _ = self._next_step()
+        return step, batch, self.snapshot()
 
     def release(self) -> None:
         """Let the backend check start (after the first batch, or when the stream closes)."""
@@ -216,8 +228,14 @@ class GlobalStreamIterator(DatasetIterator[tuple[int, Batch, State]]):
         """The state after the last step; built once per step (the loader and the service's producer
         both ask for it after every step, and a packer's state costs a pass over its buffered rows)."""
         if self._state is None:
-            self._state = super().get_state()
+            self._state = materialize(self.snapshot())
         return self._state
+
+    def snapshot(self) -> State:
+        """The state after the last step with the batcher's deferred parts (taken once per step)."""
+        if self._snapshot is None:
+            self._snapshot = {self.PARENT: self.parent.snapshot(), **self.own_state()}
+        return self._snapshot
 
     def own_state(self) -> State:
         return {"step": self.step}
@@ -225,4 +243,4 @@ class GlobalStreamIterator(DatasetIterator[tuple[int, Batch, State]]):
     def restore(self, own: Mapping[str, Any]) -> None:
         self.step = int(own["step"])
         self.done = False
-        self._state = None
+        self._state = self._snapshot = None

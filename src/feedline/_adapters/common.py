@@ -57,6 +57,11 @@ class LoaderStage:
     def get_state(self) -> dict[str, Any]:
         return self.loader.state_dict()  # type: ignore[no-any-return]
 
+    def snapshot(self) -> dict[str, Any]:
+        """The state, deferred where the loader can defer it (taken after every batch)."""
+        snap = getattr(self.loader, "_state_snapshot", None)
+        return snap() if snap is not None else self.get_state()  # type: ignore[no-any-return]
+
     def set_state(self, state: Mapping[str, Any]) -> None:
         self._it = None
         self.loader.load_state_dict(state)

@@ -15,7 +15,8 @@ mask; :mod:`feedline._batching.rows` describes the layout.
 State: ``{"parent", "ready": rows not yet delivered, "open": open rows, "stats"}``, each row a list
 of piece refs ``[source, file, position, epoch, sub, start]``, packed (:func:`feedline._core.packed.pack_ragged`;
 ``[]`` when there is no row; older states' nested lists still load). The refs of the ready and
-open rows are collected once per window, not per batch: a batch only moves the ready rows' start.
+open rows are collected once per window, not per batch: a batch only moves the ready rows' start,
+and the prefetching loader's :meth:`PackIterator.snapshot` defers even that until a state is read.
 Pieces are arrays in a :class:`~feedline._batching.pieces.PiecePool`; the packer places their ids.
 Buffered examples are rebuilt from their records on resume; the window itself is always empty at a
 batch boundary (windows are read whole, between batches). The iterator's :attr:`stats` reports the packing efficiency.
@@ -23,6 +24,7 @@ batch boundary (windows are read whole, between batches). The iterator's :attr:`
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,10 +34,11 @@ import numpy as np
 
 from feedline._batching.base import Batch, Batcher, FillStats
 from feedline._batching.bestfit import BestFitPacker
-from feedline._batching.pieces import PiecePool
+from feedline._batching.pieces import PiecePool, lookup_refs
 from feedline._batching.rows import Attention, Piece, piece_of, token_fields
 from feedline._core.block import ExampleBlock, exclusive_cumsum
 from feedline._core.dataset import DatasetIterator, State
+from feedline._core.deferred import Deferred, materialize
 from feedline._core.packed import pack_ragged_array, unpack_ragged
 from feedline._core.record import Example
 from feedline.errors import SpecError, StateError
@@ -143,8 +146,8 @@ class PackIterator(DatasetIterator[Batch]):
         self.pool = PiecePool()
         self.exhausted = False
         self.stats = FillStats()
-        self._refs: tuple[np.ndarray, np.ndarray, np.ndarray, Any] | None = None  # see _row_refs
-        self._taken = 0  # ready rows delivered since _refs was built
+        self._window: _WindowRows | None = None  # the rows as of the last window (see _window_rows)
+        self._taken = 0  # ready rows delivered since _window was taken
 
     def _new_packer(self) -> BestFitPacker[int]:
         o = self.opts
@@ -172,7 +175,7 @@ class PackIterator(DatasetIterator[Batch]):
         """Drop the tokens of delivered pieces: keep those of the ready and open rows."""
         rows = itertools.chain(self.packer.ready, self.packer.open_contents())
         self.pool.keep(np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64))
-        self._refs = None
+        self._window = None
 
     def _counts(self, lengths: np.ndarray) -> np.ndarray:
         """Pieces per example: none for an empty one, one up to a row, a row's worth each beyond (``split``)."""
@@ -234,28 +237,24 @@ class PackIterator(DatasetIterator[Batch]):
         self.stats.slots += len(rows) * self.max_length
         return batch
 
-    def _row_refs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:
-        """Lengths, row starts and refs of the ready rows, and the packed open rows, as of the last window."""
-        if self._refs is None:
-            ready, open_rows = list(self.packer.ready), self.packer.open_contents()
-            lengths = np.fromiter((len(row) for row in ready), dtype=np.int64, count=len(ready))
-            starts = np.zeros(len(ready) + 1, dtype=np.int64)
-            np.cumsum(lengths, out=starts[1:])
-            open_lengths = np.fromiter((len(r) for r in open_rows), dtype=np.int64, count=len(open_rows))
-            ids = np.fromiter(itertools.chain.from_iterable(itertools.chain(ready, open_rows)), dtype=np.int64)
-            refs = self.pool.refs(ids)
-            n = int(starts[-1])
-            self._refs, self._taken = (lengths, starts, refs[:n], pack_ragged_array(open_lengths, refs[n:])), 0
-        return self._refs
+    def _window_rows(self) -> _WindowRows:
+        """The ready and open rows as of the last window (taken at the first state after it)."""
+        if self._window is None:
+            self._window, self._taken = _WindowRows(self.packer.ready, self.packer.open_contents(), self.pool), 0
+        return self._window
 
     def own_state(self) -> State:
-        lengths, starts, refs, open_state = self._row_refs()
-        t = self._taken
-        return {
-            "ready": pack_ragged_array(lengths[t:], refs[starts[t]:]),
-            "open": open_state,
-            "stats": self.stats.get_state(),
-        }
+        return materialize(self._own_snapshot())  # type: ignore[no-any-return]
+
+    def snapshot(self) -> State:
+        """The state with its rows deferred: after every batch this costs a few list copies per
+        window; the refs are looked up and packed only if the state is read."""
+        return {self.PARENT: self.parent.get_state(), **self._own_snapshot()}
+
+    def _own_snapshot(self) -> State:
+        window, taken = self._window_rows(), self._taken
+        return {"ready": Deferred(functools.partial(window.ready_state, taken)), "open": Deferred(window.open_state),
+                "stats": self.stats.get_state()}
 
     def restore(self, own: Mapping[str, Any]) -> None:
         stats = own["stats"]
@@ -286,6 +285,41 @@ class PackIterator(DatasetIterator[Batch]):
         self.exhausted = False
         self.stats = FillStats.from_state(stats)
         self._keep()
+
+
+class _WindowRows:
+    """The rows a window left, from parts nobody changes again: the closed rows (a closed row is
+    never appended to), copies of the open ones, and the pool's id and ref tables (the pool
+    replaces them, never writes into them). Their refs are looked up once, when a state is read."""
+
+    __slots__ = ("_ids", "_open", "_ready", "_refs", "_tables")
+
+    def __init__(self, ready: Sequence[list[int]], open_rows: Sequence[list[int]], pool: PiecePool) -> None:
+        self._ready, self._open = list(ready), [list(r) for r in open_rows]
+        self._ids, self._refs = pool.ref_table()
+        self._tables: tuple[np.ndarray, np.ndarray, np.ndarray, Any] | None = None
+
+    def tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:
+        """Lengths, row starts and refs of the ready rows, and the packed open rows."""
+        if self._tables is None:
+            ready, open_rows = self._ready, self._open
+            lengths = np.fromiter((len(row) for row in ready), dtype=np.int64, count=len(ready))
+            starts = np.zeros(len(ready) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=starts[1:])
+            open_lengths = np.fromiter((len(r) for r in open_rows), dtype=np.int64, count=len(open_rows))
+            ids = np.fromiter(itertools.chain.from_iterable(itertools.chain(ready, open_rows)), dtype=np.int64)
+            refs = lookup_refs(self._ids, self._refs, ids)
+            n = int(starts[-1])
+            self._tables = (lengths, starts, refs[:n], pack_ragged_array(open_lengths, refs[n:]))
+        return self._tables
+
+    def ready_state(self, taken: int) -> Any:
+        """The ready rows after the first ``taken`` (delivered since), packed."""
+        lengths, starts, refs, _open = self.tables()
+        return pack_ragged_array(lengths[taken:], refs[starts[taken]:])
+
+    def open_state(self) -> Any:
+        return self.tables()[3]
 
 
 def _block_of(examples: Sequence[Example]) -> ExampleBlock:

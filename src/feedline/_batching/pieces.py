@@ -7,7 +7,7 @@ lengths and where their tokens are. Tokens are appended to one growing array per
 *arena*: one copy per chunk of examples, not per piece); when delivered pieces make up most of
 it, the live tokens are copied to a fresh arena. The packer moves ids; a batch gathers its rows'
 tokens with one index computation (:meth:`PiecePool.collate`), and the state's refs are one
-lookup (:meth:`PiecePool.refs`)::
+lookup (:func:`lookup_refs`)::
 
     add(block pieces)          -> ids 0..4, tokens appended to the arena
     packer places ids          -> ready [[0, 3]], open [[1, 2, 4]]
@@ -26,7 +26,7 @@ from feedline._batching.base import Batch
 from feedline._batching.rows import Attention, collate_flat
 from feedline._core.block import spans
 
-__all__ = ["PiecePool"]
+__all__ = ["PiecePool", "lookup_refs"]
 
 #: The arena is compacted when it holds more than this many times the live tokens (plus a slack).
 _GROWTH = 3
@@ -123,14 +123,14 @@ class PiecePool:
     def _rows(self, ids: np.ndarray) -> np.ndarray:
         if self._new:
             raise RuntimeError("piece pool: keep() the live pieces before reading them")
-        rows = np.searchsorted(self.ids, ids)
-        if len(ids) and (rows.max() >= len(self.ids) or not np.array_equal(self.ids[rows], ids)):
-            raise KeyError("piece pool: a piece id is not kept")
-        return rows
+        return _find(self.ids, ids)
 
-    def refs(self, ids: np.ndarray) -> np.ndarray:
-        """``[len(ids), 6]`` state refs of kept pieces."""
-        return self._refs[self._rows(np.asarray(ids, dtype=np.int64))]
+    def ref_table(self) -> tuple[np.ndarray, np.ndarray]:
+        """The kept pieces' ids and refs (for :func:`lookup_refs`); the pool replaces these arrays,
+        never writes into them, so they stay valid after later calls."""
+        if self._new:
+            raise RuntimeError("piece pool: keep() the live pieces before reading them")
+        return self.ids, self._refs
 
     def collate(self, rows: Sequence[Sequence[int]], max_length: int, max_docs: int, pad_values: Mapping[str, Any], *,
                 mask_first: bool, attention: Attention) -> tuple[Batch, int]:
@@ -146,3 +146,16 @@ class PiecePool:
         batch = collate_flat(docs, lengths, values, max_length, max_docs, pad_values, mask_first=mask_first,
                              attention=attention)
         return batch, int(lengths.sum())
+
+
+def _find(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Rows of ``ids`` in the sorted id ``table``."""
+    rows = np.searchsorted(table, ids)
+    if len(ids) and (rows.max() >= len(table) or not np.array_equal(table[rows], ids)):
+        raise KeyError("piece pool: a piece id is not kept")
+    return rows
+
+
+def lookup_refs(ids_table: np.ndarray, refs_table: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``[len(ids), 6]`` refs of ``ids`` in a :meth:`PiecePool.ref_table`."""
+    return refs_table[_find(ids_table, np.asarray(ids, dtype=np.int64))]

@@ -24,6 +24,7 @@ import numpy as np
 
 from feedline._batching.base import Batch, real_tokens
 from feedline._core.dataset import DatasetIterator, State
+from feedline._core.deferred import materialize
 from feedline.errors import SpecError
 
 __all__ = ["RankSlice", "assign_rows", "complete_batch", "rank_rows", "rank_slices", "slice_for_rank"]
@@ -89,11 +90,15 @@ class RankSlice(DatasetIterator[Batch]):
         self._state: State | None = None  # the parent's state after the last step, as it reported it
 
     def __next__(self) -> Batch:
-        _step, batch, self._state = next(self.parent)
+        step = getattr(self.parent, "next_deferred", None)  # the global stream's snapshot: cheap every step
+        _step, batch, self._state = step() if step is not None else next(self.parent)
         return slice_for_rank(batch, self.rank, self.world_size)
 
     def get_state(self) -> State:
-        return self._state if self._state is not None else self.parent.get_state()
+        return materialize(self.snapshot())  # type: ignore[no-any-return]
+
+    def snapshot(self) -> State:
+        return self._state if self._state is not None else self.parent.snapshot()
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         self._state = None

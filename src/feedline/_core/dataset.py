@@ -115,6 +115,11 @@ class DatasetIterator(ABC, Iterator[T_co]):
         own = self.own_state()
         return own if parent is None else {self.PARENT: parent.get_state(), **own}
 
+    def snapshot(self) -> State:
+        """:meth:`get_state`, possibly with :class:`~feedline._core.deferred.Deferred` values (cheap to
+        take after every element; :func:`~feedline._core.deferred.materialize` gives the state)."""
+        return self.get_state()
+
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Restore a state from :meth:`get_state`; the next element is the one that followed it."""
         defaults = self.STATE_DEFAULTS

@@ -5,7 +5,9 @@
     >>> it.get_state() == state                          # doctest: +SKIP
     True
 
-Each element crosses the queue together with the parent's state after it, so
+Each element crosses the queue together with the parent's state after it (its
+:meth:`~feedline._core.dataset.DatasetIterator.snapshot`: parts of it may be computed only when
+:meth:`Prefetch.get_state` is called), so
 :meth:`Prefetch.get_state` always describes what the *consumer* has received, however far the
 thread ran ahead. :meth:`Prefetch.set_state` stops the thread and rewinds the parent; the next
 :meth:`__next__` starts a fresh thread from there. An exception on the thread is raised to the
@@ -29,6 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from feedline._core.dataset import DatasetIterator, State
+from feedline._core.deferred import materialize
 from feedline.errors import FeedlineError
 
 __all__ = ["Prefetch"]
@@ -69,7 +72,8 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         self.name = name
         self._map = map
         self._wake = wake
-        self._state: State | None = None   # state after the last element handed out
+        self._state: State | None = None   # state after the last element handed out (a snapshot)
+        self._resolved: State | None = None  # the same, materialized (see get_state)
         self._rewind = False               # parent must be set to _state before producing
         self._ended = False
         self._thread: threading.Thread | None = None
@@ -107,7 +111,7 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
             self._halt(discard=True)
             raise item.error
         element, state = item
-        self._state = state
+        self._state, self._resolved = state, None
         return element, state
 
     def _get(self) -> Any:
@@ -138,12 +142,20 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         """The parent's state after the last element handed out (its start state before any)."""
         if self._state is None:
             self._state = self._ensure_parent().get_state()
+        if self._resolved is None:  # the thread hands out snapshots: materialized only when asked
+            self._resolved = materialize(self._state)
+        return self._resolved
+
+    def snapshot(self) -> State:
+        """:meth:`get_state` as the thread took it (deferred parts not yet computed)."""
+        if self._state is None:
+            return self.get_state()
         return self._state
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Stop the thread; the next element is the one that followed ``state``."""
         self._halt()
-        self._state = dict(state)
+        self._state = self._resolved = dict(state)
         self._rewind = True
         self._ended = False
 
@@ -172,9 +184,9 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         fresh = self._parent is None
         parent = self._ensure_parent()
         if self._state is None:  # known before the thread runs, so get_state() never races it
-            self._state = parent.get_state()
+            self._state = self._resolved = parent.get_state()
             fresh = False
-        rewind = self._state if self._rewind or fresh else None
+        rewind = self.get_state() if self._rewind or fresh else None
         self._rewind = False
         self.pulled = 0
         self._stop = threading.Event()
@@ -217,6 +229,7 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
             if rewind is not None:
                 parent.set_state(rewind)
             fn = self._map
+            snapshot = getattr(parent, "snapshot", parent.get_state)
             while not stop.is_set():
                 try:
                     element = next(parent)
@@ -224,7 +237,7 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
                     self._put(q, stop, _END)
                     return
                 self.pulled += 1
-                state = parent.get_state()
+                state = snapshot()
                 if fn is not None:
                     element = fn(element)
                 if not self._put(q, stop, (element, state)):
