@@ -12,6 +12,7 @@ import pytest
 from conftest import shared
 from feedline import Loader
 from feedline._batching.rows import flat_cu_seqlens
+from feedline._core.deferred import materialize
 from feedline._pipeline import GlobalStream, Pipeline
 from feedline.errors import SpecError
 from feedline.testing import assert_resumes_exactly, collect
@@ -230,3 +231,21 @@ def test_window_ramp_gives_an_early_first_batch_and_the_same_tokens(texts: dict[
               for bs in (rest_ramp, rest_flat)]
     assert len(tokens[0]) > 0
     assert abs(len(tokens[0]) - len(tokens[1])) < 8 * 128  # the same documents, up to one batch of rows
+
+
+def test_deferred_states_read_late_are_the_states_of_their_step(texts: dict[str, str]) -> None:
+    """The loader's thread takes a snapshot after every batch and runs ahead; a snapshot read only
+    after the stream moved on (windows packed, pieces dropped from the pool) is still the state of
+    its own step, and nothing is computed for a state nobody reads."""
+    s = spec(texts["c4"], window=16, first_window=None, open_bins=4)
+    eager = [state for _step, _batch, state in GlobalStream(Pipeline(s))]
+    assert len(eager) >= 6
+    loader = Loader(s, prefetch=4)
+    snaps = []
+    for _ in range(len(eager)):
+        next(loader)
+        snaps.append(loader._stage.snapshot())  # type: ignore[attr-defined]
+    assert "Deferred(pending)" in repr(snaps[0])  # not computed while the stream ran
+    assert [json.loads(json.dumps(materialize(x))) for x in snaps] == [json.loads(json.dumps(x)) for x in eager]
+    assert loader.state_dict()["pipeline"] == eager[-1]["pipeline"]
+    loader.close()
