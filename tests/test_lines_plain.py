@@ -122,3 +122,24 @@ def test_take_from_blocks_stops_at_the_reject_limit_like_the_item_path(tmp_path:
                 outcomes.append(str(e))
         assert outcomes[0] == outcomes[1]
         assert isinstance(outcomes[0], str) == raises
+
+
+@pytest.mark.parametrize("plain", [True, False])
+def test_a_bom_files_first_record_starts_after_the_bom(tmp_path: Path, plain: bool) -> None:
+    """The first record of a UTF-8 BOM file is at byte 3 and ends where its line ends: resuming
+    after it reads the next record (it once re-read the first line's last 3 bytes as a bad line),
+    and a one-record BOM file is not reported truncated."""
+    path = tmp_path / "bom.jsonl"
+    first, second = b'{"text": "first record"}\n', b'{"text": "second"}\n'
+    path.write_bytes(BOM + first + second)
+    reader = JsonlReader(SourceSpec(path=str(path)))
+    whole = Split(0, str(path), size=path.stat().st_size)
+    items = _items(reader, whole, 0, 0, plain)
+    assert [(p, n, ln) for p, n, ln, _r in items] == [(3, 3 + len(first), 1), (3 + len(first), path.stat().st_size, 2)]
+    assert _items(reader, whole, items[0][1], 1, plain) == items[1:]  # resume after the first: no rejection
+    one = tmp_path / "one.jsonl"
+    one.write_bytes(BOM + first)
+    assert _items(reader, Split(0, str(one), size=one.stat().st_size), 0, 0, plain) == \
+        [(3, 3 + len(first), 1, {"text": "first record"})]
+    # a state saved when the first record of a BOM file was at byte 0 still resumes
+    assert reader.fetch(str(path), [0, 3 + len(first)]) == {0: {"text": "first record"}, 3 + len(first): {"text": "second"}}

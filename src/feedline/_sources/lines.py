@@ -148,7 +148,7 @@ def iter_lines(path: str, position: int = 0, *, align: bool = False,
             start = pos
             pos += line_size(raw)
             if start == 0 and raw.startswith(BOM) and not isinstance(raw, Oversized):
-                raw = raw[len(BOM):]
+                raw, start = raw[len(BOM):], len(BOM)  # the record starts after the BOM
             yield start, raw
 
 
@@ -274,8 +274,8 @@ class LineReader(Reader):
                             add((start, pos, line, _locate(self.too_large(path, line if known else None, len(raw) + nl), start, known)))
                             continue
                         if start == 0 and raw.startswith(BOM):
-                            raw = raw[len(BOM):]
-                            last_end = len(raw) + nl  # as the line-by-line path counts it
+                            raw, start = raw[len(BOM):], len(BOM)  # the record starts after the BOM
+                            last_start = start
                         rec = fast(raw) if fast is not None else MISS
                         if rec is MISS:
                             rec = parse(raw + b"\n" if nl else raw, path, line if known else None)
@@ -337,6 +337,8 @@ class LineReader(Reader):
                 item = next(items, None)
             finally:
                 items.close()  # type: ignore[attr-defined]
+            if item is not None and p == 0 and item[0] == len(BOM):
+                item = (0, *item[1:])  # a state saved before records of BOM files started after the BOM
             if item is None or item[0] != p or isinstance(item[3], Rejection):
                 raise SourceError(f"{path}: no record at byte {p}; the file changed since the state was saved")
             found[p] = item[3]
