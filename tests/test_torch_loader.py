@@ -97,6 +97,20 @@ def test_resume_through_torchloader_is_exact(spec: dict[str, Any], prefetch: int
         assert_batches_equal(ref[stop:], resumed, where=f"resume after {stop}")
 
 
+def test_packed_states_through_the_feeder_are_json_and_resume(spec: dict[str, Any]) -> None:
+    """The feeder hands on the loader's deferred (pack) states; state_dict() gives plain JSON."""
+    packed = {**spec, "task": {"kind": "clm", "max_length": 32}, "batching": {"strategy": "pack", "batch_size": 4}}
+    ref = as_numpy(list(TorchLoader(packed, int64=False)))
+    loader = TorchLoader(packed, prefetch=2, int64=False)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert loader.step == 3 and state["step"] == 3
+    loader.close()
+    assert_batches_equal(ref[3:], as_numpy(list(TorchLoader(packed, state=state, int64=False))), where="resume after 3")
+
+
 def test_iterating_again_continues_after_the_last_batch_received(spec: dict[str, Any]) -> None:
     """The feeder thread runs ahead; a new iteration must not skip what it had prefetched."""
     ref = collect(feedline.Loader(spec))

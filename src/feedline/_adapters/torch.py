@@ -23,7 +23,6 @@ rank and world size come from there, for in-process and remote sources alike.
 
 from __future__ import annotations
 
-import copy
 import logging
 import sys
 from collections import deque
@@ -34,6 +33,7 @@ import numpy as np
 
 from feedline._adapters.common import LoaderStage, is_loader, resolve_loader, resolve_rank
 from feedline._adapters.hf import PackedLayout, PackedMode
+from feedline._core.deferred import materialize
 from feedline._core.prefetch import Prefetch
 from feedline.errors import FeedlineError, MissingDependency
 
@@ -186,12 +186,16 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
                 for batch in self.loader:
                     yield to_torch(batch, int64=self.int64, pin=self.pin), self.loader.state_dict()
                 yield _END
+            except GeneratorExit:  # closed by its consumer: not an error to hand on
+                raise
             except BaseException as e:
                 yield e
             return
         try:
             yield from feeder
             yield _END
+        except GeneratorExit:
+            raise
         except BaseException as e:
             yield e
 
@@ -232,8 +236,8 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         """JSON state after the last batch this loader yielded (torchdata ``Stateful`` protocol)."""
-        if self._state is not None:
-            return copy.deepcopy(self._state)
+        if self._state is not None:  # the feeder's snapshot: materialized (and copied) when asked
+            return materialize(self._state)  # type: ignore[no-any-return]
         return self.loader.state_dict()  # type: ignore[no-any-return]
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -252,7 +256,7 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
     @property
     def step(self) -> int:
         """Global steps received so far."""
-        return int(self.state_dict()["step"])
+        return int((self._state if self._state is not None else self.state_dict())["step"])
 
     def close(self) -> None:
         """Stop background work and close the wrapped loader. Idempotent."""

@@ -49,14 +49,15 @@ class Deferred:
 
 
 def materialize(state: Any) -> Any:
-    """``state`` with every :class:`Deferred` value inside its dicts and lists computed.
+    """``state`` with every :class:`Deferred` value inside its dicts and lists computed (new dicts
+    and lists throughout: a deep copy of a JSON state).
 
         >>> materialize([{"a": Deferred(lambda: 1)}, 2])
         [{'a': 1}, 2]
     """
     kind = type(state)
-    if kind is Deferred:
-        return state()
+    if kind is Deferred:  # its value is copied too: the caller may change what it gets
+        return materialize(state())
     if kind is dict:
         return {k: materialize(v) for k, v in state.items()}
     if kind is list:
