@@ -84,8 +84,8 @@ class IterableDataset:
                 except StopIteration:
                     return
                 row = dict(rec.data)
-                if self.builder == "text" and rec.key[2] == 0 and self._has_bom(pipeline, rec.key):
-                    row["text"] = "\ufeff" + row["text"]  # datasets keeps a file's byte-order mark
+                if self.builder == "text" and rec.key[2] == len(_BOM) and self._has_bom(pipeline, rec.key):
+                    row["text"] = "\ufeff" + row["text"]  # datasets keeps a file's byte-order mark (the record starts after it)
                 yield row
         finally:
             if self._it is it:  # not an older iteration closed late
