@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import shared
+from feedline._sources import jsonl
 from feedline._sources.jsonl import JsonlReader
 from feedline._sources.lines import BOM, LineReader
 from feedline._sources.reader import Split
@@ -41,8 +42,11 @@ def _items(reader: LineReader, split: Split, position: int, line: int, plain: bo
     return [(p, n, ln, rec if isinstance(rec, dict) else (rec.reason, rec.line, rec.detail)) for p, n, ln, rec in it]
 
 
-@pytest.mark.parametrize("bom", [False, True])
-def test_block_path_equals_line_path_on_every_split_and_resume_point(tmp_path: Path, bom: bool) -> None:
+@pytest.mark.parametrize(("bom", "orjson"), [(False, True), (True, True), (False, False)])
+def test_block_path_equals_line_path_on_every_split_and_resume_point(tmp_path: Path, bom: bool, orjson: bool,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    if not orjson:  # the block path's other fast parser: the C scanner
+        monkeypatch.setattr(jsonl, "_orjson_loads", None)
     path = tmp_path / "data.jsonl"
     lines = _lines(tmp_path)
     path.write_bytes((BOM if bom else b"") + b"".join(lines) + b'{"text": "last line, no newline"}')

@@ -31,6 +31,35 @@ __all__ = ["JsonReader", "JsonlReader", "parse_json_line", "text_record"]
 _SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # the C scanner json.loads uses
 _JSON_SPACE = " \t\n\r"
 
+try:  # optional (feedline[fast]): parses a short line ~2x faster than the C scanner
+    from orjson import loads as _orjson_loads
+except ImportError:  # pragma: no cover - the json scanner does the same work
+    _orjson_loads = None
+
+
+def _orjson_fast(raw: bytes) -> Any:
+    """The block path's fast parse with orjson: json's value for every line it accepts.
+
+    orjson rejects what json rejects or reads differently (lone surrogates, NaN, overflowing
+    floats, invalid UTF-8), and reads an integer beyond 64 bits as a float where json keeps an int:
+    so a record with a float, or with a nested value it would take a walk to check, is :data:`MISS`
+    too, and json parses it.
+    """
+    try:
+        obj = _orjson_loads(raw)  # type: ignore[misc]
+    except ValueError:
+        return MISS
+    if type(obj) is not dict:
+        return MISS
+    for v in obj.values():
+        kind = type(v)
+        if kind is float or kind is dict or kind is list:
+            return MISS
+    value = obj.get("text")
+    if type(value) is str and value and not value.isspace():
+        return obj
+    return MISS
+
 
 def parse_json_line(raw: bytes, path: str, line: int | None) -> Any:
     """Parse one line; ``None`` for a blank line, a :class:`Rejection` for a bad one.
@@ -72,9 +101,12 @@ class JsonlReader(LineReader):
         return text_record(obj, self.spec.text, path, line)
 
     def fast_parser(self) -> Callable[[bytes], Any] | None:
-        """With ``text: text``: a line that is one object with a non-blank string ``text`` (the C scanner only)."""
+        """With ``text: text``: a line that is one object with a non-blank string ``text`` (orjson
+        when installed, else the C scanner; anything else is :data:`MISS`)."""
         if self.spec.text != "text":
             return None
+        if _orjson_loads is not None:
+            return _orjson_fast
         scan, space = _SCAN, _JSON_SPACE
 
         def fast(raw: bytes) -> Any:
