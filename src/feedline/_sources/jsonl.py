@@ -34,7 +34,7 @@ _JSON_SPACE = " \t\n\r"
 try:  # optional (feedline[fast]): parses a short line ~2x faster than the C scanner
     from orjson import loads as _orjson_loads
 except ImportError:  # pragma: no cover - the json scanner does the same work
-    _orjson_loads = None
+    _orjson_loads = None  # type: ignore[assignment]
 
 
 def _orjson_fast(raw: bytes) -> Any:
