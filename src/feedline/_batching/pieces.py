@@ -24,7 +24,7 @@ import numpy as np
 
 from feedline._batching.base import Batch
 from feedline._batching.rows import Attention, collate_flat
-from feedline._core.block import spans
+from feedline._core.block import gather_spans, spans
 
 __all__ = ["PiecePool", "lookup_refs"]
 
@@ -140,8 +140,8 @@ class PiecePool:
         ids = np.fromiter((i for r in rows for i in r), dtype=np.int64, count=int(docs.sum()))
         k = self._rows(ids)
         lengths = self._lengths[k]
-        src = spans(self._at[k], lengths)
-        own = {name: buf[src] for name, buf in self.arena.items()}
+        at = self._at[k]
+        own = {name: gather_spans(buf, at, lengths) for name, buf in self.arena.items()}
         values = {name: own[self.alias.get(name, name)] for name in self.order}
         batch = collate_flat(docs, lengths, values, max_length, max_docs, pad_values, mask_first=mask_first,
                              attention=attention)

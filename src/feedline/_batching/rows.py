@@ -28,7 +28,7 @@ from typing import Any, Literal
 import numpy as np
 
 from feedline._batching.base import Batch, int_dtype
-from feedline._core.block import spans
+from feedline._core.block import gather_spans
 from feedline._core.record import Example
 from feedline.errors import TaskError
 
@@ -129,7 +129,8 @@ def collate_flat(docs: np.ndarray, lengths: np.ndarray, values: Mapping[str, np.
     rr, dd = np.nonzero(seq_lens)
     starts[rr, cu[rr, dd]] = True
     if reset_positions:
-        positions[real] = spans(np.zeros(len(lengths), dtype=np.int64), lengths)  # each token's index in its piece
+        positions[real] = gather_spans(_POSITIONS[:max_length] if max_length <= len(_POSITIONS) else
+                                       np.arange(max_length, dtype=np.int32), np.zeros(len(lengths), np.int64), lengths)
     else:
         positions = np.broadcast_to(np.arange(max_length, dtype=np.int32), (n, max_length)).copy()
     if "labels" in batch and mask_first:
@@ -146,6 +147,11 @@ def collate_flat(docs: np.ndarray, lengths: np.ndarray, values: Mapping[str, np.
             mask &= np.tri(max_length, dtype=bool)[None]
         batch["attention_mask"] = mask
     return batch
+
+
+#: Each token's index in its piece comes from here (``gather_spans`` of ``[0, length)`` spans).
+_POSITIONS = np.arange(1 << 16, dtype=np.int32)
+_POSITIONS.flags.writeable = False
 
 
 def _run_starts(lengths: np.ndarray) -> np.ndarray:

@@ -27,7 +27,7 @@ import numpy as np
 
 from feedline._core.record import Example, Rejection
 
-__all__ = ["ExampleBlock", "exclusive_cumsum", "spans"]
+__all__ = ["ExampleBlock", "exclusive_cumsum", "gather_spans", "spans"]
 
 
 def exclusive_cumsum(counts: np.ndarray) -> np.ndarray:
@@ -61,6 +61,23 @@ def spans(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         step[0] = starts[0]
         step[exclusive_cumsum(lengths)[1:]] = starts[1:] - starts[:-1] - lengths[:-1] + 1
     return np.cumsum(step, out=step)
+
+
+#: Average span length from which :func:`gather_spans` copies slices instead of building an index.
+_SLICE_FROM = 48
+
+
+def gather_spans(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``buf[spans(starts, lengths)]``: a few long spans are copied as slices (no index array of one
+    int64 per token), many short ones through :func:`spans`.
+
+        >>> gather_spans(np.arange(10) * 10, np.array([5, 0]), np.array([2, 3])).tolist()
+        [50, 60, 0, 10, 20]
+    """
+    total = int(np.sum(lengths))
+    if len(lengths) and total >= _SLICE_FROM * len(lengths):
+        return np.concatenate([buf[a:a + n] for a, n in zip(np.asarray(starts).tolist(), np.asarray(lengths).tolist())])
+    return buf[spans(starts, lengths)]
 
 
 @dataclass(slots=True)
