@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import time
 from pathlib import Path
@@ -140,3 +141,24 @@ def test_errors_and_gone_peers_without_sockets(wired: Any) -> None:
         assert time.monotonic() < deadline
         d.dispatch(0.0)
         time.sleep(0.01)
+
+
+def test_a_server_settles_the_auto_backend_before_it_listens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``backend: auto``'s fastokens check runs in ``bind()``, so it never competes with the first clients' batches."""
+    pytest.importorskip("fastokens")
+    from conftest import shared
+    from feedline._service.server import Server
+    from feedline._tokenize import backends
+
+    monkeypatch.setattr(backends, "_VERDICTS", collections.OrderedDict())  # no verdict left by other tests
+    make_corpus(tmp_path / "c", files=1, docs=20)
+    spec = {"sources": [str(tmp_path / "c" / "*.jsonl")], "tokenizer": str(shared("tokenizers", "gpt2")),
+            "task": {"kind": "clm", "max_length": 32}, "batching": {"strategy": "pack", "batch_size": 4}}
+    server = Server(load_streams(spec), ServerOptions(bind="tcp://127.0.0.1:0"))
+    try:
+        server.bind()
+        encoder = server.streams["train"].tokenizer.encoder
+        assert encoder.pending is None and encoder.start is None   # checked, not deferred to the first batch
+        assert encoder.name == "fastokens"
+    finally:
+        server.close()

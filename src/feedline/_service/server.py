@@ -69,6 +69,7 @@ class Server:
         initial: dict[str, dict[str, Any]] = {}
         for name, pipeline in self.streams.items():
             initial[name] = GlobalStream(pipeline, 1).initial_state()
+            _settle_backend(pipeline)
         self._ctx = zmq.Context()
         if o.keys is not None:
             from zmq.auth.thread import ThreadAuthenticator
@@ -225,6 +226,20 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _settle_backend(pipeline: Pipeline) -> None:
+    """Run ``backend: auto``'s fastokens check now, before the server listens.
+
+    In-process, the check waits until the first batch is out and runs beside the stream (loading
+    fastokens takes 0.3-2 s of CPU, and ``tokenizers`` encodes meanwhile). A server is long-lived:
+    it settles the backend once before it listens, so its clients get full speed from their first
+    batch. The verdict is cached per tokenizer in the process; batches do not depend on it.
+    """
+    encoder = getattr(pipeline.tokenizer, "encoder", None)
+    wait = getattr(encoder, "wait", None)
+    if wait is not None:
+        log.info("stream tokenizer backend: %s", wait())
 
 
 def _authenticated(frame: zmq.Frame) -> bool:
