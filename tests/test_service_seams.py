@@ -13,7 +13,7 @@ import pytest
 import feedline
 from feedline._service.dispatch import Dispatcher
 from feedline._service.options import ServerOptions
-from feedline._service.protocol import decode_batch, pack
+from feedline._service.protocol import PROTOCOL_VERSION, decode_batch, pack
 from feedline._service.streams import load_streams
 from feedline._service.transport import InProcTransport
 from feedline.errors import RecordError
@@ -91,7 +91,7 @@ def _until(d: Dispatcher, t: InProcTransport, ident: bytes, op: str, now: float 
 
 
 def _hello(**kw: Any) -> list[bytes]:
-    return [pack("hello", v=1, stream="train", **kw)]
+    return [pack("hello", v=PROTOCOL_VERSION, stream="train", **kw)]
 
 
 def test_dispatch_serves_the_in_process_batches_without_sockets(spec: dict[str, Any], wired: Any) -> None:

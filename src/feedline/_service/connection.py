@@ -32,7 +32,14 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from feedline._service.auth import ClientKeys
-from feedline._service.protocol import BYE_REPLACED, decode_batch, error_from_header, pack, unpack_header
+from feedline._service.protocol import (
+    BYE_REPLACED,
+    PROTOCOL_VERSION,
+    decode_batch,
+    error_from_header,
+    pack,
+    unpack_header,
+)
 from feedline.errors import AuthError, FeedlineError, ProtocolError, TransportError, TransportTimeout
 
 __all__ = ["Close", "Connection", "Consumed", "Delivered", "Ended", "Failed", "Item", "Welcome"]
@@ -320,6 +327,9 @@ class Connection:
             self._queued += 1
             self.items.put(Delivered(step, state, arrays))
         elif op == "welcome":
+            if h.get("v") != PROTOCOL_VERSION:
+                raise ProtocolError(f"the loader service at {self.address} speaks protocol version {h.get('v')!r:.20}, "
+                                    f"this client speaks {PROTOCOL_VERSION}; install the same feedline version on both sides")
             state = h.get("state")
             self._heartbeat = float(h.get("heartbeat", 1.0))
             if not self._welcomed_once and isinstance(state, str):

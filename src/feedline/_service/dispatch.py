@@ -268,8 +268,8 @@ class Dispatcher:
             return False
         assert isinstance(item, Produced)
         part = d.part_for(client)
-        header, arrays = encode_batch(item.slices[part], step=item.step, state=d.state_for(item))
-        sent = self.transport.send(client.ident, [header, *arrays], copy=False)
+        header, payload = encode_batch(item.slices[part], step=item.step, state=d.state_for(item))
+        sent = self.transport.send(client.ident, [header, payload], copy=False)
         if sent is not True:
             d.giveback(client, item)
             if sent is None:
@@ -282,7 +282,7 @@ class Dispatcher:
         counters.steps = max(counters.steps, item.step)
         counters.last_state = item.state
         counters.record(len(next(iter(item.slices[part].values()))), item.slice_tokens[part],
-                        item.slice_slots[part], sum(a.nbytes for a in arrays), time.monotonic() - item.produced_at)
+                        item.slice_slots[part], len(payload), time.monotonic() - item.produced_at)
         return True
 
     # --------------------------------------------------------------- periodic
