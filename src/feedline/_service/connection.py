@@ -3,14 +3,15 @@
     conn = Connection(address, hello={...}, resume=state_json, prefetch=4, ...)
     conn.start()
     item = conn.items.get()     # Welcome(state) | Delivered(step, state, arrays) | Ended(step) | Failed(error)
-    conn.consumed(step)         # grants one credit, acks ``step``
+    conn.consumed(step)         # acks ``step`` and grants credit (ranked: prefetch // 2 at a time)
 
 The caller's thread and the connection thread exchange small typed messages: items on
 ``conn.items``, and commands (:class:`Consumed`, :class:`Close`) on a queue whose arrival is
 signalled through an in-process ZeroMQ pipe, so the thread's poller wakes for them.
 
 The thread owns the DEALER socket: it sends the hello, grants credit (``prefetch`` minus what is
-already queued locally, then one per consumed batch), pings every heartbeat, and when the server
+already queued locally, then one per consumed batch; in ranked mode ``prefetch // 2`` at a time, as
+an ack covers the steps before it: half the messages and wake-ups on both sides), pings every heartbeat, and when the server
 is silent for ``timeout`` (or says it is shutting down) it reconnects with exponential backoff,
 sending the state after the last batch it *received*: batches already queued stay valid, so the
 caller sees an unbroken stream. It gives up after ``reconnect`` seconds without a server.
@@ -80,9 +81,10 @@ Item = Welcome | Delivered | Ended | Failed
 
 @dataclass(frozen=True, slots=True)
 class Consumed:
-    """The caller finished the batch of ``step``: ack it and grant one credit."""
+    """The caller finished ``n`` batches, the last of them ``step``: ack it and grant ``n`` credits."""
 
     step: int | None
+    n: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +142,9 @@ class Connection:
         self._sock: zmq.Socket[Any] | None = None
         self._monitor: zmq.Socket[Any] | None = None
         self._queued = 0
+        # ranked acks are cumulative, so credit goes back in groups; shared mode acks every batch
+        self._grant_every = max(1, prefetch // 2) if self.hello.get("mode", "ranked") == "ranked" else 1
+        self._unreported = 0   # batches consumed since the last Consumed command (caller's thread)
         self._heartbeat = 1.0
         self._welcomed_once = False
         self._last_failure = ""
@@ -150,8 +155,15 @@ class Connection:
 
     # ------------------------------------------------------- caller's thread
     def consumed(self, step: int | None) -> None:
-        """Report that the caller finished the batch of ``step``; grants one credit."""
-        self._command(Consumed(step))
+        """Report that the caller finished the batch of ``step``; acks it and grants credit.
+
+        Ranked mode reports every ``prefetch // 2`` batches (at least ``prefetch - prefetch // 2 + 1``
+        credits stay granted or queued, so the stream never waits on it).
+        """
+        self._unreported += 1
+        if self._unreported >= self._grant_every:
+            n, self._unreported = self._unreported, 0
+            self._command(Consumed(step, n))
 
     def _command(self, command: Consumed | Close, flags: int = 0) -> None:
         self._commands.put(command)
@@ -249,9 +261,9 @@ class Connection:
                         self._send(pack("credit", n=0, step=command.ack))
                     self._send(pack("bye"))
                     return
-                self._queued -= 1
+                self._queued -= command.n
                 if welcomed:
-                    self._send(pack("credit", n=1, step=command.step))
+                    self._send(pack("credit", n=command.n, step=command.step))
                     last_sent = now
             if self._sock in events:
                 last_heard = now

@@ -36,6 +36,7 @@ from feedline.errors import SpecError
 __all__ = ["Server", "ServerOptions"]
 
 log = logging.getLogger("feedline.service")
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)   # plain ints: pyzmq's enum operators cost more than the call
 
 
 class Server:
@@ -167,7 +168,7 @@ class Server:
         assert self.dispatcher is not None
         sock = self._sock
         for _ in range(1000):   # asking for EVENTS is cheaper than the zmq.Again raised by an empty recv
-            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if not sock.getsockopt(_EVENTS) & _POLLIN:
                 return
             frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             if self.options.keys is not None and not _authenticated(frames[-1]):
@@ -221,7 +222,7 @@ class Server:
 
 def _drain(sock: zmq.Socket[Any]) -> None:
     """Read every wake-up queued on ``sock`` (they carry nothing)."""
-    while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+    while sock.getsockopt(_EVENTS) & _POLLIN:
         sock.recv(zmq.NOBLOCK)
 
 
