@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from feedline._batching.base import Batch, real_tokens
 from feedline._batching.planner import rank_slices
 from feedline._core.prefetch import Prefetch
@@ -105,6 +107,14 @@ class Producer:
         slices = rank_slices(batch, w)
         ids = batch.get("input_ids")
         width = int(ids.size // max(1, len(ids))) if ids is not None else 0
-        slice_tokens = [int(real_tokens(s).sum()) for s in slices]
+        slice_tokens = [_real_total(s) for s in slices]
         slice_slots = [len(s["input_ids"]) * width if width else t for s, t in zip(slices, slice_tokens)]
         return Produced(step, state, state_json(self.spec_hash, state, w), slices, slice_tokens, slice_slots)
+
+
+def _real_total(batch: Batch) -> int:
+    """Real tokens in ``batch`` (a 2-D mask is counted without the per-row sums of ``real_tokens``)."""
+    mask = batch.get("attention_mask")
+    if mask is not None and mask.ndim == 2:
+        return int(np.count_nonzero(mask))
+    return int(real_tokens(batch).sum())

@@ -28,6 +28,8 @@ Both sides check ``v`` (:data:`PROTOCOL_VERSION`): version 1 sent one frame per 
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -138,13 +140,8 @@ def decode_batch(header: Mapping[str, Any], frames: Sequence[Any]) -> dict[str, 
                 and isinstance(spec[3], int) and spec[3] >= end):
             raise ProtocolError(f"malformed field description {spec!r:.80}")
         name, dtype_str, shape, offset = spec
-        try:
-            dtype = np.dtype(dtype_str)
-        except TypeError:
-            raise ProtocolError(f"field {name!r}: unknown dtype {dtype_str!r:.20}") from None
-        if dtype.kind not in _DTYPE_KINDS or dtype.hasobject or dtype.fields is not None:
-            raise ProtocolError(f"field {name!r}: dtype {dtype_str!r} is not a plain numeric type")
-        count = int(np.prod(shape, dtype=np.int64))
+        dtype = _dtype(name, dtype_str)
+        count = math.prod(shape)
         end = offset + count * dtype.itemsize
         if end > size or offset % dtype.itemsize:
             raise ProtocolError(f"field {name!r}: {count * dtype.itemsize} bytes at offset {offset} do not fit "
@@ -153,6 +150,29 @@ def decode_batch(header: Mapping[str, Any], frames: Sequence[Any]) -> dict[str, 
     if size - end >= _ALIGN or (not fields and size):
         raise ProtocolError(f"the payload has {size - end} bytes that no field describes")
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _plain_dtype(dtype_str: str) -> np.dtype[Any] | None:
+    """``dtype_str`` as a plain numeric dtype, else ``None`` (cached: a stream repeats a few)."""
+    try:
+        dtype = np.dtype(dtype_str)
+    except TypeError:
+        return None
+    if dtype.kind not in _DTYPE_KINDS or dtype.hasobject or dtype.fields is not None:
+        return None
+    return dtype
+
+
+def _dtype(name: str, dtype_str: str) -> np.dtype[Any]:
+    dtype = _plain_dtype(dtype_str)
+    if dtype is None:
+        try:
+            np.dtype(dtype_str)
+        except TypeError:
+            raise ProtocolError(f"field {name!r}: unknown dtype {dtype_str!r:.20}") from None
+        raise ProtocolError(f"field {name!r}: dtype {dtype_str!r} is not a plain numeric type")
+    return dtype
 
 
 def error_fields(e: BaseException) -> dict[str, Any]:

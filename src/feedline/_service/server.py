@@ -17,6 +17,7 @@ authentication (ZAP) vouched for are handed on.
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 import threading
 import time
@@ -54,9 +55,8 @@ class Server:
         self.started = time.monotonic()
         self.snapshot: dict[str, Any] = {}
         self._stopping = threading.Event()
-        self._local = threading.local()
-        self._pushers: list[zmq.Socket[Any]] = []
-        self._pushers_lock = threading.Lock()
+        self._wake_r: socket.socket | None = None   # a socket pair: producers write a byte, the loop polls
+        self._wake_w: socket.socket | None = None
         self._ctx: zmq.Context[Any] | None = None
         self._auth: Any = None
         self._metrics: MetricsEndpoint | None = None
@@ -94,12 +94,12 @@ class Server:
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.dispatcher = Dispatcher(self.streams, o, RouterTransport(self._sock), initial=initial, wake=self.wake,
                                      stats=self.stats)
-        self._wake_addr = f"inproc://feedline-wake-{id(self)}"
-        self._wake_sock = self._ctx.socket(zmq.PULL)
-        self._wake_sock.bind(self._wake_addr)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
-        self._poller.register(self._wake_sock, zmq.POLLIN)
+        self._poller.register(self._wake_r.fileno(), zmq.POLLIN)
         if o.metrics_port is not None:
             self._metrics = MetricsEndpoint(o.metrics_port, lambda: self.snapshot, o.metrics_host, window=o.window)
         self.snapshot = self.stats()
@@ -110,21 +110,17 @@ class Server:
         return self._metrics.port if self._metrics else None
 
     def wake(self) -> None:
-        """Wake the event loop (called by producer threads after each produced step)."""
-        sock = getattr(self._local, "push", None)
-        if sock is None:
-            assert self._ctx is not None
-            sock = self._ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, 2)
-            sock.connect(self._wake_addr)
-            self._local.push = sock
-            with self._pushers_lock:
-                self._pushers.append(sock)
-        try:
-            sock.send(b"", zmq.NOBLOCK)
-        except zmq.ZMQError:  # full (a wake-up is pending anyway) or closing
-            pass
+        """Wake the event loop (called by producer threads when a produced step is ready).
+
+        A byte on a socket pair: one system call, safe from any thread, and the loop reads every
+        pending wake-up at once (an inproc ZeroMQ pipe cost a message, a frame and a poll per wake).
+        """
+        w = self._wake_w
+        if w is not None:
+            try:
+                w.send(b"\0")
+            except OSError:  # full (a wake-up is pending anyway) or closing
+                pass
 
     def stop(self) -> None:
         """Ask the loop to drain and exit (safe from a signal handler or another thread)."""
@@ -150,8 +146,8 @@ class Server:
                 if deadline is not None and (now >= deadline or d.drained()):
                     break
                 events = dict(self._poller.poll(poll_ms))
-                if self._wake_sock in events:
-                    _drain(self._wake_sock)
+                if self._wake_r is not None and self._wake_r.fileno() in events:
+                    _drain(self._wake_r)
                 if self._sock in events:
                     self._receive()
                 if deadline is None:
@@ -201,14 +197,14 @@ class Server:
             self._auth.stop()
             self._auth = None
         if self._ctx is not None:
-            with self._pushers_lock:
-                for s in self._pushers:
-                    s.close(linger=0)
-                self._pushers.clear()
-            for name in ("_sock", "_wake_sock"):
-                sock = getattr(self, name, None)
-                if sock is not None:
-                    sock.close()
+            for name in ("_wake_w", "_wake_r"):
+                pair = getattr(self, name)
+                setattr(self, name, None)
+                if pair is not None:
+                    pair.close()
+            sock = getattr(self, "_sock", None)
+            if sock is not None:
+                sock.close()
             self._ctx.term()
             self._ctx = None
 
@@ -220,10 +216,12 @@ class Server:
         self.close()
 
 
-def _drain(sock: zmq.Socket[Any]) -> None:
-    """Read every wake-up queued on ``sock`` (they carry nothing)."""
-    while sock.getsockopt(_EVENTS) & _POLLIN:
-        sock.recv(zmq.NOBLOCK)
+def _drain(sock: socket.socket) -> None:
+    """Read every wake-up byte queued on ``sock`` (one call for all of them)."""
+    try:
+        sock.recv(1 << 16)
+    except (BlockingIOError, InterruptedError):
+        pass
 
 
 def _settle_backend(pipeline: Pipeline) -> None:
