@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from feedline._service.auth import check_bind, is_loopback
 from feedline._service.metrics import render_prometheus
-from feedline._service.protocol import decode_batch, encode_batch, error_from_header, pack, unpack_header
+from feedline._service.protocol import (
+    decode_batch,
+    encode_batch,
+    error_from_header,
+    pack,
+    pack_state,
+    unpack_header,
+    unpack_state,
+)
 from feedline._service.streams import load_streams, parse_stream_option
 from feedline.errors import ProtocolError, SpecError
 
@@ -47,6 +57,24 @@ def test_decode_refuses_one_frame_per_array() -> None:
     """Protocol version 1 sent a frame per array: a clear error, never arrays cut from the wrong bytes."""
     with pytest.raises(ProtocolError, match="one payload frame.*version 1"):
         decode_batch({"op": "batch", "fields": [["x", "<i4", [1], 0], ["y", "<i4", [1], 4]]}, [b"\0" * 4, b"\0" * 4])
+
+
+@pytest.mark.parametrize("state", [
+    {"version": 1, "step": 3, "pipeline": {"pos": [1, 2.5, True, None], "names": ("a", "b"), "text": "é\u2028"}},
+    {"step": 1, "by_index": {0: "zero", 7: [1, 2]}},             # integer keys: JSON makes them strings
+    {"step": 1, "huge": 2**70, "neg": -(2**65)},                 # beyond msgpack: travels as JSON
+])
+def test_a_state_crosses_the_wire_as_its_json_would(state: dict) -> None:
+    raw = pack_state(state)
+    assert isinstance(raw, str if "huge" in state else bytes)
+    header, _payload = encode_batch({"x": np.zeros(2, np.int8)}, step=1, state=raw)
+    assert unpack_state(unpack_header(header)["state"]) == json.loads(json.dumps(state))
+
+
+@pytest.mark.parametrize("raw", [b"\xc1", b"\x93\x01\x02\x03", "[1, 2]", "{oops"])
+def test_a_state_that_does_not_decode_to_a_map_is_a_protocol_error(raw: bytes | str) -> None:
+    with pytest.raises(ProtocolError, match="batch state"):
+        unpack_state(raw)
 
 
 @pytest.mark.parametrize("frame", [b"", b"\xc1", b"\x93\x01\x02\x03", pack("x")[:-1], b"\x81\x01\x02"])

@@ -1,8 +1,9 @@
 """The client's I/O thread: one connection to a server that survives the server's restarts.
 
-    conn = Connection(address, hello={...}, resume=state_json, prefetch=4, ...)
+    conn = Connection(address, hello={...}, resume=state, prefetch=4, ...)
     conn.start()
     item = conn.items.get()     # Welcome(state) | Delivered(step, state, arrays) | Ended(step) | Failed(error)
+    # a Delivered state is as the batch carried it (msgpack bytes or JSON): protocol.unpack_state reads it
     conn.consumed(step)         # acks ``step`` and grants credit (ranked: prefetch // 2 at a time)
 
 The caller's thread and the connection thread exchange small typed messages: items on
@@ -39,6 +40,7 @@ from feedline._service.protocol import (
     decode_batch,
     error_from_header,
     pack,
+    state_as_json,
     unpack_header,
 )
 from feedline.errors import AuthError, FeedlineError, ProtocolError, TransportError, TransportTimeout
@@ -55,10 +57,10 @@ class Welcome:
 
 @dataclass(frozen=True, slots=True)
 class Delivered:
-    """One batch and the resume state after it."""
+    """One batch and the resume state after it (msgpack bytes or JSON: :func:`~.protocol.unpack_state`)."""
 
     step: int
-    state: str
+    state: bytes | str
     arrays: dict[str, np.ndarray]
 
 
@@ -121,11 +123,11 @@ class Connection:
     ``wait``, even when the thread cannot stop.
     """
 
-    def __init__(self, address: str, *, hello: Mapping[str, Any], resume: str | None, prefetch: int,
+    def __init__(self, address: str, *, hello: Mapping[str, Any], resume: bytes | str | None, prefetch: int,
                  keys: ClientKeys | None, timeout: float, reconnect: float, max_message: int) -> None:
         self.address = address
         self.hello = dict(hello)
-        self.resume = resume          # state JSON after the last batch received
+        self.resume = resume          # the state after the last batch received (as it arrived)
         self.prefetch = prefetch
         self.keys = keys
         self.timeout = timeout
@@ -227,7 +229,7 @@ class Connection:
         self._monitor = sock.get_monitor_socket(_HANDSHAKE_FAILED)
         sock.connect(self.address)
         self._sock = sock
-        self._send(pack("hello", **self.hello, state=self.resume))
+        self._send(pack("hello", **self.hello, state=None if self.resume is None else state_as_json(self.resume)))
 
     def _disconnect(self) -> None:
         if self._monitor is not None and self._sock is not None:
@@ -319,7 +321,7 @@ class Connection:
     def _drain(self) -> list[list[zmq.Frame]]:
         out = []
         assert self._sock is not None
-        while self._sock.getsockopt(_EVENTS) & _POLLIN:   # no zmq.Again raised at the end of every drain
+        while int(self._sock.getsockopt(_EVENTS)) & _POLLIN:   # no zmq.Again raised at the end of every drain
             out.append(self._sock.recv_multipart(zmq.NOBLOCK, copy=False))
         return out
 
@@ -331,7 +333,7 @@ class Connection:
                 return None  # left over from a connection we gave up on
             state = h.get("state")
             step = h.get("step")
-            if not isinstance(state, str) or not isinstance(step, int):
+            if not isinstance(state, (bytes, str)) or not isinstance(step, int):
                 raise ProtocolError("batch header lacks its step or state")
             arrays = decode_batch(h, frames[1:])
             self.resume = state

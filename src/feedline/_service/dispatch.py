@@ -34,6 +34,7 @@ from feedline._service.protocol import (
     encode_batch,
     error_fields,
     pack,
+    state_as_json,
     unpack_header,
 )
 from feedline._service.ranked import RankedCursor
@@ -139,7 +140,7 @@ class Dispatcher:
         delivery: Delivery
         if hello.mode == "shared":
             delivery = q = self._queue_for(name, hello.state)
-            state_json = q.watermark_json
+            state_json = state_as_json(q.watermark_wire)
         else:
             step = int(hello.state["step"]) + 1 if hello.state else 1
             cursor = self._cursor_for(name, w, hello.rank, hello.session, step, hello.state)

@@ -164,7 +164,7 @@ class Server:
         assert self.dispatcher is not None
         sock = self._sock
         for _ in range(1000):   # asking for EVENTS is cheaper than the zmq.Again raised by an empty recv
-            if not sock.getsockopt(_EVENTS) & _POLLIN:
+            if not int(sock.getsockopt(_EVENTS)) & _POLLIN:
                 return
             frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             if self.options.keys is not None and not _authenticated(frames[-1]):
