@@ -41,7 +41,7 @@ from feedline._service.ranked import RankedCursor
 from feedline._service.session import MAX_PREFETCH, Client, Hello, validate_hello
 from feedline._service.shared import SharedQueue
 from feedline._service.transport import Transport
-from feedline._state import make_state
+from feedline._state import state_json as state_json_of
 from feedline.errors import FeedlineError, ProtocolError, SpecError, TransportError
 
 __all__ = ["Dispatcher"]
@@ -148,7 +148,7 @@ class Dispatcher:
             if old is not None and old in self.clients:
                 self._replace(self.clients[old])
             delivery = cursor
-            state_json = _state_json(self.hashes[name], hello.state or self.initial[name], w)
+            state_json = state_json_of(self.hashes[name], hello.state or self.initial[name], w)
         client = Client(ident=ident, stream=name, mode=hello.mode, rank=hello.rank, world_size=w, delivery=delivery,
                         prefetch=min(hello.prefetch, self.options.max_prefetch), last_seen=now)
         self.clients[ident] = client
@@ -322,9 +322,3 @@ class Dispatcher:
 
 def _role(hello: Hello) -> str:
     return "shared" if hello.mode == "shared" else f"rank {hello.rank}/{hello.world_size}"
-
-
-def _state_json(spec_hash: str, global_state: Mapping[str, Any], world_size: int) -> str:
-    import json
-
-    return json.dumps(make_state(spec_hash, global_state, world_size), separators=(",", ":"))
