@@ -22,7 +22,7 @@ import zmq
 
 import feedline
 from feedline._cli.commands.stats import fetch_stats
-from feedline._service.protocol import pack, unpack_header
+from feedline._service.protocol import PROTOCOL_VERSION, pack, unpack_header
 from feedline.errors import StateError
 from feedline.testing import assert_batches_equal, collect
 from service_helpers import free_port, make_spec, rows, start_server, stop, tokenizer_path, write_spec
@@ -90,7 +90,7 @@ class Peer:
 
 
 def hello(state: str | None = None, *, rank: int = 0, world_size: int = 1, session: str = "s", **kw: Any) -> bytes:
-    return pack("hello", v=1, stream="train", rank=rank, world_size=world_size, session=session, state=state, **kw)
+    return pack("hello", v=PROTOCOL_VERSION, stream="train", rank=rank, world_size=world_size, session=session, state=state, **kw)
 
 
 # ----------------------------------------------------------------------------- 1. crafted messages
@@ -377,7 +377,7 @@ def test_the_server_caps_what_a_client_makes_it_hold(server: Any) -> None:
     ctx = zmq.Context()
     try:
         idle = Peer(ctx, address)   # declares the largest prefetch, grants all its credit, never reads on
-        assert idle.answer_to(pack("hello", v=1, stream="train", mode="shared", prefetch=1024))["op"] == "welcome"
+        assert idle.answer_to(pack("hello", v=PROTOCOL_VERSION, stream="train", mode="shared", prefetch=1024))["op"] == "welcome"
         idle.send(pack("credit", n=64))
         time.sleep(1.5)
         shared = fetch_stats(address)["streams"]["train"]["shared"]

@@ -20,7 +20,7 @@ import zmq
 
 import feedline
 from feedline._cli.commands.stats import fetch_stats
-from feedline._service.protocol import pack, unpack_header
+from feedline._service.protocol import PROTOCOL_VERSION, pack, unpack_header
 from feedline.errors import AuthError, ProtocolError, SpecError, StateError, TransportTimeout
 from feedline.service import serve_process
 from feedline.testing import assert_batches_equal, collect
@@ -161,9 +161,35 @@ def test_protocol_version_mismatch_gets_a_clear_error(server: Any) -> None:
         assert sock.poll(5000)
         h = unpack_header(sock.recv())
         assert h["op"] == "error" and h["kind"] == "ProtocolError"
-        assert "protocol version 99" in h["message"] and "speaks 1" in h["message"]
+        assert "protocol version 99" in h["message"] and f"speaks {PROTOCOL_VERSION}" in h["message"]
     finally:
         sock.close()
+        ctx.term()
+
+
+def test_a_client_refuses_a_server_of_another_protocol_version() -> None:
+    """A server of another version answers the hello with its own ``v``: the client stops with a clear error."""
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+
+    def answer() -> None:
+        if router.poll(10_000):
+            ident, _hello = router.recv_multipart()
+            router.send_multipart([ident, pack("welcome", v=1, stream="train", spec_hash="x", state="{}",
+                                               heartbeat=1.0, timeout=10.0)])
+
+    thread = threading.Thread(target=answer)
+    thread.start()
+    loader = feedline.Loader(f"tcp://127.0.0.1:{port}", timeout=5.0, reconnect=5.0)
+    try:
+        with pytest.raises(ProtocolError, match=f"speaks protocol version 1, this client speaks {PROTOCOL_VERSION}"):
+            next(iter(loader))
+    finally:
+        loader.close()
+        thread.join()
+        router.close()
         ctx.term()
 
 
@@ -202,8 +228,8 @@ def test_malformed_frames_leave_the_server_serving_with_flat_memory(env: dict, s
     rng = np.random.default_rng(0)
     garbage = [
         b"", b"\xc1", b"\x92\x01", pack("nonsense"), pack("credit", n=5), pack("hello", v="x"),
-        pack("hello", v=1, stream=["x"]), pack("hello", v=1, rank=7, world_size=2),
-        pack("hello", v=1, state="{not json"), pack("hello", v=1, state='{"version": 1}'),
+        pack("hello", v=PROTOCOL_VERSION, stream=["x"]), pack("hello", v=PROTOCOL_VERSION, rank=7, world_size=2),
+        pack("hello", v=PROTOCOL_VERSION, state="{not json"), pack("hello", v=PROTOCOL_VERSION, state='{"version": 1}'),
         pack("batch", fields=[["x", "|O", [1]]]), pack("credit", n=10**9),
     ]
 

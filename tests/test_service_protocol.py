@@ -2,37 +2,79 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from feedline._service.auth import check_bind, is_loopback
 from feedline._service.metrics import render_prometheus
-from feedline._service.protocol import decode_batch, encode_batch, error_from_header, pack, unpack_header
+from feedline._service.protocol import (
+    decode_batch,
+    encode_batch,
+    error_from_header,
+    pack,
+    pack_state,
+    unpack_header,
+    unpack_state,
+)
 from feedline._service.streams import load_streams, parse_stream_option
 from feedline.errors import ProtocolError, SpecError
 
 
 def test_batch_round_trip_is_exact_and_zero_copy() -> None:
-    batch = {"input_ids": np.arange(12, dtype=np.int32).reshape(3, 4), "w": np.linspace(0, 1, 3)}
-    header, arrays = encode_batch(batch, step=7, state='{"step": 7}')
+    batch = {"input_ids": np.arange(12, dtype=np.int32).reshape(3, 4), "flag": np.array([True, False, True]),
+             "w": np.linspace(0, 1, 3), "cols": np.arange(12, dtype=np.int16).reshape(3, 4)[:, ::2],
+             "empty": np.zeros((0, 5), dtype=np.int64)}
+    header, payload = encode_batch(batch, step=7, state='{"step": 7}')
     h = unpack_header(header)
     assert h["op"] == "batch" and h["step"] == 7 and h["state"] == '{"step": 7}'
-    out = decode_batch(h, [memoryview(a) for a in arrays])
+    out = decode_batch(h, [memoryview(payload)])
+    assert list(out) == list(batch)
     for k in batch:
-        assert out[k].dtype == batch[k].dtype and np.array_equal(out[k], batch[k])
-    assert np.shares_memory(out["input_ids"], arrays[0])
+        assert out[k].dtype == batch[k].dtype and out[k].shape == batch[k].shape and np.array_equal(out[k], batch[k])
+        assert out[k].ctypes.data % out[k].dtype.itemsize == 0   # aligned views (the float64 follows 3 bools)
+    assert np.shares_memory(out["w"], np.frombuffer(payload, dtype=np.uint8))
 
 
 @pytest.mark.parametrize("fields,buf,match", [
-    ([["x", "|O", [1]]], b"\0" * 8, "not a plain numeric"),
-    ([["x", "<i4", [3]]], b"\0" * 8, "needs 12"),
-    ([["x", "<i4", [-1]]], b"", "malformed field"),
-    ([["x", "nonsense", [1]]], b"\0", "unknown dtype"),
-    ([], b"\0", "lists 0 fields but 1"),
+    ([["x", "|O", [1], 0]], b"\0" * 8, "not a plain numeric"),
+    ([["x", "<i4", [3], 0]], b"\0" * 8, "do not fit"),
+    ([["x", "<i4", [1], 2]], b"\0" * 8, "aligned to 4"),
+    ([["x", "<i4", [2], 0], ["y", "<i4", [1], 4]], b"\0" * 12, "malformed field"),   # overlapping
+    ([["x", "<i4", [-1], 0]], b"", "malformed field"),
+    ([["x", "<i4", [1]]], b"\0" * 4, "malformed field"),    # version 1's field list, without offsets
+    ([["x", "nonsense", [1], 0]], b"\0", "unknown dtype"),
+    ([["x", "<i4", [1], 0]], b"\0" * 16, "no field describes"),
+    ([], b"\0", "no field describes"),
 ])
 def test_decode_refuses_what_it_cannot_check(fields: list, buf: bytes, match: str) -> None:
     with pytest.raises(ProtocolError, match=match):
         decode_batch({"op": "batch", "fields": fields}, [buf])
+
+
+def test_decode_refuses_one_frame_per_array() -> None:
+    """Protocol version 1 sent a frame per array: a clear error, never arrays cut from the wrong bytes."""
+    with pytest.raises(ProtocolError, match="one payload frame.*version 1"):
+        decode_batch({"op": "batch", "fields": [["x", "<i4", [1], 0], ["y", "<i4", [1], 4]]}, [b"\0" * 4, b"\0" * 4])
+
+
+@pytest.mark.parametrize("state", [
+    {"version": 1, "step": 3, "pipeline": {"pos": [1, 2.5, True, None], "names": ("a", "b"), "text": "é\u2028"}},
+    {"step": 1, "by_index": {0: "zero", 7: [1, 2]}},             # integer keys: JSON makes them strings
+    {"step": 1, "huge": 2**70, "neg": -(2**65)},                 # beyond msgpack: travels as JSON
+])
+def test_a_state_crosses_the_wire_as_its_json_would(state: dict) -> None:
+    raw = pack_state(state)
+    assert isinstance(raw, str if "huge" in state else bytes)
+    header, _payload = encode_batch({"x": np.zeros(2, np.int8)}, step=1, state=raw)
+    assert unpack_state(unpack_header(header)["state"]) == json.loads(json.dumps(state))
+
+
+@pytest.mark.parametrize("raw", [b"\xc1", b"\x93\x01\x02\x03", "[1, 2]", "{oops"])
+def test_a_state_that_does_not_decode_to_a_map_is_a_protocol_error(raw: bytes | str) -> None:
+    with pytest.raises(ProtocolError, match="batch state"):
+        unpack_state(raw)
 
 
 @pytest.mark.parametrize("frame", [b"", b"\xc1", b"\x93\x01\x02\x03", pack("x")[:-1], b"\x81\x01\x02"])

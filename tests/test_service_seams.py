@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 import feedline
 from feedline._service.dispatch import Dispatcher
 from feedline._service.options import ServerOptions
-from feedline._service.protocol import decode_batch, pack
+from feedline._service.protocol import PROTOCOL_VERSION, decode_batch, pack
 from feedline._service.streams import load_streams
 from feedline._service.transport import InProcTransport
 from feedline.errors import RecordError
@@ -90,7 +91,7 @@ def _until(d: Dispatcher, t: InProcTransport, ident: bytes, op: str, now: float 
 
 
 def _hello(**kw: Any) -> list[bytes]:
-    return [pack("hello", v=1, stream="train", **kw)]
+    return [pack("hello", v=PROTOCOL_VERSION, stream="train", **kw)]
 
 
 def test_dispatch_serves_the_in_process_batches_without_sockets(spec: dict[str, Any], wired: Any) -> None:
@@ -140,3 +141,29 @@ def test_errors_and_gone_peers_without_sockets(wired: Any) -> None:
         assert time.monotonic() < deadline
         d.dispatch(0.0)
         time.sleep(0.01)
+
+
+@pytest.mark.parametrize("epochs,settled", [(None, True), (1, False)])
+def test_a_server_settles_the_auto_backend_before_it_listens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              epochs: int | None, settled: bool) -> None:
+    """``backend: auto``'s fastokens check runs in ``bind()``, so it never competes with the first clients'
+    batches; a stream too small for the check to start in-process (20 short documents, once) skips it."""
+    pytest.importorskip("fastokens")
+    from conftest import shared
+    from feedline._service.server import Server
+    from feedline._tokenize import backends
+
+    monkeypatch.setattr(backends, "_VERDICTS", collections.OrderedDict())  # no verdict left by other tests
+    make_corpus(tmp_path / "c", files=1, docs=20)
+    spec = {"sources": [str(tmp_path / "c" / "*.jsonl")], "tokenizer": str(shared("tokenizers", "gpt2")),
+            "epochs": epochs, "task": {"kind": "clm", "max_length": 32}, "batching": {"strategy": "pack", "batch_size": 4}}
+    server = Server(load_streams(spec), ServerOptions(bind="tcp://127.0.0.1:0"))
+    try:
+        server.bind()
+        encoder = server.streams["train"].tokenizer.encoder
+        if settled:   # checked, not deferred to the first batch
+            assert encoder.pending is None and encoder.start is None and encoder.name == "fastokens"
+        else:
+            assert encoder.start is not None and not backends._VERDICTS
+    finally:
+        server.close()

@@ -17,7 +17,8 @@ instead of hanging the consumer.
 The parent may be an iterator or a zero-argument factory returning one (built on first use;
 rebuilt after :meth:`close` or an error, then positioned at the consumer's state). ``map``
 runs on the thread after each element (conversion, serialisation) and is not part of the state.
-``wake`` is called after every put, so an event loop polling with :meth:`poll` never spins.
+``wake`` is called when a put finds the queue empty, so an event loop polling with :meth:`poll`
+never spins (a loop that is woken must then take everything ready, as it does not hear of the rest).
 
 State: exactly the parent's state (a prefetch stage adds no fields of its own), so a state
 saved with or without prefetching resumes either way.
@@ -55,7 +56,7 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         parent: a stateful iterator, or a factory returning one.
         depth: elements produced ahead of the consumer (>= 1).
         map: applied to each element on the thread.
-        wake: called after each element (or the end, or an error) is queued.
+        wake: called when an element (or the end, or an error) is queued into an empty queue.
         name: the thread's name.
     """
 
@@ -125,6 +126,8 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
 
     def _get_nowait(self) -> Any:
         try:
+            if not self._queue.qsize():   # the common empty case, without raising queue.Empty
+                raise queue.Empty
             return self._queue.get_nowait()
         except queue.Empty:
             t = self._thread
@@ -219,7 +222,7 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
                 q.put(item, timeout=0.1)
             except queue.Full:
                 continue
-            if self._wake is not None:
+            if self._wake is not None and q.qsize() <= 1:  # more: the consumer was woken for the first
                 self._wake()
             return True
         return False

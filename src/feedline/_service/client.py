@@ -24,7 +24,7 @@ from typing import Any, Literal
 from feedline._batching.base import Batch
 from feedline._service.auth import ClientKeys
 from feedline._service.connection import Connection, Delivered, Ended, Failed, Item, Welcome
-from feedline._service.protocol import PROTOCOL_VERSION
+from feedline._service.protocol import PROTOCOL_VERSION, unpack_state
 from feedline._spec import Spec
 from feedline._state import check_state, make_state, parse_state_json
 from feedline.errors import SpecError, StateError, TransportError
@@ -69,7 +69,7 @@ class RemoteLoader:
         self.keys = ClientKeys.load(keys) if keys is not None else None
         self.spec_hash = Spec.load(spec).hash() if spec is not None else None
         self._session = secrets.token_hex(8)
-        self._state_json: str | None = None
+        self._state_raw: bytes | str | None = None   # as the last batch carried it; decoded when asked for
         self._state: dict[str, Any] | None = None
         if state is not None:
             if isinstance(state, (str, bytes)):
@@ -90,7 +90,7 @@ class RemoteLoader:
             hello = {"v": PROTOCOL_VERSION, "stream": self.stream, "mode": self.mode, "rank": self.rank,
                      "world_size": self.world_size, "prefetch": self.prefetch, "session": self._session,
                      "spec_hash": self.spec_hash}
-            self._conn = Connection(self.address, hello=hello, resume=self._state_json, prefetch=self.prefetch,
+            self._conn = Connection(self.address, hello=hello, resume=self._state_raw, prefetch=self.prefetch,
                                     keys=self.keys, timeout=self.timeout, reconnect=self.reconnect,
                                     max_message=self.max_message)
             self._conn.start()
@@ -108,13 +108,13 @@ class RemoteLoader:
         while True:
             item = self._next_item()
             if isinstance(item, Welcome):
-                if self._state_json is None:
+                if self._state_raw is None:
                     self._set_state(item.state)
                 continue
             return item
 
-    def _set_state(self, state_json: str) -> None:
-        self._state_json, self._state = state_json, None
+    def _set_state(self, raw: bytes | str) -> None:
+        self._state_raw, self._state = raw, None
 
     # ------------------------------------------------------------- iteration
     def __iter__(self) -> Iterator[Batch]:
@@ -142,15 +142,15 @@ class RemoteLoader:
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         """The JSON state after the last batch this loader returned (bit-identical to in-process)."""
-        if self._state_json is None:
+        if self._state_raw is None:
             self._get_welcome()
         if self._state is None:
-            assert self._state_json is not None
-            self._state = json.loads(self._state_json)
+            assert self._state_raw is not None
+            self._state = unpack_state(self._state_raw)
         return json.loads(json.dumps(self._state))  # type: ignore[no-any-return]
 
     def _get_welcome(self) -> None:
-        while self._state_json is None:
+        while self._state_raw is None:
             item = self._next_item()
             if isinstance(item, Welcome):
                 self._set_state(item.state)

@@ -1,16 +1,18 @@
 """The client's I/O thread: one connection to a server that survives the server's restarts.
 
-    conn = Connection(address, hello={...}, resume=state_json, prefetch=4, ...)
+    conn = Connection(address, hello={...}, resume=state, prefetch=4, ...)
     conn.start()
     item = conn.items.get()     # Welcome(state) | Delivered(step, state, arrays) | Ended(step) | Failed(error)
-    conn.consumed(step)         # grants one credit, acks ``step``
+    # a Delivered state is as the batch carried it (msgpack bytes or JSON): protocol.unpack_state reads it
+    conn.consumed(step)         # acks ``step`` and grants credit (ranked: prefetch // 2 at a time)
 
 The caller's thread and the connection thread exchange small typed messages: items on
 ``conn.items``, and commands (:class:`Consumed`, :class:`Close`) on a queue whose arrival is
 signalled through an in-process ZeroMQ pipe, so the thread's poller wakes for them.
 
 The thread owns the DEALER socket: it sends the hello, grants credit (``prefetch`` minus what is
-already queued locally, then one per consumed batch), pings every heartbeat, and when the server
+already queued locally, then one per consumed batch; in ranked mode ``prefetch // 2`` at a time, as
+an ack covers the steps before it: half the messages and wake-ups on both sides), pings every heartbeat, and when the server
 is silent for ``timeout`` (or says it is shutting down) it reconnects with exponential backoff,
 sending the state after the last batch it *received*: batches already queued stay valid, so the
 caller sees an unbroken stream. It gives up after ``reconnect`` seconds without a server.
@@ -32,7 +34,15 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from feedline._service.auth import ClientKeys
-from feedline._service.protocol import BYE_REPLACED, decode_batch, error_from_header, pack, unpack_header
+from feedline._service.protocol import (
+    BYE_REPLACED,
+    PROTOCOL_VERSION,
+    decode_batch,
+    error_from_header,
+    pack,
+    state_as_json,
+    unpack_header,
+)
 from feedline.errors import AuthError, FeedlineError, ProtocolError, TransportError, TransportTimeout
 
 __all__ = ["Close", "Connection", "Consumed", "Delivered", "Ended", "Failed", "Item", "Welcome"]
@@ -47,10 +57,10 @@ class Welcome:
 
 @dataclass(frozen=True, slots=True)
 class Delivered:
-    """One batch and the resume state after it."""
+    """One batch and the resume state after it (msgpack bytes or JSON: :func:`~.protocol.unpack_state`)."""
 
     step: int
-    state: str
+    state: bytes | str
     arrays: dict[str, np.ndarray]
 
 
@@ -73,9 +83,10 @@ Item = Welcome | Delivered | Ended | Failed
 
 @dataclass(frozen=True, slots=True)
 class Consumed:
-    """The caller finished the batch of ``step``: ack it and grant one credit."""
+    """The caller finished ``n`` batches, the last of them ``step``: ack it and grant ``n`` credits."""
 
     step: int | None
+    n: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +105,7 @@ _KEY_ERRORS: dict[int, str] = {zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH: "one 
 
 
 _LIVE: weakref.WeakSet[Connection] = weakref.WeakSet()
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
 
 @atexit.register
@@ -111,17 +123,17 @@ class Connection:
     ``wait``, even when the thread cannot stop.
     """
 
-    def __init__(self, address: str, *, hello: Mapping[str, Any], resume: str | None, prefetch: int,
+    def __init__(self, address: str, *, hello: Mapping[str, Any], resume: bytes | str | None, prefetch: int,
                  keys: ClientKeys | None, timeout: float, reconnect: float, max_message: int) -> None:
         self.address = address
         self.hello = dict(hello)
-        self.resume = resume          # state JSON after the last batch received
+        self.resume = resume          # the state after the last batch received (as it arrived)
         self.prefetch = prefetch
         self.keys = keys
         self.timeout = timeout
         self.reconnect = reconnect
         self.max_message = max_message
-        self.items: queue.Queue[Item] = queue.Queue()
+        self.items: queue.SimpleQueue[Item] = queue.SimpleQueue()   # C-level: cheaper per batch than Queue
         self._commands: queue.SimpleQueue[Consumed | Close] = queue.SimpleQueue()
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._pipe_addr = f"inproc://feedline-client-{id(self)}"
@@ -133,6 +145,9 @@ class Connection:
         self._sock: zmq.Socket[Any] | None = None
         self._monitor: zmq.Socket[Any] | None = None
         self._queued = 0
+        # ranked acks are cumulative, so credit goes back in groups; shared mode acks every batch
+        self._grant_every = max(1, prefetch // 2) if self.hello.get("mode", "ranked") == "ranked" else 1
+        self._unreported = 0   # batches consumed since the last Consumed command (caller's thread)
         self._heartbeat = 1.0
         self._welcomed_once = False
         self._last_failure = ""
@@ -143,8 +158,15 @@ class Connection:
 
     # ------------------------------------------------------- caller's thread
     def consumed(self, step: int | None) -> None:
-        """Report that the caller finished the batch of ``step``; grants one credit."""
-        self._command(Consumed(step))
+        """Report that the caller finished the batch of ``step``; acks it and grants credit.
+
+        Ranked mode reports every ``prefetch // 2`` batches (at least ``prefetch - prefetch // 2 + 1``
+        credits stay granted or queued, so the stream never waits on it).
+        """
+        self._unreported += 1
+        if self._unreported >= self._grant_every:
+            n, self._unreported = self._unreported, 0
+            self._command(Consumed(step, n))
 
     def _command(self, command: Consumed | Close, flags: int = 0) -> None:
         self._commands.put(command)
@@ -207,7 +229,7 @@ class Connection:
         self._monitor = sock.get_monitor_socket(_HANDSHAKE_FAILED)
         sock.connect(self.address)
         self._sock = sock
-        self._send(pack("hello", **self.hello, state=self.resume))
+        self._send(pack("hello", **self.hello, state=None if self.resume is None else state_as_json(self.resume)))
 
     def _disconnect(self) -> None:
         if self._monitor is not None and self._sock is not None:
@@ -242,9 +264,9 @@ class Connection:
                         self._send(pack("credit", n=0, step=command.ack))
                     self._send(pack("bye"))
                     return
-                self._queued -= 1
+                self._queued -= command.n
                 if welcomed:
-                    self._send(pack("credit", n=1, step=command.step))
+                    self._send(pack("credit", n=command.n, step=command.step))
                     last_sent = now
             if self._sock in events:
                 last_heard = now
@@ -299,11 +321,9 @@ class Connection:
     def _drain(self) -> list[list[zmq.Frame]]:
         out = []
         assert self._sock is not None
-        while True:
-            try:
-                out.append(self._sock.recv_multipart(zmq.NOBLOCK, copy=False))
-            except zmq.Again:
-                return out
+        while int(self._sock.getsockopt(_EVENTS)) & _POLLIN:   # no zmq.Again raised at the end of every drain
+            out.append(self._sock.recv_multipart(zmq.NOBLOCK, copy=False))
+        return out
 
     def _handle(self, frames: list[zmq.Frame], welcomed: bool) -> str | None:
         h = unpack_header(frames[0].buffer, self.max_message)
@@ -313,13 +333,16 @@ class Connection:
                 return None  # left over from a connection we gave up on
             state = h.get("state")
             step = h.get("step")
-            if not isinstance(state, str) or not isinstance(step, int):
+            if not isinstance(state, (bytes, str)) or not isinstance(step, int):
                 raise ProtocolError("batch header lacks its step or state")
             arrays = decode_batch(h, frames[1:])
             self.resume = state
             self._queued += 1
             self.items.put(Delivered(step, state, arrays))
         elif op == "welcome":
+            if h.get("v") != PROTOCOL_VERSION:
+                raise ProtocolError(f"the loader service at {self.address} speaks protocol version {h.get('v')!r:.20}, "
+                                    f"this client speaks {PROTOCOL_VERSION}; install the same feedline version on both sides")
             state = h.get("state")
             self._heartbeat = float(h.get("heartbeat", 1.0))
             if not self._welcomed_once and isinstance(state, str):

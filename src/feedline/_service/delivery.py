@@ -68,8 +68,8 @@ class Delivery(Protocol):
     def part_for(self, client: Client) -> int:
         """The index of ``client``'s slice in ``Produced.slices``."""
 
-    def state_for(self, item: Produced) -> str:
-        """The JSON resume state sent with ``item``."""
+    def state_for(self, item: Produced) -> bytes | str:
+        """The resume state sent with ``item`` (:func:`~.protocol.pack_state`'s form)."""
 
     def sent(self, client: Client, item: Produced) -> None:
         """``item`` was sent to ``client``."""

@@ -34,13 +34,14 @@ from feedline._service.protocol import (
     encode_batch,
     error_fields,
     pack,
+    state_as_json,
     unpack_header,
 )
 from feedline._service.ranked import RankedCursor
 from feedline._service.session import MAX_PREFETCH, Client, Hello, validate_hello
 from feedline._service.shared import SharedQueue
 from feedline._service.transport import Transport
-from feedline._state import make_state
+from feedline._state import state_json as state_json_of
 from feedline.errors import FeedlineError, ProtocolError, SpecError, TransportError
 
 __all__ = ["Dispatcher"]
@@ -139,7 +140,7 @@ class Dispatcher:
         delivery: Delivery
         if hello.mode == "shared":
             delivery = q = self._queue_for(name, hello.state)
-            state_json = q.watermark_json
+            state_json = state_as_json(q.watermark_wire)
         else:
             step = int(hello.state["step"]) + 1 if hello.state else 1
             cursor = self._cursor_for(name, w, hello.rank, hello.session, step, hello.state)
@@ -147,7 +148,7 @@ class Dispatcher:
             if old is not None and old in self.clients:
                 self._replace(self.clients[old])
             delivery = cursor
-            state_json = _state_json(self.hashes[name], hello.state or self.initial[name], w)
+            state_json = state_json_of(self.hashes[name], hello.state or self.initial[name], w)
         client = Client(ident=ident, stream=name, mode=hello.mode, rank=hello.rank, world_size=w, delivery=delivery,
                         prefetch=min(hello.prefetch, self.options.max_prefetch), last_seen=now)
         self.clients[ident] = client
@@ -268,8 +269,8 @@ class Dispatcher:
             return False
         assert isinstance(item, Produced)
         part = d.part_for(client)
-        header, arrays = encode_batch(item.slices[part], step=item.step, state=d.state_for(item))
-        sent = self.transport.send(client.ident, [header, *arrays], copy=False)
+        header, payload = encode_batch(item.slices[part], step=item.step, state=d.state_for(item))
+        sent = self.transport.send(client.ident, [header, payload], copy=False)
         if sent is not True:
             d.giveback(client, item)
             if sent is None:
@@ -282,7 +283,7 @@ class Dispatcher:
         counters.steps = max(counters.steps, item.step)
         counters.last_state = item.state
         counters.record(len(next(iter(item.slices[part].values()))), item.slice_tokens[part],
-                        item.slice_slots[part], sum(a.nbytes for a in arrays), time.monotonic() - item.produced_at)
+                        item.slice_slots[part], len(payload), time.monotonic() - item.produced_at)
         return True
 
     # --------------------------------------------------------------- periodic
@@ -321,9 +322,3 @@ class Dispatcher:
 
 def _role(hello: Hello) -> str:
     return "shared" if hello.mode == "shared" else f"rank {hello.rank}/{hello.world_size}"
-
-
-def _state_json(spec_hash: str, global_state: Mapping[str, Any], world_size: int) -> str:
-    import json
-
-    return json.dumps(make_state(spec_hash, global_state, world_size), separators=(",", ":"))

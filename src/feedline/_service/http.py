@@ -50,7 +50,7 @@ from feedline._pipeline import Pipeline
 from feedline._service.auth import ClientKeys
 from feedline._service.connection import Connection, Delivered, Ended, Failed, Item, Welcome
 from feedline._service.http_options import HttpOptions
-from feedline._service.protocol import PROTOCOL_VERSION
+from feedline._service.protocol import PROTOCOL_VERSION, state_as_json
 from feedline.errors import FeedlineError, SpecError, TransportError
 
 __all__ = ["Delivery", "HttpGateway", "StreamFeed"]
@@ -118,10 +118,10 @@ class StreamFeed:
             if item is None:
                 continue
             if isinstance(item, Welcome):
-                self.state_json = self.state_json or item.state
+                self.state_json = self.state_json or state_as_json(item.state)
             elif isinstance(item, Delivered):
-                self.state_json = item.state
-                return Delivery(item.step, item.state, item.arrays)
+                self.state_json = state_as_json(item.state)
+                return Delivery(item.step, self.state_json, item.arrays)
             elif isinstance(item, Ended):
                 self.ended_at = int(item.step or 0)
             else:
@@ -149,7 +149,7 @@ class StreamFeed:
             if item is None:
                 continue
             if isinstance(item, Welcome):
-                self.state_json = item.state
+                self.state_json = state_as_json(item.state)
             elif isinstance(item, Failed):
                 raise item.error
             else:  # cannot happen: the welcome comes first

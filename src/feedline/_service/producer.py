@@ -7,7 +7,7 @@
 A :class:`~feedline._core.prefetch.Prefetch` stage runs :class:`~feedline._pipeline.GlobalStream`
 from a start state; on its thread each global batch is cut into the ranks' slices once
 (:func:`~feedline._batching.planner.rank_slices`) and the resume state after the step is
-serialised once. Production runs at most ``depth`` steps ahead of whoever drains it. ``wake`` is
+serialised once (:func:`~.protocol.pack_state`). Production runs at most ``depth`` steps ahead of whoever drains it. ``wake`` is
 called after every put so the server's event loop never has to spin.
 """
 
@@ -19,11 +19,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from feedline._batching.base import Batch, real_tokens
 from feedline._batching.planner import rank_slices
 from feedline._core.prefetch import Prefetch
 from feedline._pipeline import GlobalStream, Pipeline
-from feedline._state import state_json
+from feedline._service.protocol import pack_state
+from feedline._state import make_state
 
 __all__ = ["End", "Produced", "Producer"]
 
@@ -32,11 +35,11 @@ log = logging.getLogger("feedline.service")
 
 @dataclass(frozen=True, slots=True)
 class Produced:
-    """One global step: the ranks' slices and the state after the step."""
+    """One global step: the ranks' slices and the state after the step (``state_wire``: as batches carry it)."""
 
     step: int
     state: dict[str, Any]
-    state_json: str
+    state_wire: bytes | str
     slices: list[Batch]
     slice_tokens: list[int]
     slice_slots: list[int]
@@ -105,6 +108,14 @@ class Producer:
         slices = rank_slices(batch, w)
         ids = batch.get("input_ids")
         width = int(ids.size // max(1, len(ids))) if ids is not None else 0
-        slice_tokens = [int(real_tokens(s).sum()) for s in slices]
+        slice_tokens = [_real_total(s) for s in slices]
         slice_slots = [len(s["input_ids"]) * width if width else t for s, t in zip(slices, slice_tokens)]
-        return Produced(step, state, state_json(self.spec_hash, state, w), slices, slice_tokens, slice_slots)
+        return Produced(step, state, pack_state(make_state(self.spec_hash, state, w)), slices, slice_tokens, slice_slots)
+
+
+def _real_total(batch: Batch) -> int:
+    """Real tokens in ``batch`` (a 2-D mask is counted without the per-row sums of ``real_tokens``)."""
+    mask = batch.get("attention_mask")
+    if mask is not None and mask.ndim == 2:
+        return int(np.count_nonzero(mask))
+    return int(real_tokens(batch).sum())

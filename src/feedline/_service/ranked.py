@@ -191,8 +191,8 @@ class RankedCursor:
     def part_for(self, client: Client) -> int:
         return client.rank
 
-    def state_for(self, item: Produced) -> str:
-        return item.state_json
+    def state_for(self, item: Produced) -> bytes | str:
+        return item.state_wire
 
     def sent(self, client: Client, item: Produced) -> None:
         self.ranks[client.rank].next = item.step + 1

@@ -17,6 +17,8 @@ authentication (ZAP) vouched for are handed on.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import sys
 import threading
 import time
@@ -31,11 +33,13 @@ from feedline._service.metrics import MetricsEndpoint
 from feedline._service.options import ServerOptions
 from feedline._service.stats import progress_line, snapshot
 from feedline._service.transport import RouterTransport
+from feedline._tokenize.backends import START_AFTER_CHARS
 from feedline.errors import SpecError
 
 __all__ = ["Server", "ServerOptions"]
 
 log = logging.getLogger("feedline.service")
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)   # plain ints: pyzmq's enum operators cost more than the call
 
 
 class Server:
@@ -53,9 +57,8 @@ class Server:
         self.started = time.monotonic()
         self.snapshot: dict[str, Any] = {}
         self._stopping = threading.Event()
-        self._local = threading.local()
-        self._pushers: list[zmq.Socket[Any]] = []
-        self._pushers_lock = threading.Lock()
+        self._wake_r: socket.socket | None = None   # a socket pair: producers write a byte, the loop polls
+        self._wake_w: socket.socket | None = None
         self._ctx: zmq.Context[Any] | None = None
         self._auth: Any = None
         self._metrics: MetricsEndpoint | None = None
@@ -69,6 +72,7 @@ class Server:
         initial: dict[str, dict[str, Any]] = {}
         for name, pipeline in self.streams.items():
             initial[name] = GlobalStream(pipeline, 1).initial_state()
+            _settle_backend(pipeline)
         self._ctx = zmq.Context()
         if o.keys is not None:
             from zmq.auth.thread import ThreadAuthenticator
@@ -92,12 +96,12 @@ class Server:
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.dispatcher = Dispatcher(self.streams, o, RouterTransport(self._sock), initial=initial, wake=self.wake,
                                      stats=self.stats)
-        self._wake_addr = f"inproc://feedline-wake-{id(self)}"
-        self._wake_sock = self._ctx.socket(zmq.PULL)
-        self._wake_sock.bind(self._wake_addr)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
-        self._poller.register(self._wake_sock, zmq.POLLIN)
+        self._poller.register(self._wake_r.fileno(), zmq.POLLIN)
         if o.metrics_port is not None:
             self._metrics = MetricsEndpoint(o.metrics_port, lambda: self.snapshot, o.metrics_host, window=o.window)
         self.snapshot = self.stats()
@@ -108,21 +112,17 @@ class Server:
         return self._metrics.port if self._metrics else None
 
     def wake(self) -> None:
-        """Wake the event loop (called by producer threads after each produced step)."""
-        sock = getattr(self._local, "push", None)
-        if sock is None:
-            assert self._ctx is not None
-            sock = self._ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, 2)
-            sock.connect(self._wake_addr)
-            self._local.push = sock
-            with self._pushers_lock:
-                self._pushers.append(sock)
-        try:
-            sock.send(b"", zmq.NOBLOCK)
-        except zmq.ZMQError:  # full (a wake-up is pending anyway) or closing
-            pass
+        """Wake the event loop (called by producer threads when a produced step is ready).
+
+        A byte on a socket pair: one system call, safe from any thread, and the loop reads every
+        pending wake-up at once (an inproc ZeroMQ pipe cost a message, a frame and a poll per wake).
+        """
+        w = self._wake_w
+        if w is not None:
+            try:
+                w.send(b"\0")
+            except OSError:  # full (a wake-up is pending anyway) or closing
+                pass
 
     def stop(self) -> None:
         """Ask the loop to drain and exit (safe from a signal handler or another thread)."""
@@ -148,9 +148,8 @@ class Server:
                 if deadline is not None and (now >= deadline or d.drained()):
                     break
                 events = dict(self._poller.poll(poll_ms))
-                if self._wake_sock in events:
-                    while self._poll_once(self._wake_sock):
-                        pass
+                if self._wake_r is not None and self._wake_r.fileno() in events:
+                    _drain(self._wake_r)
                 if self._sock in events:
                     self._receive()
                 if deadline is None:
@@ -163,21 +162,13 @@ class Server:
         finally:
             self.close()
 
-    @staticmethod
-    def _poll_once(sock: zmq.Socket[Any]) -> bool:
-        try:
-            sock.recv(zmq.NOBLOCK)
-            return True
-        except zmq.Again:
-            return False
-
     def _receive(self) -> None:
         assert self.dispatcher is not None
-        for _ in range(1000):
-            try:
-                frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+        sock = self._sock
+        for _ in range(1000):   # asking for EVENTS is cheaper than the zmq.Again raised by an empty recv
+            if not int(sock.getsockopt(_EVENTS)) & _POLLIN:
                 return
+            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             if self.options.keys is not None and not _authenticated(frames[-1]):
                 self.unauthenticated += 1   # no ZAP user id: never answered, not even stats
                 continue
@@ -208,14 +199,14 @@ class Server:
             self._auth.stop()
             self._auth = None
         if self._ctx is not None:
-            with self._pushers_lock:
-                for s in self._pushers:
-                    s.close(linger=0)
-                self._pushers.clear()
-            for name in ("_sock", "_wake_sock"):
-                sock = getattr(self, name, None)
-                if sock is not None:
-                    sock.close()
+            for name in ("_wake_w", "_wake_r"):
+                pair = getattr(self, name)
+                setattr(self, name, None)
+                if pair is not None:
+                    pair.close()
+            sock = getattr(self, "_sock", None)
+            if sock is not None:
+                sock.close()
             self._ctx.term()
             self._ctx = None
 
@@ -225,6 +216,48 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _drain(sock: socket.socket) -> None:
+    """Read every wake-up byte queued on ``sock`` (one call for all of them)."""
+    try:
+        sock.recv(1 << 16)
+    except (BlockingIOError, InterruptedError):
+        pass
+
+
+def _settle_backend(pipeline: Pipeline) -> None:
+    """Run ``backend: auto``'s fastokens check now, before the server listens.
+
+    In-process, the check starts after the first batch, beside the stream (loading fastokens
+    takes 0.3-2 s of CPU while ``tokenizers`` encodes). A server is long-lived: it settles the
+    backend before it listens, so its clients get full speed from their first batch. A stream
+    too small for the check ever to start in-process (less local text than
+    :data:`~feedline._tokenize.backends.START_AFTER_CHARS` over all its epochs) skips it, as
+    in-process. The verdict is cached per tokenizer in the process; batches do not depend on it.
+    """
+    encoder = getattr(pipeline.tokenizer, "encoder", None)
+    wait = getattr(encoder, "wait", None)
+    if wait is not None and _encodes_at_least(pipeline, START_AFTER_CHARS):
+        log.info("stream tokenizer backend: %s", wait())
+
+
+def _encodes_at_least(pipeline: Pipeline, chars: int) -> bool:
+    """Whether the stream may encode ``chars`` characters: its local files' bytes times its epochs
+    reach it (a byte holds at most one character), it is endless, or a file's size is unknown."""
+    epochs = pipeline.spec.epochs
+    if epochs is None:
+        return True
+    total = 0
+    for source in pipeline.sources:
+        for path in source.files:
+            try:
+                total += os.path.getsize(path)
+            except (OSError, ValueError):   # remote or unreadable: cannot tell, so assume it is large
+                return True
+            if total * epochs >= chars:
+                return True
+    return False
 
 
 def _authenticated(frame: zmq.Frame) -> bool:

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from feedline._pipeline import Pipeline
 from feedline._service.producer import End, Produced, Producer
-from feedline._state import state_json
+from feedline._service.protocol import pack_state
+from feedline._state import make_state
 
 if TYPE_CHECKING:
     from feedline._service.session import Client
@@ -60,7 +61,7 @@ class SharedQueue:
                                  name=f"feedline-{stream}-shared")
         first = self.producer.initial_state()
         self.watermark = int(first["step"])
-        self.watermark_json = state_json(self.spec_hash, first, 1)
+        self.watermark_wire = pack_state(make_state(self.spec_hash, first, 1))
         self.fresh: deque[Produced] = deque()
         self.redeliver: deque[Produced] = deque()
         self.inflight: dict[bytes, dict[int, Lease]] = {}
@@ -112,8 +113,8 @@ class SharedQueue:
     def part_for(self, client: Client) -> int:
         return 0   # whole global batches
 
-    def state_for(self, item: Produced) -> str:
-        return self.watermark_json
+    def state_for(self, item: Produced) -> bytes | str:
+        return self.watermark_wire
 
     def sent(self, client: Client, item: Produced) -> None:
         """Nothing to do: the lease started at :meth:`take`."""
@@ -149,7 +150,7 @@ class SharedQueue:
             self.watermark += 1
             self.acked.discard(self.watermark)
             item = self.held.pop(self.watermark)
-            self.watermark_json = item.state_json
+            self.watermark_wire = item.state_wire
 
     def release(self, client: Client) -> int:
         """Put a departed client's unacked batches back at the front of the queue; returns how many."""
