@@ -95,4 +95,7 @@ class TokenizerLike(Protocol):
     backend: Any
     encoder: Encoder
 
+    @property
+    def source_file(self) -> str | None: ...
+
     def with_encoder(self, encoder: Encoder, request: str) -> Any: ...
