@@ -4,7 +4,7 @@
     PYTHONPATH=$PWD/src          python bench/batch_digests.py --out /tmp/b.json --compare /tmp/a.json
 
 For each spec (CLM packed short records and documents, shuffled, framed per piece, truncated,
-split at 64, block-causal masks, a text + JSONL mixture, pad / concat / bucket, MLM, and the three
+split at 64, block-causal masks, a text + JSONL mixture, pad / concat / bucket, MLM (split, truncated, packed, whole-word, exact, pairs), and the three
 pre-tokenized layouts), hashes the first ``--batches`` batches (every field's dtype, shape and
 bytes), the state after steps 1, 5, ``--resume-at`` and the last, and checks that a loader resumed
 from the state at ``--resume-at`` gives the same batches. ``--compare`` prints which specs differ
@@ -39,6 +39,7 @@ def specs() -> dict[str, dict[str, Any]]:
 
     SHORT, PROSE, pt = str(short_corpus(8)), str(prose_corpus(8)), build(5)
     gpt2 = {"path": str(GPT2 / "tokenizer.json"), "backend": "hf"}
+    bert = str(BERT / "tokenizer.json")
     flat = {"path": str(pt["flat"]), "format": "flat", "tokens": {"dtype": "uint16", "eos": 50256}}
     return {
         "short-pack": dict(sources=[{"path": SHORT, "format": "jsonl"}], tokenizer=gpt2, task=clm(), batching={"strategy": "pack", "batch_size": 16}),
@@ -52,6 +53,11 @@ def specs() -> dict[str, dict[str, Any]]:
         "short-concat": dict(sources=[{"path": SHORT, "format": "jsonl"}], tokenizer=gpt2, task=clm(), batching={"strategy": "concat", "batch_size": 4}),
         "short-bucket": dict(sources=[{"path": SHORT, "format": "jsonl"}], tokenizer=gpt2, task=clm(max_length=128), batching={"strategy": "bucket", "batch_size": 16}),
         "mlm-pad": dict(sources=[{"path": SHORT, "format": "jsonl"}], tokenizer=str(BERT / "tokenizer.json"), task={"kind": "mlm", "max_length": 128}, batching={"strategy": "pad", "batch_size": 16}),
+        "mlm-prose": dict(sources=[{"path": PROSE, "format": "jsonl"}], tokenizer=bert, task={"kind": "mlm", "max_length": 128}, batching={"strategy": "pad", "batch_size": 64}),
+        "mlm-prose-shuf-pack": dict(sources=[{"path": PROSE, "format": "jsonl"}], tokenizer=bert, task={"kind": "mlm", "max_length": 128, "mlm_probability": 0.3}, shuffle={"buffer": 200}, batching={"strategy": "pack", "batch_size": 8, "max_length": 256}),
+        "mlm-trunc-bucket": dict(sources=[{"path": PROSE, "format": "jsonl"}], tokenizer=bert, task={"kind": "mlm", "max_length": 96, "overflow": "truncate"}, batching={"strategy": "bucket", "batch_size": 16}),
+        "mlm-wwm-exact": dict(sources=[{"path": PROSE, "format": "jsonl"}], tokenizer=bert, task={"kind": "mlm", "max_length": 64, "whole_word_mask": True, "masking": "exact", "max_predictions": 10}, batching={"strategy": "pad", "batch_size": 16}),
+        "mlm-pair": dict(sources=[{"path": SHORT, "format": "jsonl"}], tokenizer=bert, task={"kind": "mlm", "max_length": 48, "text_pair": "text", "max_predictions": 6}, batching={"strategy": "pad", "batch_size": 16}),
         "pt-parquet": dict(sources=[{"path": str(pt["parquet"]), "format": "tokens"}], task=clm(), batching={"strategy": "pack", "batch_size": 16}),
         "pt-parquet-shuf": dict(sources=[{"path": str(pt["parquet"]), "format": "tokens"}], task=clm(max_length=512), shuffle={"buffer": 300}, batching={"strategy": "pack", "batch_size": 16}),
         "pt-megatron": dict(sources=[{"path": str(pt["megatron"])}], task=clm(), batching={"strategy": "pack", "batch_size": 16}),

@@ -15,11 +15,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from feedline._core.block import ExampleBlock, spans
 from feedline._core.dataset import Dataset
 from feedline._core.record import Example
 from feedline._tasks.base import Task
 
-__all__ = ["Batch", "BatchContext", "Batcher", "FillStats", "collate_padded", "real_tokens"]
+__all__ = ["Batch", "BatchContext", "Batcher", "FillStats", "collate_blocks", "collate_padded", "real_tokens"]
 
 Batch = dict[str, np.ndarray]
 
@@ -134,6 +135,40 @@ def collate_padded(examples: Sequence[Example], pad_values: dict[str, Any], leng
         for i, ex in enumerate(examples):
             a = ex.fields[name][:width]
             out[i, : len(a)] = a
+        batch[name] = out
+    if "attention_mask" not in batch:
+        batch["attention_mask"] = (np.arange(t)[None, :] < lengths[:, None]).astype(np.int32)
+    return batch
+
+
+def collate_blocks(parts: Sequence[ExampleBlock], pad_values: dict[str, Any], length: int | None = None,
+                   multiple_of: int | None = None) -> Batch:
+    """:func:`collate_padded` of the examples of ``parts`` (blocks, in order), one gather per field.
+
+    Blocks hold token fields only (every field spans each example's tokens), so this is exactly
+    ``collate_padded([ex for p in parts for ex in p], ...)`` without an object per example.
+
+        >>> b = ExampleBlock.from_examples([Example((0, 0, i), 0, 0, {"input_ids": np.arange(n, dtype=np.int32)})
+        ...                                 for i, n in enumerate((2, 3))])
+        >>> collate_blocks([b], {"input_ids": 0})["input_ids"].tolist()
+        [[0, 1, 0], [0, 1, 2]]
+    """
+    lengths = np.concatenate([p.lengths for p in parts]).astype(np.int64, copy=False)
+    n = len(lengths)
+    t = int(length if length is not None else lengths.max(initial=0))
+    if multiple_of:
+        t = -(-t // multiple_of) * multiple_of
+    # Every token each row keeps: where it comes from in its part's flat fields, where it goes.
+    row0 = np.cumsum([0] + [len(p) for p in parts])[:-1]
+    taken = [np.minimum(p.lengths, t) for p in parts]
+    src = [spans(p.starts, k) for p, k in zip(parts, taken, strict=True)]
+    dst = [spans(np.arange(r, r + len(p), dtype=np.int64) * t, k) for p, r, k in zip(parts, row0.tolist(), taken, strict=True)]
+    batch: Batch = {}
+    for name, arr in parts[0].fields.items():
+        out = np.full((n, t, *arr.shape[1:]), pad_values.get(name, 0), dtype=int_dtype(name, arr))
+        flat = out.reshape(n * t, *arr.shape[1:])
+        for p, s, d in zip(parts, src, dst, strict=True):
+            flat[d] = p.fields[name][s]
         batch[name] = out
     if "attention_mask" not in batch:
         batch["attention_mask"] = (np.arange(t)[None, :] < lengths[:, None]).astype(np.int32)

@@ -2,7 +2,10 @@
 
     batching: {strategy: pad, batch_size: 32, pad_to: longest, pad_to_multiple_of: 8}
 
-It holds nothing between batches, so its state is its parent's.
+It holds nothing between batches, so its state is its parent's. From a parent that hands out
+blocks (the task map: ``peek_block``/``consume``), a batch is taken and collated a chunk at a
+time (:func:`~feedline._batching.base.collate_blocks`); the batches and states are those of
+taking one example at a time.
 """
 
 from __future__ import annotations
@@ -10,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from feedline._batching.base import Batch, Batcher, collate_padded
+from feedline._batching.base import Batch, Batcher, collate_blocks, collate_padded
+from feedline._core.block import ExampleBlock
 from feedline._core.dataset import DatasetIterator
+from feedline._core.record import Example
 from feedline.errors import SpecError
 
 __all__ = ["PadBatcher", "PadOptions"]
@@ -61,14 +66,32 @@ class _PadIterator(DatasetIterator[Batch]):
         self.pad_values = ds.ctx.task.pad_values
 
     def __next__(self) -> Batch:
-        rows = []
-        for ex in self.parent:
-            rows.append(ex)
-            if len(rows) == self.ds.ctx.batch_size:
-                break
-        if not rows:
-            raise StopIteration
+        want = self.ds.ctx.batch_size
         task = self.ds.ctx.task
-        return collate_padded(rows, self.pad_values, self.length, self.ds.options.pad_to_multiple_of,
+        peek = getattr(self.parent, "peek_block", None)
+        if peek is None:  # one example at a time
+            rows = []
+            for ex in self.parent:
+                rows.append(ex)
+                if len(rows) == want:
+                    break
+            parts: list[ExampleBlock | list[Example]] = [rows] if rows else []
+        else:
+            parts = []
+            while want:
+                got = peek()
+                if got is None:
+                    break
+                k = min(want, len(got))
+                self.parent.consume(k)  # type: ignore[attr-defined]
+                parts.append(got.slice(0, k) if isinstance(got, ExampleBlock) else got[:k])
+                want -= k
+        if not parts:
+            raise StopIteration
+        opts: PadOptions = self.ds.options
+        blocks = [p for p in parts if isinstance(p, ExampleBlock)]
+        if len(blocks) == len(parts) and not set(blocks[0].fields) & (task.vector_fields | task.target_fields):
+            return collate_blocks(blocks, self.pad_values, self.length, opts.pad_to_multiple_of)
+        examples = [ex for p in parts for ex in (p if isinstance(p, list) else (p[i] for i in range(len(p))))]
+        return collate_padded(examples, self.pad_values, self.length, opts.pad_to_multiple_of,
                               vector_fields=task.vector_fields, target_fields=task.target_fields)
-

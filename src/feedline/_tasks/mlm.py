@@ -26,7 +26,8 @@ from typing import Literal
 
 import numpy as np
 
-from feedline._core.record import Example, Record
+from feedline._core.block import ExampleBlock, exclusive_cumsum
+from feedline._core.record import Record
 from feedline._core.rng import sample_keys
 from feedline._tasks.base import Task, TaskOutput
 from feedline._tasks.masking import Masker, MaskingOptions
@@ -98,16 +99,25 @@ class MaskedLM(Task):
         return [(ids, np.zeros(0, np.int64)) for ids in self.tok.encode_batch(texts)]
 
     def process(self, records: Sequence[Record]) -> list[TaskOutput]:
+        if self.options.text_pair is None:
+            return self._single(records).outputs(len(records))  # type: ignore[return-value]
+        return self._pairs(records)
+
+    def process_block(self, records: Sequence[Record]) -> list[TaskOutput] | ExampleBlock:
+        """Single documents: the chunk as one block (pairs, or a subclass that overrides :meth:`process`: lists)."""
+        if self.options.text_pair is None and type(self).process is MaskedLM.process:
+            return self._single(records)
+        return self.process(records)
+
+    def _pairs(self, records: Sequence[Record]) -> list[TaskOutput]:
+        """``[CLS] A [SEP] B [SEP]`` rows, one per record."""
         opts: MaskedLMOptions = self.options
         cls, sep = self.tok.special("cls"), self.tok.special("sep")
-        masker = self.masker
         first = self._encode([r.data["text"] for r in records])
         out: list[TaskOutput] = []
-        if opts.text_pair is None:
-            return self._single(records, first, cls, sep)
         pair_texts, missing = [], set()
         for i, r in enumerate(records):
-            t = r.data.get(opts.text_pair)
+            t = r.data.get(opts.text_pair)  # type: ignore[arg-type]
             if not isinstance(t, str):
                 missing.add(i)
                 t = ""
@@ -124,7 +134,7 @@ class MaskedLM(Task):
                                if opts.whole_word_mask else None)
             types.append(np.concatenate([np.zeros(la + 2, np.int32), np.ones(lb + 1, np.int32)]))
             kept.append(i)
-        masked = masker.mask_rows(pieces, self._keys(records, kept, [0] * len(kept)), piece_words)
+        masked = self.masker.mask_rows(pieces, self._keys(_record_keys(records), kept, [0] * len(kept)), piece_words)
         by_record = dict(zip(kept, zip(masked, types, strict=True), strict=True))
         for i, rec in enumerate(records):
             if i in missing:
@@ -134,21 +144,28 @@ class MaskedLM(Task):
             out.append([self.example(rec, 0, input_ids=inp, labels=labels, token_type_ids=tt)])
         return out
 
-    def _single(self, records: Sequence[Record], first: list[tuple[np.ndarray, np.ndarray]], cls: int,
-                sep: int) -> list[TaskOutput]:
-        """``[CLS] piece [SEP]`` rows of single documents, built and masked for the whole chunk at once."""
+    def _single(self, records: Sequence[Record]) -> ExampleBlock:
+        """``[CLS] piece [SEP]`` rows of single documents: the whole chunk built and masked at once, as one block."""
         opts: MaskedLMOptions = self.options
+        cls, sep = self.tok.special("cls"), self.tok.special("sep")
         body = opts.max_length - 2
-        doc_len = np.fromiter((len(ids) for ids, _ in first), dtype=np.int64, count=len(first))
+        texts = [r.data["text"] for r in records]
+        if opts.whole_word_mask:
+            first = encode_words(self, texts)
+            doc_len = np.fromiter((len(ids) for ids, _ in first), dtype=np.int64, count=len(first))
+            doc_ids = np.concatenate([ids for ids, _ in first]) if first else np.zeros(0, np.int32)
+        else:
+            doc_ids, bounds = self.tok.encode_batch_flat(texts)
+            doc_len = np.diff(bounds)
+        doc_ids = doc_ids.astype(np.int32, copy=False)
         n_pieces = np.ones_like(doc_len) if opts.overflow == "truncate" else np.maximum(1, -(-doc_len // body))
-        owner = np.repeat(np.arange(len(first)), n_pieces)
-        subs = np.arange(len(owner)) - np.repeat(_starts(n_pieces), n_pieces)
+        owner = np.repeat(np.arange(len(records)), n_pieces)
+        subs = np.arange(len(owner)) - np.repeat(exclusive_cumsum(n_pieces), n_pieces)
         begin = subs * body  # token offset of each piece in its document
         blen = np.clip(doc_len[owner] - begin, 0, body)
         offs = np.zeros(len(owner) + 1, dtype=np.int64)
         np.cumsum(blen + 2, out=offs[1:])
         flat = np.empty(int(offs[-1]), dtype=np.int32)
-        doc_ids = np.concatenate([ids for ids, _ in first]).astype(np.int32, copy=False) if first else np.zeros(0, np.int32)
         words = None
         if opts.overflow == "split":
             # Every token of every document lands in order: fill all places but the [CLS]/[SEP] ones.
@@ -160,9 +177,9 @@ class MaskedLM(Task):
                 wflat[place] = np.concatenate([w for _, w in first])
         else:
             # Gather every piece's body at once: output index and source index of each body token.
-            within = np.arange(int(blen.sum())) - np.repeat(_starts(blen), blen)
+            within = np.arange(int(blen.sum())) - np.repeat(exclusive_cumsum(blen), blen)
             dst = np.repeat(offs[:-1] + 1, blen) + within
-            src = np.repeat(_starts(doc_len)[owner] + begin, blen) + within
+            src = np.repeat(exclusive_cumsum(doc_len)[owner] + begin, blen) + within
             flat[dst] = doc_ids[src]
             if opts.whole_word_mask:
                 wflat = np.full(len(flat), -1, dtype=np.int64)
@@ -170,26 +187,23 @@ class MaskedLM(Task):
         flat[offs[:-1]], flat[offs[1:] - 1] = cls, sep
         if opts.whole_word_mask:
             words = [wflat[a:b] for a, b in zip(offs[:-1].tolist(), offs[1:].tolist(), strict=True)]
-        inp, labels = self.masker.mask_flat(flat, offs, self._keys(records, owner, subs), words)
-        out: list[TaskOutput] = [[] for _ in records]
-        types = np.zeros(int(blen.max(initial=0)) + 2, np.int32)
-        for i, j, a, b in zip(owner.tolist(), subs.tolist(), offs[:-1].tolist(), offs[1:].tolist(), strict=True):
-            # Copies: a buffered example (bucket or pack batcher) must not hold the whole chunk's arrays.
-            rec = records[i]
-            out[i].append(Example(rec.key, rec.epoch, j, {"input_ids": inp[a:b].copy(), "labels": labels[a:b].copy(),  # type: ignore[union-attr]
-                                                          "token_type_ids": types[:b - a]}))
-        return out
+        keys = _record_keys(records)
+        inp, labels = self.masker.mask_flat(flat, offs, self._keys(keys, owner, subs), words)
+        refs = np.empty((len(owner), 5), dtype=np.int64)
+        refs[:, :4] = keys[owner]
+        refs[:, 4] = subs
+        return ExampleBlock(refs, owner, offs[:-1], blen + 2, {"input_ids": inp, "labels": labels,
+                                                                "token_type_ids": np.zeros(len(flat), np.int32)})
 
-    def _keys(self, records: Sequence[Record], owner: Sequence[int] | np.ndarray, subs: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Masking generator keys (stream 0) of the rows ``(records[owner[i]], subs[i])``: :meth:`Task.rng`'s."""
+    def _keys(self, keys: np.ndarray, owner: Sequence[int] | np.ndarray, subs: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Masking generator keys (stream 0) of the rows ``(record owner[i], piece subs[i])``: :meth:`Task.rng`'s.
+
+        ``keys`` is :func:`_record_keys` of the chunk's records.
+        """
         idx = np.asarray(owner, dtype=np.int64)
-        keys = np.asarray([r.key for r in records], dtype=np.int64).reshape(len(records), 3)[idx]
-        epochs = np.asarray([r.epoch for r in records], dtype=np.int64)[idx]
-        return sample_keys(self.seed, epochs, keys, np.asarray(subs, dtype=np.int64))
+        return sample_keys(self.seed, keys[idx, 3], keys[idx, :3], np.asarray(subs, dtype=np.int64))
 
 
-def _starts(lengths: np.ndarray) -> np.ndarray:
-    """Exclusive cumulative sum: where each of consecutive runs of ``lengths`` starts."""
-    out = np.zeros(len(lengths), dtype=np.int64)
-    np.cumsum(lengths[:-1], out=out[1:])
-    return out
+def _record_keys(records: Sequence[Record]) -> np.ndarray:
+    """``[n, 4]`` int64: each record's key (source, file, position) and epoch."""
+    return np.asarray([(*r.key, r.epoch) for r in records], dtype=np.int64).reshape(len(records), 4)

@@ -321,11 +321,23 @@ _VERDICTS_KEPT = 8
 _VERDICTS_LOCK = threading.Lock()
 
 
+def _source(tok: TokenizerLike) -> str | None:
+    """The ``tokenizer.json`` that still describes ``tok`` (its ``source_file``), if any."""
+    return getattr(tok, "source_file", None)
+
+
 def _key(tok: TokenizerLike) -> str:
-    """The digest of ``tok``'s JSON, computed once per tokenizer object."""
+    """The digest of ``tok``'s JSON, computed once per tokenizer object: of the file it was read from
+    when it has one (reading and hashing release the GIL; serialising the backend holds it for
+    0.05-0.3 s, which stalled the consumer picking up the first batch), else of ``to_str()``."""
     key: str | None = getattr(tok, "_fastokens_key", None)
     if key is None:
-        key = hashlib.blake2b(tok.backend.to_str().encode(), digest_size=16).hexdigest()
+        source = _source(tok)
+        if source is not None:
+            with open(source, "rb") as f:
+                key = "file:" + hashlib.blake2b(f.read(), digest_size=16).hexdigest()
+        else:
+            key = hashlib.blake2b(tok.backend.to_str().encode(), digest_size=16).hexdigest()
         try:
             tok._fastokens_key = key  # type: ignore[attr-defined]
         except AttributeError:  # a tokenizer with __slots__: recomputed next time
@@ -384,7 +396,14 @@ def _check(tok: T) -> Verdict:
     except ImportError:
         return Verdict(None, "fastokens is not installed (pip install 'feedline[fast]')", missing=True)
     try:
-        fast = FastEncoder(fastokens.Tokenizer.from_json_str(tok.backend.to_str()))
+        source = _source(tok)
+        if source is not None:  # the file, with the settings feedline gives the tokenizers backend
+            loaded = fastokens.Tokenizer.from_file(source)
+            loaded.no_padding()
+            loaded.no_truncation()
+        else:
+            loaded = fastokens.Tokenizer.from_json_str(tok.backend.to_str())
+        fast = FastEncoder(loaded)
     except Exception as e:
         return Verdict(None, f"fastokens cannot load it: {str(e).splitlines()[0][:160]}")
     hf = HfEncoder(tok.backend)

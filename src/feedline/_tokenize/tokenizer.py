@@ -56,6 +56,7 @@ class Tokenizer:
         #: What encodes plain ids, and the backend that was asked for (``hf``, ``auto``, ``fastokens``).
         self.encoder: Encoder = HfEncoder(backend)
         self.backend_request = "hf"
+        self._source: tuple[str, int] | None = None  # (file read, vocabulary size then): source_file
 
     def with_encoder(self, encoder: Encoder, request: str) -> Tokenizer:
         """A copy sharing everything but the plain-id ``encoder`` (see :func:`~feedline._tokenize.backends.with_backend`)."""
@@ -67,9 +68,22 @@ class Tokenizer:
     @classmethod
     def from_file(cls, path: str, config: Mapping[str, Any] | None = None) -> Tokenizer:
         try:
-            return cls(tokenizers.Tokenizer.from_file(path), path, config)
+            tok = cls(tokenizers.Tokenizer.from_file(path), path, config)
         except Exception as e:  # the Rust side raises a bare Exception
             raise TokenizerError(f"{path}: not a readable tokenizer.json ({e})") from e
+        tok._source = (path, tok.backend.get_vocab_size(with_added_tokens=True))
+        return tok
+
+    @property
+    def source_file(self) -> str | None:
+        """The ``tokenizer.json`` this was read from (:meth:`from_file`) while the backend still is
+        what it says (padding and truncation aside, which feedline turns off; no token added since),
+        else ``None``. The backend check reads it instead of serialising the backend, which holds
+        the GIL for 0.05-0.3 s."""
+        if self._source is None:
+            return None
+        path, size = self._source
+        return path if self.backend.get_vocab_size(with_added_tokens=True) == size else None
 
     def _resolve(self, role: str) -> int | None:
         configured = self.config.get(f"{role}_token")
