@@ -80,6 +80,17 @@ def test_shuffle_and_pack_state_is_packed_and_list_states_still_resume(corpus: s
     bad["pipeline"]["parent"]["parent"]["buffer"]["data"] = "!!"
     with pytest.raises(StateError, match="shuffle buffer"):
         collect(Loader(spec, state=bad))
+    # the ready rows are the window's, packed once, and how many were delivered since; the states
+    # of earlier versions held only the undelivered rows, and still resume
+    ready = pipe["ready"]
+    assert set(ready) == {"rows", "skip"} and ready["skip"] >= 1
+    prev = copy.deepcopy(state)
+    prev["pipeline"]["ready"] = pack_ragged(unpack_ragged(ready["rows"], 6)[ready["skip"]:], 6)
+    assert_batches_equal(collect(Loader(spec, state=prev)), full[4:], "state of the previous layout")
+    bad = copy.deepcopy(state)
+    bad["pipeline"]["ready"]["skip"] = 10_000
+    with pytest.raises(StateError, match="skip"):
+        collect(Loader(spec, state=bad))
 
 
 def test_a_large_shuffle_buffer_state_is_several_times_smaller_than_lists(tmp_path: Path, small_tokenizer: str) -> None:

@@ -12,11 +12,13 @@ the next window. Rows carry ``position_ids`` restarting per document, ``seq_lens
 either 1/0 per token or an explicit ``[max_length, max_length]`` block-diagonal (or block-causal)
 mask; :mod:`feedline._batching.rows` describes the layout.
 
-State: ``{"parent", "ready": rows not yet delivered, "open": open rows, "stats"}``, each row a list
-of piece refs ``[source, file, position, epoch, sub, start]``, packed (:func:`feedline._core.packed.pack_ragged`;
-``[]`` when there is no row; older states' nested lists still load). The refs of the ready and
-open rows are collected once per window, not per batch: a batch only moves the ready rows' start,
-and the prefetching loader's :meth:`PackIterator.snapshot` defers even that until a state is read.
+State: ``{"parent", "ready": {"rows": the last window's ready rows, "skip": how many of them were
+delivered since}, "open": open rows, "stats"}``, each row a list of piece refs ``[source, file,
+position, epoch, sub, start]``, packed (:func:`feedline._core.packed.pack_ragged`; older states'
+ready rows as the undelivered rows only, packed or as nested lists, still load). The refs of the
+ready and open rows are collected and packed once per window, not per batch (a batch only moves
+``skip``: a state every batch, the service's batch header, costs no repacking), and the
+prefetching loader's :meth:`PackIterator.snapshot` defers even that until a state is read.
 Pieces are arrays in a :class:`~feedline._batching.pieces.PiecePool`; the packer places their ids.
 Buffered examples are rebuilt from their records on resume; the window itself is always empty at a
 batch boundary (windows are read whole, between batches). The iterator's :attr:`stats` reports the packing efficiency.
@@ -258,7 +260,7 @@ class PackIterator(DatasetIterator[Batch]):
 
     def restore(self, own: Mapping[str, Any]) -> None:
         stats = own["stats"]
-        ready, open_rows = unpack_ragged(own["ready"], 6, "pack: ready rows"), unpack_ragged(own["open"], 6, "pack: open rows")
+        ready, open_rows = _ready_rows(own["ready"]), unpack_ragged(own["open"], 6, "pack: open rows")
         rows = [*ready, *open_rows]
         try:
             refs = np.asarray([r[:6] for row in rows for r in row], dtype=np.int64).reshape(-1, 6)
@@ -285,41 +287,60 @@ class PackIterator(DatasetIterator[Batch]):
         self.exhausted = False
         self.stats = FillStats.from_state(stats)
         self._keep()
+        if isinstance(own["ready"], dict) and "skip" in own["ready"]:  # the saved window: the same states follow
+            self._window, self._taken = _WindowRows.restored(own["ready"]["rows"], own["open"]), own["ready"]["skip"]
 
 
 class _WindowRows:
     """The rows a window left, from parts nobody changes again: the closed rows (a closed row is
     never appended to), copies of the open ones, and the pool's id and ref tables (the pool
-    replaces them, never writes into them). Their refs are looked up once, when a state is read."""
+    replaces them, never writes into them). Their refs are looked up and packed once, when a
+    state is first read."""
 
-    __slots__ = ("_ids", "_open", "_ready", "_refs", "_tables")
+    __slots__ = ("_ids", "_open", "_packed", "_ready", "_refs")
 
-    def __init__(self, ready: Sequence[list[int]], open_rows: Sequence[list[int]], pool: PiecePool) -> None:
+    def __init__(self, ready: Sequence[list[int]], open_rows: Sequence[list[int]], pool: PiecePool | None) -> None:
         self._ready, self._open = list(ready), [list(r) for r in open_rows]
-        self._ids, self._refs = pool.ref_table()
-        self._tables: tuple[np.ndarray, np.ndarray, np.ndarray, Any] | None = None
+        self._ids, self._refs = pool.ref_table() if pool is not None else (None, None)
+        self._packed: tuple[Any, Any] | None = None
 
-    def tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:
-        """Lengths, row starts and refs of the ready rows, and the packed open rows."""
-        if self._tables is None:
+    @classmethod
+    def restored(cls, ready: Any, open_rows: Any) -> _WindowRows:
+        """The window a restored state names (its packed rows as they were saved)."""
+        window = cls([], [], None)
+        window._packed = (materialize(ready), materialize(open_rows))
+        return window
+
+    def packed(self) -> tuple[Any, Any]:
+        """The packed ready rows and open rows."""
+        if self._packed is None:
             ready, open_rows = self._ready, self._open
             lengths = np.fromiter((len(row) for row in ready), dtype=np.int64, count=len(ready))
-            starts = np.zeros(len(ready) + 1, dtype=np.int64)
-            np.cumsum(lengths, out=starts[1:])
             open_lengths = np.fromiter((len(r) for r in open_rows), dtype=np.int64, count=len(open_rows))
             ids = np.fromiter(itertools.chain.from_iterable(itertools.chain(ready, open_rows)), dtype=np.int64)
-            refs = lookup_refs(self._ids, self._refs, ids)
-            n = int(starts[-1])
-            self._tables = (lengths, starts, refs[:n], pack_ragged_array(open_lengths, refs[n:]))
-        return self._tables
+            refs = lookup_refs(self._ids, self._refs, ids)  # type: ignore[arg-type]
+            n = int(lengths.sum())
+            self._packed = (pack_ragged_array(lengths, refs[:n]), pack_ragged_array(open_lengths, refs[n:]))
+        return self._packed
 
     def ready_state(self, taken: int) -> Any:
-        """The ready rows after the first ``taken`` (delivered since), packed."""
-        lengths, starts, refs, _open = self.tables()
-        return pack_ragged_array(lengths[taken:], refs[starts[taken]:])
+        """The window's ready rows and how many of them were delivered since."""
+        return {"rows": self.packed()[0], "skip": taken}
 
     def open_state(self) -> Any:
-        return self.tables()[3]
+        return self.packed()[1]
+
+
+def _ready_rows(obj: Any) -> list[list[list[int]]]:
+    """The ready rows of a state: ``{"rows": the window's ready rows, "skip": delivered since}``, or
+    (older states) the rows not yet delivered, packed or as lists."""
+    if isinstance(obj, dict) and "skip" in obj:
+        skip = obj["skip"]
+        rows = unpack_ragged(obj.get("rows"), 6, "pack: ready rows")
+        if type(skip) is not int or not 0 <= skip <= len(rows):
+            raise StateError(f"pack: ready rows: skip {skip!r} is not in [0, {len(rows)}]")
+        return rows[skip:]
+    return unpack_ragged(obj, 6, "pack: ready rows")
 
 
 def _block_of(examples: Sequence[Example]) -> ExampleBlock:
