@@ -43,7 +43,7 @@ PROFILED = ("clm-1024", "clm-1024-short", "mlm-128")
 #: (``<part>.json``), and its printed table is kept beside it (``<part>-run.json``).
 OPTIONAL_SCRIPTS = {"backends": "backends.py", "pretokenized": "pretokenized.py"}
 WORKLOADS = "clm-1024,clm-1024-short,mlm-128"
-FULL = {"throughput": ["--mb", "256", "--seconds", "8", "--rounds", "3", "--workloads", WORKLOADS],
+FULL = {"throughput": ["--mb", "512", "--seconds", "8", "--rounds", "3", "--workloads", WORKLOADS],
         "startup": ["--offline-mb", "24"], "memory": ["--seconds", "8"]}
 QUICK = {"throughput": ["--mb", "32", "--seconds", "4", "--workloads", WORKLOADS], "startup": ["--mb", "32", "--offline-mb", "8"],
          "memory": ["--small-mb", "8", "--large-mb", "32", "--seconds", "3"]}

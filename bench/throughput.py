@@ -1,6 +1,6 @@
 """Throughput: tokens/s delivered to the consumer, and CPU seconds per million tokens, per contender.
 
-    .venv/bin/python bench/throughput.py                       # clm-1024 and mlm-128 on 256 MB
+    .venv/bin/python bench/throughput.py                       # clm-1024 and mlm-128 on 512 MB
     .venv/bin/python bench/throughput.py --mb 8 --workloads clm-1024 --contenders raw,feedline
 
 Each contender runs in a fresh child process on the same corpus (real text repeated to size) and
@@ -104,7 +104,7 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mb", type=float, default=256, help="corpus size in MB (default 256: in-process at 6 M tok/s for 8 s reads ~50 M tokens, 200 MB of prose)")
+    ap.add_argument("--mb", type=float, default=512, help="corpus size in MB (default 512: in-process at 10 M tok/s reads ~80 M tokens, 350 MB of prose, in 8 s)")
     ap.add_argument("--workloads", default="clm-1024,mlm-128", help=f"comma-separated, of {sorted(WORKLOADS)}")
     ap.add_argument("--contenders", default="", help=f"comma-separated, of {sorted(CONTENDERS)} (default: per workload)")
     ap.add_argument("--seconds", type=float, default=15.0, help="stop each contender after this much delivery")
