@@ -13,7 +13,7 @@ import pytest
 
 from conftest import shared
 from feedline._pipeline import GlobalStream, Pipeline
-from feedline._tokenize import backends
+from feedline._tokenize import backends, check
 from feedline._tokenize.backends import HfEncoder, Verdict, VerifiedEncoder
 from feedline._tokenize.load import load_tokenizer
 
@@ -72,7 +72,7 @@ def test_release_before_the_threshold_leaves_the_usual_deferral() -> None:
 
 def test_a_global_stream_holds_until_its_first_batch_is_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Through the real pipeline: held while the first batch is made, released once it is out."""
-    monkeypatch.setattr(backends, "_VERDICTS", collections.OrderedDict())  # as in a fresh process: the check is deferred
+    monkeypatch.setattr(check, "_VERDICTS", collections.OrderedDict())  # as in a fresh process: the check is deferred
     texts = [json.loads(line)["text"] for line in shared("prose", "c4_demo.jsonl").read_text(encoding="utf-8").splitlines()]
     path = tmp_path / "c4.jsonl"
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[:60]), encoding="utf-8")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import shared
-from feedline._tokenize import backends
+from feedline._tokenize import backends, check
 from feedline._tokenize.tokenizer import Tokenizer
 
 pytest.importorskip("fastokens")
@@ -42,8 +42,8 @@ def test_a_file_tokenizer_is_keyed_and_checked_from_its_file() -> None:
     tok = Tokenizer.from_file(path)
     assert tok.source_file == path
     tok.backend = _NoSerialising(tok.backend)  # type: ignore[assignment]
-    assert backends._key(tok).startswith("file:")
-    verdict = backends._check(tok)
+    assert check._key(tok).startswith("file:")
+    verdict = check._check(tok)
     assert verdict.fast is not None, verdict.reason
     assert _ids(verdict.fast, TEXTS) == _ids(backends.HfEncoder(tok.backend), TEXTS)
 
@@ -60,7 +60,7 @@ def test_a_file_with_padding_and_truncation_is_loaded_without_them(tmp_path: Any
     assert json.loads(path.read_text())["truncation"] is not None
     tok = Tokenizer.from_file(str(path))
     assert tok.source_file == str(path)
-    verdict = backends._check(tok)
+    verdict = check._check(tok)
     assert verdict.fast is not None, verdict.reason
     got = _ids(verdict.fast, TEXTS)
     assert got == _ids(backends.HfEncoder(tok.backend), TEXTS)
@@ -70,13 +70,13 @@ def test_a_file_with_padding_and_truncation_is_loaded_without_them(tmp_path: Any
 def test_a_tokenizer_changed_after_loading_is_keyed_by_its_json() -> None:
     path = str(shared("tokenizers", "gpt2", "tokenizer.json"))
     tok = Tokenizer.from_file(path)
-    file_key = backends._key(tok)
+    file_key = check._key(tok)
     changed = Tokenizer.from_file(path)
     changed.backend.add_tokens(["<feedline-test-token>"])
     assert changed.source_file is None
-    key = backends._key(changed)
+    key = check._key(changed)
     assert not key.startswith("file:") and key != file_key
-    verdict = backends._check(changed)  # loaded from its JSON: the added token is there
+    verdict = check._check(changed)  # loaded from its JSON: the added token is there
     assert verdict.fast is not None, verdict.reason
     text = ["a <feedline-test-token> b"]
     assert _ids(verdict.fast, text) == _ids(backends.HfEncoder(changed.backend), text)

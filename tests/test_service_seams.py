@@ -151,9 +151,9 @@ def test_a_server_settles_the_auto_backend_before_it_listens(tmp_path: Path, mon
     pytest.importorskip("fastokens")
     from conftest import shared
     from feedline._service.server import Server
-    from feedline._tokenize import backends
+    from feedline._tokenize import check
 
-    monkeypatch.setattr(backends, "_VERDICTS", collections.OrderedDict())  # no verdict left by other tests
+    monkeypatch.setattr(check, "_VERDICTS", collections.OrderedDict())  # no verdict left by other tests
     make_corpus(tmp_path / "c", files=1, docs=20)
     spec = {"sources": [str(tmp_path / "c" / "*.jsonl")], "tokenizer": str(shared("tokenizers", "gpt2")),
             "epochs": epochs, "task": {"kind": "clm", "max_length": 32}, "batching": {"strategy": "pack", "batch_size": 4}}
@@ -164,6 +164,6 @@ def test_a_server_settles_the_auto_backend_before_it_listens(tmp_path: Path, mon
         if settled:   # checked, not deferred to the first batch
             assert encoder.pending is None and encoder.start is None and encoder.name == "fastokens"
         else:
-            assert encoder.start is not None and not backends._VERDICTS
+            assert encoder.start is not None and not check._VERDICTS
     finally:
         server.close()

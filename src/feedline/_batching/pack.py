@@ -301,7 +301,9 @@ class _WindowRows:
 
     def __init__(self, ready: Sequence[list[int]], open_rows: Sequence[list[int]], pool: PiecePool | None) -> None:
         self._ready, self._open = list(ready), [list(r) for r in open_rows]
-        self._ids, self._refs = pool.ref_table() if pool is not None else (None, None)
+        tables = pool.ref_table() if pool is not None else (np.zeros(0, np.int64), np.zeros((0, 6), np.int64))
+        self._ids: np.ndarray = tables[0]
+        self._refs: np.ndarray = tables[1]
         self._packed: tuple[Any, Any] | None = None
 
     @classmethod
@@ -318,7 +320,7 @@ class _WindowRows:
             lengths = np.fromiter((len(row) for row in ready), dtype=np.int64, count=len(ready))
             open_lengths = np.fromiter((len(r) for r in open_rows), dtype=np.int64, count=len(open_rows))
             ids = np.fromiter(itertools.chain.from_iterable(itertools.chain(ready, open_rows)), dtype=np.int64)
-            refs = lookup_refs(self._ids, self._refs, ids)  # type: ignore[arg-type]
+            refs = lookup_refs(self._ids, self._refs, ids)
             n = int(lengths.sum())
             self._packed = (pack_ragged_array(lengths, refs[:n]), pack_ragged_array(open_lengths, refs[n:]))
         return self._packed

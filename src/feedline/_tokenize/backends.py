@@ -35,19 +35,16 @@ classification pairs) are always computed by ``tokenizers`` (``Tokenizer.backend
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures as cf
-import hashlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 import numpy as np
 
+from feedline._tokenize.check import Verdict, check_fastokens, checked, describe, first_difference, verdict_future
 from feedline._tokenize.encoder import Encoder, FastEncoder, HfEncoder, TokenizerLike, join_ids, split_ids
-from feedline._tokenize.verification import verification_corpus
 from feedline.errors import MissingDependency, TokenizerDivergence, TokenizerError
 
 __all__ = [
@@ -87,23 +84,6 @@ CHECK_WAIT_S = 5.0
 #: Before the check has passed, ``tokenizers`` encodes a call's texts this many characters at a
 #: time, so that a check started meanwhile is joined within one slice, not after the whole chunk.
 SLICE_CHARS = 1 << 16
-
-
-def _first_difference(want: Sequence[np.ndarray], got: Sequence[np.ndarray] | None) -> int | None:
-    if got is None or len(got) != len(want):
-        return 0
-    for i, (a, b) in enumerate(zip(want, got, strict=True)):
-        if a.shape != b.shape or not np.array_equal(a, b):
-            return i
-    return None
-
-
-def _describe(name: str, text: str, want: np.ndarray, got: np.ndarray | None) -> str:
-    snippet = text[:60] + ("..." if len(text) > 60 else "")
-    n = 0 if got is None else next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
-    shown = "an error" if got is None else f"{got[n:n + 5].tolist()} from token {n}"
-    return (f"tokenizer {name!r}: fastokens and tokenizers encode {snippet!r} differently "
-            f"(tokenizers {want[n:n + 5].tolist()}, fastokens {shown})")
 
 
 class VerifiedEncoder:
@@ -245,7 +225,7 @@ class VerifiedEncoder:
             mine = got[0][got[1][i]:got[1][i + 1]]
             if not np.array_equal(want, mine):
                 raise TokenizerDivergence(
-                    _describe(self.label, texts[i], want, mine)
+                    describe(self.label, texts[i], want, mine)
                     + "; batches already delivered may hold fastokens ids. Set tokenizer: {backend: hf} and restart "
                     "from a state saved before this run used fastokens, and report the text to fastokens")
         return got if flat else split_ids(*got)
@@ -292,133 +272,16 @@ class VerifiedEncoder:
             got: list[np.ndarray] | None = self.fast.encode_batch(texts, add_special_tokens)
         except Exception:  # fastokens failing where tokenizers did not is a difference
             got = None
-        bad = _first_difference(want, None if got is None else got[:checked])
+        bad = first_difference(want, None if got is None else got[:checked])
         if bad is None and got is not None:
             return want + got[checked:]
-        message = _describe(self.label, texts[bad or 0], want[bad or 0], None if got is None else got[bad or 0])
+        message = describe(self.label, texts[bad or 0], want[bad or 0], None if got is None else got[bad or 0])
         if self.strict:
             raise TokenizerDivergence(message + " on the data; use tokenizer: {backend: hf} (or auto)")
         with self._lock:
             self.fell_back = True
         log.warning("%s on the data; encoding with tokenizers from now on (every id so far came from tokenizers)", message)
         return want + self.hf.encode_batch(texts[checked:], add_special_tokens)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """Whether fastokens may encode for a tokenizer: ``fast`` is its encoder when verified."""
-
-    fast: FastEncoder | None
-    reason: str
-    missing: bool = False
-
-
-# digest of a tokenizer's JSON -> its check: every pipeline (a service cursor, a loader) loads its
-# own tokenizer object, and one check (one fastokens load, ~100 MB for a large vocabulary) per
-# distinct tokenizer in a process is enough.
-_VERDICTS: collections.OrderedDict[str, cf.Future[Verdict]] = collections.OrderedDict()
-_VERDICTS_KEPT = 8
-_VERDICTS_LOCK = threading.Lock()
-
-
-def _source(tok: TokenizerLike) -> str | None:
-    """The ``tokenizer.json`` that still describes ``tok`` (its ``source_file``), if any."""
-    return getattr(tok, "source_file", None)
-
-
-def _key(tok: TokenizerLike) -> str:
-    """The digest of ``tok``'s JSON, computed once per tokenizer object: of the file it was read from
-    when it has one (reading and hashing release the GIL; serialising the backend holds it for
-    0.05-0.3 s, which stalled the consumer picking up the first batch), else of ``to_str()``."""
-    key: str | None = getattr(tok, "_fastokens_key", None)
-    if key is None:
-        source = _source(tok)
-        if source is not None:
-            with open(source, "rb") as f:
-                key = "file:" + hashlib.blake2b(f.read(), digest_size=16).hexdigest()
-        else:
-            key = hashlib.blake2b(tok.backend.to_str().encode(), digest_size=16).hexdigest()
-        try:
-            tok._fastokens_key = key  # type: ignore[attr-defined]
-        except AttributeError:  # a tokenizer with __slots__: recomputed next time
-            pass
-    return key
-
-
-def verdict_future(tok: T) -> cf.Future[Verdict]:
-    """The load-time check of ``tok`` (:func:`check_fastokens`), started on a background thread
-    the first time (fastokens releases the GIL while it loads), cached per distinct tokenizer."""
-    key = _key(tok)
-    with _VERDICTS_LOCK:
-        cached = _VERDICTS.get(key)
-        if cached is not None:
-            _VERDICTS.move_to_end(key)
-            return cached
-        fut: cf.Future[Verdict] = cf.Future()
-        _VERDICTS[key] = fut
-        while len(_VERDICTS) > _VERDICTS_KEPT:
-            _VERDICTS.popitem(last=False)
-
-    def run() -> None:
-        try:
-            fut.set_result(_check(tok))
-        except BaseException as e:  # reported as a verdict, never lost with the thread
-            fut.set_result(Verdict(None, f"the check failed: {type(e).__name__}: {e}"))
-
-    # Not a daemon: the interpreter waits for it at exit. A daemon thread still inside fastokens'
-    # Rust code when Python finalizes is unwound by force, and the process aborts.
-    threading.Thread(target=run, name="feedline-fastokens-check", daemon=False).start()
-    return fut
-
-
-def _checked(tok: T) -> bool:
-    """Whether the load-time check of ``tok`` has finished (never starts one)."""
-    with _VERDICTS_LOCK:
-        if not _VERDICTS:  # no check in this process yet: no need to digest the tokenizer's JSON
-            return False
-    key = _key(tok)
-    with _VERDICTS_LOCK:
-        cached = _VERDICTS.get(key)
-    return cached is not None and cached.done()
-
-
-def check_fastokens(tok: T) -> Verdict:
-    """Load ``tok`` into fastokens and compare it with ``tokenizers`` on :func:`verification_corpus`.
-
-    Cached per distinct tokenizer; waits for a check already running.
-    """
-    return verdict_future(tok).result()
-
-
-def _check(tok: T) -> Verdict:
-    try:
-        import fastokens
-    except ImportError:
-        return Verdict(None, "fastokens is not installed (pip install 'feedline[fast]')", missing=True)
-    try:
-        source = _source(tok)
-        if source is not None:  # the file, with the settings feedline gives the tokenizers backend
-            loaded = fastokens.Tokenizer.from_file(source)
-            loaded.no_padding()
-            loaded.no_truncation()
-        else:
-            loaded = fastokens.Tokenizer.from_json_str(tok.backend.to_str())
-        fast = FastEncoder(loaded)
-    except Exception as e:
-        return Verdict(None, f"fastokens cannot load it: {str(e).splitlines()[0][:160]}")
-    hf = HfEncoder(tok.backend)
-    corpus = verification_corpus(tok)
-    for special in (False, True):
-        want = hf.encode_batch(corpus, special)
-        try:
-            got: list[np.ndarray] | None = fast.encode_batch(corpus, special)
-        except Exception:
-            got = None
-        bad = _first_difference(want, got)
-        if bad is not None:
-            detail = _describe(tok.name, corpus[bad], want[bad], None if got is None else got[bad])
-            return Verdict(None, f"verification failed: {detail} (add_special_tokens={special})")
-    return Verdict(fast, f"verified identical on {len(corpus)} texts, {sum(map(len, corpus))} characters")
 
 
 def with_backend(tok: T, backend: str) -> T:
@@ -436,7 +299,7 @@ def with_backend(tok: T, backend: str) -> T:
     hf = HfEncoder(tok.backend)
     if backend == "hf":
         return tok.with_encoder(hf, "hf")
-    if backend == "auto" and not _checked(tok):
+    if backend == "auto" and not checked(tok):
         log.info("tokenizer %r: encoding with tokenizers; fastokens is checked in the background after the first "
                  "%d characters", tok.name, START_AFTER_CHARS)
         pending = VerifiedEncoder(hf, None, strict=False, label=tok.name, window=WINDOW_CHARS,
