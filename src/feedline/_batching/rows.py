@@ -28,7 +28,7 @@ from typing import Any, Literal
 import numpy as np
 
 from feedline._batching.base import Batch, int_dtype
-from feedline._core.block import gather_spans
+from feedline._core.block import exclusive_cumsum, gather_spans
 from feedline._core.record import Example
 from feedline.errors import TaskError
 
@@ -113,7 +113,7 @@ def collate_flat(docs: np.ndarray, lengths: np.ndarray, values: Mapping[str, np.
     if docs.max(initial=0) > max_docs:
         raise TaskError(f"a packed row holds {int(docs.max())} documents but max_docs_per_row is {max_docs}")
     prow = np.repeat(np.arange(n), docs)
-    pdoc = np.arange(len(lengths)) - np.repeat(_run_starts(docs), docs)
+    pdoc = np.arange(len(lengths)) - np.repeat(exclusive_cumsum(docs), docs)
     seq_lens[prow, pdoc] = lengths
     totals = seq_lens.sum(axis=1, dtype=np.int64)
     if totals.max(initial=0) > max_length:
@@ -152,13 +152,6 @@ def collate_flat(docs: np.ndarray, lengths: np.ndarray, values: Mapping[str, np.
 #: Each token's index in its piece comes from here (``gather_spans`` of ``[0, length)`` spans).
 _POSITIONS = np.arange(1 << 16, dtype=np.int32)
 _POSITIONS.flags.writeable = False
-
-
-def _run_starts(lengths: np.ndarray) -> np.ndarray:
-    """Where each of consecutive runs of ``lengths`` starts (exclusive cumulative sum)."""
-    out = np.zeros(len(lengths), dtype=np.int64)
-    np.cumsum(lengths[:-1], out=out[1:])
-    return out
 
 
 def flat_cu_seqlens(batch: Mapping[str, np.ndarray]) -> np.ndarray:

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from feedline._core.record import Example, Rejection
+from feedline._core.record import Example, Record, Rejection
 
-__all__ = ["ExampleBlock", "exclusive_cumsum", "gather_spans", "spans"]
+__all__ = ["ExampleBlock", "exclusive_cumsum", "gather_spans", "record_keys", "spans"]
 
 
 def exclusive_cumsum(counts: np.ndarray) -> np.ndarray:
@@ -40,6 +40,12 @@ def exclusive_cumsum(counts: np.ndarray) -> np.ndarray:
     if len(counts) > 1:
         np.cumsum(counts[:-1], out=out[1:])
     return out
+
+
+def record_keys(records: Sequence[Record]) -> np.ndarray:
+    """``[n, 4]`` int64: each record's key (source, file, position) and epoch, the first columns of
+    the refs of the examples a task builds from them."""
+    return np.array([(*r.key, r.epoch) for r in records], dtype=np.int64).reshape(-1, 4)
 
 
 def spans(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

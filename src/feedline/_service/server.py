@@ -17,7 +17,6 @@ authentication (ZAP) vouched for are handed on.
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import sys
 import threading
@@ -33,6 +32,7 @@ from feedline._service.metrics import MetricsEndpoint
 from feedline._service.options import ServerOptions
 from feedline._service.stats import progress_line, snapshot
 from feedline._service.transport import RouterTransport
+from feedline._sources.files import codec_of, size_of
 from feedline._tokenize.backends import START_AFTER_CHARS
 from feedline.errors import SpecError
 
@@ -229,9 +229,9 @@ def _drain(sock: socket.socket) -> None:
 def _settle_backend(pipeline: Pipeline) -> None:
     """Run ``backend: auto``'s fastokens check now, before the server listens.
 
-    In-process, the check starts after the first batch, beside the stream (loading fastokens
-    takes 0.3-2 s of CPU while ``tokenizers`` encodes). A server is long-lived: it settles the
-    backend before it listens, so its clients get full speed from their first batch. A stream
+    In-process, the check starts after the first batch and the stream waits for it (loading
+    fastokens takes 0.3-2 s of one core). A server is long-lived: it settles the backend before it
+    listens, so its clients neither wait for it nor start at ``tokenizers`` speed. A stream
     too small for the check ever to start in-process (less local text than
     :data:`~feedline._tokenize.backends.START_AFTER_CHARS` over all its epochs) skips it, as
     in-process. The verdict is cached per tokenizer in the process; batches do not depend on it.
@@ -243,18 +243,19 @@ def _settle_backend(pipeline: Pipeline) -> None:
 
 
 def _encodes_at_least(pipeline: Pipeline, chars: int) -> bool:
-    """Whether the stream may encode ``chars`` characters: its local files' bytes times its epochs
-    reach it (a byte holds at most one character), it is endless, or a file's size is unknown."""
+    """Whether the stream may encode ``chars`` characters: its plain local files' bytes times its
+    epochs reach it (a byte holds at most one character), it is endless, or a file's text size is
+    unknown (a URL, an unreadable path, a compressed file)."""
     epochs = pipeline.spec.epochs
     if epochs is None:
         return True
     total = 0
     for source in pipeline.sources:
         for path in source.files:
-            try:
-                total += os.path.getsize(path)
-            except (OSError, ValueError):   # remote or unreadable: cannot tell, so assume it is large
+            size = size_of(path) if codec_of(path) is None else None
+            if size is None:   # cannot tell, so assume it is large
                 return True
+            total += size
             if total * epochs >= chars:
                 return True
     return False

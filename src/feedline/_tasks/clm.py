@@ -32,7 +32,7 @@ from typing import Literal
 
 import numpy as np
 
-from feedline._core.block import ExampleBlock, exclusive_cumsum, spans
+from feedline._core.block import ExampleBlock, exclusive_cumsum, record_keys, spans
 from feedline._core.record import Record, Rejection
 from feedline._tasks.base import Task, TaskOutput
 from feedline.errors import SpecError
@@ -101,7 +101,7 @@ class CausalLM(Task):
         frame_b = np.asarray([self.tok.special("bos")] if opts.bos else [], np.int32)
         frame_e = np.asarray([self.tok.special("eos")] if opts.eos else [], np.int32)
         nb, ne = len(frame_b), len(frame_e)
-        keys = _keys(recs)
+        keys = record_keys(recs)
         sizes = np.diff(bounds)
         if opts.frame == "piece":
             return self._pieces(ids, bounds[:-1], sizes, frame_b, frame_e, keys, index)
@@ -175,7 +175,7 @@ class CausalLM(Task):
         if has_labels:
             target = np.concatenate([ids[i] if lab is None or bad[i] else lab for i, lab in enumerate(labels)])
         good = ~bad
-        block = _cut(_keys(recs)[good], index[good], starts[good], sizes[good], opts.max_length,
+        block = _cut(record_keys(recs)[good], index[good], starts[good], sizes[good], opts.max_length,
                      opts.overflow == "truncate", flat, target)
         block.rejected = rejected
         return block
@@ -189,11 +189,6 @@ class CausalLM(Task):
         return self.reject(rec, "token_out_of_range",
                            f"ids {lo}..{hi}" + (f", vocabulary {vocab}" if vocab is not None else "") +
                            "; check the source's tokens.dtype and the tokenizer")
-
-
-def _keys(recs: Sequence[Record]) -> np.ndarray:
-    """``[n, 4]`` int64: each record's key and epoch."""
-    return np.array([(*r.key, r.epoch) for r in recs], dtype=np.int64).reshape(-1, 4)
 
 
 def _cut(keys: np.ndarray, index: np.ndarray, starts: np.ndarray, lengths: np.ndarray, max_length: int | None,

@@ -26,7 +26,7 @@ from typing import Literal
 
 import numpy as np
 
-from feedline._core.block import ExampleBlock, exclusive_cumsum
+from feedline._core.block import ExampleBlock, exclusive_cumsum, record_keys
 from feedline._core.record import Record
 from feedline._core.rng import sample_keys
 from feedline._tasks.base import Task, TaskOutput
@@ -134,7 +134,7 @@ class MaskedLM(Task):
                                if opts.whole_word_mask else None)
             types.append(np.concatenate([np.zeros(la + 2, np.int32), np.ones(lb + 1, np.int32)]))
             kept.append(i)
-        masked = self.masker.mask_rows(pieces, self._keys(_record_keys(records), kept, [0] * len(kept)), piece_words)
+        masked = self.masker.mask_rows(pieces, self._keys(record_keys(records), kept, [0] * len(kept)), piece_words)
         by_record = dict(zip(kept, zip(masked, types, strict=True), strict=True))
         for i, rec in enumerate(records):
             if i in missing:
@@ -187,7 +187,7 @@ class MaskedLM(Task):
         flat[offs[:-1]], flat[offs[1:] - 1] = cls, sep
         if opts.whole_word_mask:
             words = [wflat[a:b] for a, b in zip(offs[:-1].tolist(), offs[1:].tolist(), strict=True)]
-        keys = _record_keys(records)
+        keys = record_keys(records)
         inp, labels = self.masker.mask_flat(flat, offs, self._keys(keys, owner, subs), words)
         refs = np.empty((len(owner), 5), dtype=np.int64)
         refs[:, :4] = keys[owner]
@@ -198,12 +198,7 @@ class MaskedLM(Task):
     def _keys(self, keys: np.ndarray, owner: Sequence[int] | np.ndarray, subs: Sequence[int] | np.ndarray) -> np.ndarray:
         """Masking generator keys (stream 0) of the rows ``(record owner[i], piece subs[i])``: :meth:`Task.rng`'s.
 
-        ``keys`` is :func:`_record_keys` of the chunk's records.
+        ``keys`` is :func:`~feedline._core.block.record_keys` of the chunk's records.
         """
         idx = np.asarray(owner, dtype=np.int64)
         return sample_keys(self.seed, keys[idx, 3], keys[idx, :3], np.asarray(subs, dtype=np.int64))
-
-
-def _record_keys(records: Sequence[Record]) -> np.ndarray:
-    """``[n, 4]`` int64: each record's key (source, file, position) and epoch."""
-    return np.asarray([(*r.key, r.epoch) for r in records], dtype=np.int64).reshape(len(records), 4)
