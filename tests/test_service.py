@@ -397,3 +397,30 @@ def test_refused_hello_raises_typed_errors_in_the_client(server: Any) -> None:
         from feedline._service.client import RemoteLoader
 
         first(RemoteLoader(address, mode="shared", prefetch=5000))
+
+
+def test_a_prefetch_above_the_servers_cap_still_streams_to_the_end(env: dict) -> None:
+    """The server grants at most its ``max_prefetch``; a client asking for more must ack within that cap.
+
+    A client that waited for ``prefetch // 2`` consumed batches before granting credit stalled for
+    good once the server's cap was below that: it held every batch the server would send.
+    """
+    proc, address = start_server(env["path"], *FAST, "--max-prefetch", "2")
+    try:
+        want, want_states = reference(env["spec"])
+        assert len(want) > 4
+        out: dict[str, Any] = {}
+
+        def consume() -> None:
+            with feedline.Loader(address, prefetch=8) as loader:
+                out["got"] = collect(loader, with_states=True)
+
+        t = threading.Thread(target=consume, daemon=True)
+        t.start()
+        t.join(30)
+        assert not t.is_alive(), "the client stalled: it never granted credit within the server's cap"
+        got, got_states = out["got"]
+        assert_batches_equal(want, got, "prefetch 8, server cap 2")
+        assert got_states == want_states
+    finally:
+        stop(proc)

@@ -21,6 +21,7 @@ caller sees an unbroken stream. It gives up after ``reconnect`` seconds without 
 from __future__ import annotations
 
 import atexit
+import logging
 import queue
 import threading
 import time
@@ -44,6 +45,8 @@ from feedline._service.protocol import (
     unpack_header,
 )
 from feedline.errors import AuthError, FeedlineError, ProtocolError, TransportError, TransportTimeout
+
+log = logging.getLogger("feedline.service")
 
 __all__ = ["Close", "Connection", "Consumed", "Delivered", "Ended", "Failed", "Item", "Welcome"]
 
@@ -299,6 +302,18 @@ class Connection:
                 self._connect()
                 last_heard = last_sent = time.monotonic()
 
+    def _adopt_prefetch(self, granted: Any) -> None:
+        """Use the server's cap on in-flight batches when it is below the declared ``prefetch``.
+
+        Credit is granted in groups of ``prefetch // 2``; against a smaller cap the server would
+        stop sending before a group was complete, and both sides would wait for good.
+        """
+        if isinstance(granted, int) and 1 <= granted < self.prefetch:
+            log.info("the loader service caps prefetch at %d batches (asked for %d)", granted, self.prefetch)
+            self.prefetch = granted
+            if self._grant_every > 1:
+                self._grant_every = max(1, granted // 2)
+
     def _handshake_failed(self, event: Mapping[str, Any]) -> None:
         """Raise ``AuthError`` for a credentials failure; note any other one and let reconnection retry."""
         kind, value = event.get("event"), int(event.get("value") or 0)
@@ -345,6 +360,7 @@ class Connection:
                                     f"this client speaks {PROTOCOL_VERSION}; install the same feedline version on both sides")
             state = h.get("state")
             self._heartbeat = float(h.get("heartbeat", 1.0))
+            self._adopt_prefetch(h.get("prefetch"))
             if not self._welcomed_once and isinstance(state, str):
                 self._welcomed_once = True
                 self.resume = self.resume or state

@@ -155,7 +155,7 @@ class Dispatcher:
         delivery.join(client)
         self.transport.send(ident, [pack("welcome", v=PROTOCOL_VERSION, stream=name, spec_hash=self.hashes[name],
                                          state=state_json, heartbeat=self.options.heartbeat,
-                                         timeout=self.options.timeout)])
+                                         timeout=self.options.timeout, prefetch=client.prefetch)])
         log.info("client %s joined stream %r as %s", ident.hex(), name, _role(hello))
 
     def _queue_for(self, name: str, start: Mapping[str, Any] | None) -> SharedQueue:
