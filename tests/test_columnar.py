@@ -91,7 +91,7 @@ def test_clm_stored_tokens_checked_as_arrays(tok: Any) -> None:
 
 def reference_pack(examples: list[Example], opts: dict[str, Any], pad_values: dict[str, Any], batch_size: int) -> list[dict[str, np.ndarray]]:
     """The pack strategy with a Piece object per piece and collate_rows (the per-piece algorithm)."""
-    cap, window, first = opts["max_length"], opts.get("window", 1000), opts.get("first_window", 128)
+    cap, window, first = opts["max_length"], opts.get("window", 1000), opts.get("first_window", 32)
     packer: BestFitPacker[Piece] = BestFitPacker(cap, window=window, open_bins=opts.get("open_bins", 64), max_items=64)
     it, documents, out, done = iter(examples), 0, [], False
     while not done or packer.ready:

@@ -69,7 +69,7 @@ class PackOptions:
 
     max_length: int | None = None
     window: int = 1000
-    first_window: int | None = 128
+    first_window: int | None = 32
     open_bins: int = 64
     max_docs_per_row: int = 64
     overflow: Literal["split", "truncate"] = "split"
