@@ -399,13 +399,15 @@ def test_refused_hello_raises_typed_errors_in_the_client(server: Any) -> None:
         first(RemoteLoader(address, mode="shared", prefetch=5000))
 
 
-def test_a_prefetch_above_the_servers_cap_still_streams_to_the_end(env: dict) -> None:
-    """The server grants at most its ``max_prefetch``; a client asking for more must ack within that cap.
+@pytest.mark.parametrize("limit", [["--max-prefetch", "2"], ["--window", "2"]], ids=["max-prefetch", "window"])
+def test_a_prefetch_above_the_servers_limits_still_streams_to_the_end(env: dict, limit: list[str]) -> None:
+    """The server sends at most ``max_prefetch`` unacked batches, and a ranked cursor produces at most
+    ``window`` steps past the last ack; a client asking for more must ack within those limits.
 
-    A client that waited for ``prefetch // 2`` consumed batches before granting credit stalled for
-    good once the server's cap was below that: it held every batch the server would send.
+    A client that waited for ``prefetch // 2`` consumed batches before acking stalled for good
+    once either limit was below that: it held every batch the server would send.
     """
-    proc, address = start_server(env["path"], *FAST, "--max-prefetch", "2")
+    proc, address = start_server(env["path"], *FAST, *limit)
     try:
         want, want_states = reference(env["spec"])
         assert len(want) > 4
@@ -420,7 +422,7 @@ def test_a_prefetch_above_the_servers_cap_still_streams_to_the_end(env: dict) ->
         t.join(30)
         assert not t.is_alive(), "the client stalled: it never granted credit within the server's cap"
         got, got_states = out["got"]
-        assert_batches_equal(want, got, "prefetch 8, server cap 2")
+        assert_batches_equal(want, got, f"prefetch 8, server {limit}")
         assert got_states == want_states
     finally:
         stop(proc)

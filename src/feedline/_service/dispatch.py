@@ -153,9 +153,13 @@ class Dispatcher:
                         prefetch=min(hello.prefetch, self.options.max_prefetch), last_seen=now)
         self.clients[ident] = client
         delivery.join(client)
+        # What the client can hold unacked: its capped prefetch, and in ranked mode no more than the
+        # window the cursor produces ahead of the last ack (a client acking in larger groups would
+        # wait for batches that are only produced after its ack).
+        in_flight = client.prefetch if hello.mode == "shared" else min(client.prefetch, self.options.window)
         self.transport.send(ident, [pack("welcome", v=PROTOCOL_VERSION, stream=name, spec_hash=self.hashes[name],
                                          state=state_json, heartbeat=self.options.heartbeat,
-                                         timeout=self.options.timeout, prefetch=client.prefetch)])
+                                         timeout=self.options.timeout, prefetch=in_flight)])
         log.info("client %s joined stream %r as %s", ident.hex(), name, _role(hello))
 
     def _queue_for(self, name: str, start: Mapping[str, Any] | None) -> SharedQueue:
