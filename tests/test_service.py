@@ -426,3 +426,46 @@ def test_a_prefetch_above_the_servers_limits_still_streams_to_the_end(env: dict,
         assert got_states == want_states
     finally:
         stop(proc)
+
+
+def test_a_rank_waiting_on_a_stalled_stream_is_told_why(env: dict, monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """Rank 0 of 2 alone: the window fills and rank 0 waits; its log says which rank holds it back."""
+    from feedline._service import client as client_module
+
+    monkeypatch.setattr(client_module, "WAIT_WARN_S", 3.0)
+    proc, address = start_server(env["path"], *FAST, "--window", "2")
+    got: list[int] = []
+    try:
+        def consume() -> None:
+            try:
+                with feedline.Loader(address, 0, 2, reconnect=2.0) as loader:
+                    for _ in loader:
+                        got.append(1)
+            except Exception:  # the server is stopped under it at the end of the test
+                pass
+
+        with caplog.at_level("WARNING", logger="feedline.service"):
+            threading.Thread(target=consume, daemon=True).start()
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not any("the server says" in r.message for r in caplog.records):
+                time.sleep(0.2)
+        told = [r.message for r in caplog.records if "the server says" in r.message]
+        assert told, f"no warning while rank 0 waited; got {[r.message for r in caplog.records]}"
+        assert "rank 0 of 2" in told[0] and "rank 1 (consumed up to step 0, not connected)" in told[0]
+        assert len(got) == 2   # the window's two steps, then the wait
+    finally:
+        stop(proc)
+
+
+def test_a_client_without_a_server_says_so_then_times_out(monkeypatch: pytest.MonkeyPatch,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    from feedline._service import client as client_module
+
+    monkeypatch.setattr(client_module, "WAIT_WARN_S", 1.0)
+    address = f"tcp://127.0.0.1:{free_port()}"
+    with (caplog.at_level("WARNING", logger="feedline.service"), pytest.raises(TransportTimeout),
+          feedline.Loader(address, timeout=1.0, reconnect=3.0) as loader):
+        next(iter(loader))
+    assert any("no answer from the loader service" in r.message and "is 'feedline serve' running there" in r.message
+               for r in caplog.records), [r.message for r in caplog.records]

@@ -16,8 +16,10 @@ to one client; a batch is acked when the next one is requested (or on :meth:`clo
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
@@ -30,6 +32,12 @@ from feedline._state import check_state, make_state, parse_state_json
 from feedline.errors import SpecError, StateError, TransportError
 
 __all__ = ["RemoteLoader"]
+
+log = logging.getLogger("feedline.service")
+
+#: A caller waiting this long for its next batch is told why (then every :data:`WAIT_WARN_EVERY_S`).
+WAIT_WARN_S = 10.0
+WAIT_WARN_EVERY_S = 60.0
 
 
 class RemoteLoader:
@@ -98,11 +106,32 @@ class RemoteLoader:
         return self._conn
 
     def _next_item(self) -> Item:
-        """The connection thread's next item, failing if the thread died with nothing queued."""
+        """The connection thread's next item, failing if the thread died with nothing queued.
+
+        A wait of :data:`WAIT_WARN_S` is logged with what is known of its cause (no server
+        answering, or the server's own account of a stalled stream), so a trainer is never stuck
+        in silence.
+        """
         conn = self._connect()
+        start = warned = time.monotonic()
+        first = True
         while (item := conn.next_item(timeout=1.0)) is None:
-            pass
+            now = time.monotonic()
+            if now - warned >= (WAIT_WARN_S if first else WAIT_WARN_EVERY_S):
+                warned, first = now, False
+                log.warning("%s", self._waiting(conn, now - start))
         return item
+
+    def _waiting(self, conn: Connection, waited: float) -> str:
+        who = f"rank {self.rank} of {self.world_size}" if self.mode == "ranked" else "shared consumer"
+        if not conn.connected:
+            return (f"no answer from the loader service at {self.address} for {waited:.0f}s ({who}); is 'feedline "
+                    f"serve' running there? Retrying for up to {self.reconnect:.0f}s (reconnect=) before TransportTimeout")
+        note = conn.server_note
+        if note:
+            return f"waited {waited:.0f}s for a batch from {self.address} ({who}); the server says: {note}"
+        return (f"waited {waited:.0f}s for a batch from {self.address} ({who}); the server is connected but has "
+                "nothing new to send (a slow source or tokenizer, or a stalled stream: see the server's log)")
 
     def _get(self) -> Delivered | Ended | Failed:
         while True:

@@ -154,6 +154,8 @@ class Connection:
         self._heartbeat = 1.0
         self._welcomed_once = False
         self._last_failure = ""
+        self.connected = False   # welcomed on the current connection (read by the caller's thread)
+        self.server_note: str | None = None   # the server's last word on why no batch comes (a stall)
 
     def start(self) -> None:
         self._thread.start()
@@ -277,6 +279,7 @@ class Connection:
                     outcome = self._handle(frames, welcomed)
                     if outcome == "welcome":
                         welcomed, backoff = True, 0.1
+                        self.connected = True
                         self._send(pack("credit", n=max(0, self.prefetch - self._queued)))
                     elif outcome == "end":
                         self._send(pack("bye"))
@@ -290,6 +293,7 @@ class Connection:
             if silent:
                 if welcomed:
                     lost_at, welcomed = now, False
+                    self.connected = False
                 if now - lost_at > self.reconnect:
                     raise TransportTimeout(
                         f"no answer from the loader service at {self.address} for {self.reconnect:.0f}s; "
@@ -376,7 +380,10 @@ class Connection:
             if h.get("code") == BYE_REPLACED:
                 raise TransportError(f"loader service: {h.get('reason')} (two loaders share this rank?)")
             return "lost"
-        elif op not in ("pong", "stats"):
+        elif op == "pong":
+            stall = h.get("stall")
+            self.server_note = stall[:2000] if isinstance(stall, str) else None
+        elif op != "stats":
             raise ProtocolError(f"unexpected message {op!r:.20} from the server")
         return None
 

@@ -116,7 +116,9 @@ class Dispatcher:
         if client is not None:
             client.last_seen = now
         if op == "ping" and client is not None:
-            self.transport.send(ident, [pack("pong")])
+            # a stalled stream says why, so a client waiting for its next batch can tell its user
+            why = getattr(client.delivery, "stall_reason", None)
+            self.transport.send(ident, [pack("pong", stall=why) if why else pack("pong")])
         elif op == "stats":
             self.transport.send(ident, [pack("stats", stats=self.stats())])
         elif op == "hello":

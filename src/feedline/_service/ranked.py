@@ -67,6 +67,7 @@ class RankedCursor:
         self.error: BaseException | None = None
         self.idle_since = time.monotonic()
         self.stalled_since: float | None = None   # window full while a rank waits for production
+        self.stall_reason: str | None = None   # why, as of the last stall() (told to waiting clients)
         self.stall_reported = 0.0
         self.producer = self._start(start)
         s = self.low - 1
@@ -167,17 +168,18 @@ class RankedCursor:
         full = self.ended_at is None and self.error is None and self.produced - floor >= self.window
         waiting = [r for r, s in enumerate(self.ranks) if s.client is not None and s.next > self.produced]
         if not (full and waiting):
-            self.stalled_since = None
+            self.stalled_since = self.stall_reason = None
             return None
         if self.stalled_since is None:
             self.stalled_since = now
         behind = [f"rank {r} (consumed up to step {s.acked}, {'connected' if s.client else 'not connected'})"
                   for r, s in enumerate(self.ranks) if s.acked == floor]
-        return (f"stream {self.stream!r} (world size {self.world_size}): window full (steps {floor + 1}-{self.produced}) "
+        self.stall_reason = (f"stream {self.stream!r} (world size {self.world_size}): window full (steps {floor + 1}-{self.produced}) "
                 f"for {now - self.stalled_since:.0f}s; waiting for {', '.join(behind)}; "
                 f"rank{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} wait{'' if len(waiting) > 1 else 's'} "
                 "for the next step. Every rank must consume its batches (a trainer that reads only on rank 0, "
                 "e.g. accelerate's dispatcher, stalls here)")
+        return self.stall_reason
 
     def take(self, client: Client, now: float = 0.0) -> Produced | End | None:
         """What ``client``'s rank should receive next, or ``None`` when it must wait."""
