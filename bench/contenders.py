@@ -291,7 +291,11 @@ def litdata(corpus: Path, w: Workload, meter: Meter) -> None:
     import time
 
     import torch  # noqa: F401
-    from litdata import StreamingDataLoader, StreamingDataset, TokensLoader, optimize
+    try:
+        from litdata import StreamingDataLoader, StreamingDataset, TokensLoader, optimize
+    except ImportError as e:  # the report says why, not a traceback (see docs/benchmarks.md)
+        raise SystemExit(f"not installed ({e}); its wheel requires a CUDA build of torch, so the bench set-up leaves "
+                         "it out: pip install --no-deps litdata lightning-utilities boto3") from None
 
     tmp = tempfile.mkdtemp(prefix="feedline-bench-litdata-")
     out = os.path.join(tmp, "optimized")

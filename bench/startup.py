@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         if r.get("first_batch_s") is not None:
             r["at_1gb_s"] = r["first_batch_s"] * (big_mb / small_mb if offline else 1.0)
         if "error" in r:
-            r["note"] = "failed: " + r["error"][:120]
+            r["note"] = "failed: " + r["error"][:200]
         elif offline:
             parts = [f"{k.removesuffix('_s')} {r[k]:.1f} s" for k in ("arrow_convert_s", "map_s", "convert_s") if k in r]
             r["note"] = f"measured on {small_mb:.0f} MB ({', '.join(parts)}); large corpus scaled linearly"

@@ -97,7 +97,7 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
         tps = r.get("tokens_per_s")
         r["vs_raw"] = tps / base if tps and base else None
         if "error" in r:
-            r["note"] = "failed: " + r["error"][:120]
+            r["note"] = "failed: " + r["error"][:200]
         elif "convert_s" in r:
             r["note"] = f"conversion {r['convert_s']:.1f} s before the first batch"
 

@@ -10,7 +10,7 @@ import pytest
 
 import feedline
 from conftest import shared
-from feedline import Loader, StateError
+from feedline import Loader, SpecError, StateError
 from feedline.testing import assert_batches_equal, assert_resumes_exactly, collect, make_corpus
 
 
@@ -153,3 +153,14 @@ def test_endless_reading_of_a_source_with_no_good_record_fails_clearly(tmp_path:
     spec = spec_for(str(f), small_tokenizer, epochs=None, shuffle=None)
     with pytest.raises(feedline.SourceError, match=r"delivered no record in a whole epoch \(rejected so far: missing_field: 3\)"):
         collect(Loader(spec), limit=1)
+
+
+@pytest.mark.parametrize("prefetch", [0, -2, 1.5, True])
+def test_a_prefetch_that_is_not_a_positive_integer_is_refused(corpus: str, small_tokenizer: str, prefetch: object) -> None:
+    """``prefetch=0`` used to mean the default silently; now every loader names the argument."""
+    with pytest.raises(SpecError, match=r"prefetch=.* must be an integer >= 1"):
+        feedline.Loader(spec_for(corpus, small_tokenizer), prefetch=prefetch)  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match=r"prefetch=.* must be an integer in \[1, 1024\]"):
+        feedline.Loader("tcp://127.0.0.1:9", prefetch=prefetch)  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match=r"prefetch=2000 must be an integer in \[1, 1024\]"):
+        feedline.Loader("tcp://127.0.0.1:9", prefetch=2000)

@@ -393,10 +393,14 @@ def test_sigterm_drains_and_exits_cleanly(env: dict) -> None:
 
 def test_refused_hello_raises_typed_errors_in_the_client(server: Any) -> None:
     _, address = server
-    with pytest.raises(ProtocolError):
-        from feedline._service.client import RemoteLoader
+    from feedline._service.client import RemoteLoader
 
-        first(RemoteLoader(address, mode="shared", prefetch=5000))
+    with pytest.raises(SpecError, match="prefetch=5000"):   # this client refuses it before asking
+        RemoteLoader(address, mode="shared", prefetch=5000)
+    loader = RemoteLoader(address, mode="shared")
+    loader.prefetch = 5000   # a client that does not check (another implementation): the server refuses it
+    with pytest.raises(ProtocolError):
+        first(loader)
 
 
 @pytest.mark.parametrize("limit", [["--max-prefetch", "2"], ["--window", "2"]], ids=["max-prefetch", "window"])

@@ -21,6 +21,7 @@ from typing import Any
 
 from feedline._batching.base import Batch
 from feedline._batching.planner import RankSlice
+from feedline._core.options import check_count
 from feedline._core.prefetch import Prefetch
 from feedline._pipeline import GlobalStream, Pipeline
 from feedline._spec import Spec
@@ -121,7 +122,7 @@ class InProcessLoader(Loader):
         self.rank, self.world_size = rank, world_size
         self.pipeline = Pipeline(self.spec)
         self.spec_hash = self.spec.hash()
-        self.prefetch = prefetch or self.spec.prefetch
+        self.prefetch = self.spec.prefetch if prefetch is None else check_count(prefetch, "prefetch")
         self._stage = Prefetch(self._rank_stream, self.prefetch, name="feedline-loader")
         if state is not None:
             self._stage.set_state(check_state(state, self.spec_hash))

@@ -26,7 +26,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 
 from feedline.errors import SpecError
 
-__all__ = ["build", "close_match", "to_plain"]
+__all__ = ["build", "check_count", "close_match", "to_plain"]
 
 T = TypeVar("T")
 
@@ -35,6 +35,20 @@ def close_match(word: str, choices: Sequence[str]) -> str:
     """Return ``"; did you mean 'x'?"`` for the closest choice, or ``""`` when none is close."""
     found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f"; did you mean {found[0]!r}?" if found else ""
+
+
+def check_count(value: Any, name: str, *, low: int = 1, high: int | None = None) -> int:
+    """``value`` if it is an integer in ``[low, high]``, else a :class:`SpecError` naming ``name``.
+
+        >>> check_count(0, "prefetch")
+        Traceback (most recent call last):
+        ...
+        feedline.errors.SpecError: prefetch=0 must be an integer >= 1
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise SpecError(f"{name}={value!r:.40} must be an integer {bound}")
+    return value
 
 
 def build(cls: type[T], data: Any, path: str) -> T:

@@ -24,9 +24,11 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
 from feedline._batching.base import Batch
+from feedline._core.options import check_count
 from feedline._service.auth import ClientKeys
 from feedline._service.connection import Connection, Delivered, Ended, Failed, Item, Welcome
 from feedline._service.protocol import PROTOCOL_VERSION, unpack_state
+from feedline._service.session import MAX_PREFETCH
 from feedline._spec import Spec
 from feedline._state import check_state, make_state, parse_state_json
 from feedline.errors import SpecError, StateError, TransportError
@@ -71,7 +73,7 @@ class RemoteLoader:
             raise SpecError(f"rank {rank} is not in [0, world_size={world_size})")
         self.address = address
         self.rank, self.world_size, self.mode, self.stream = rank, world_size, mode, stream
-        self.prefetch = prefetch or 4
+        self.prefetch = 4 if prefetch is None else check_count(prefetch, "prefetch", high=MAX_PREFETCH)
         self.timeout, self.reconnect, self.max_message = timeout, reconnect, max_message
         keys = keys if keys is not None else os.environ.get("FEEDLINE_KEYS") or None
         self.keys = ClientKeys.load(keys) if keys is not None else None
