@@ -12,7 +12,9 @@ signalled through an in-process ZeroMQ pipe, so the thread's poller wakes for th
 
 The thread owns the DEALER socket: it sends the hello, grants credit (``prefetch`` minus what is
 already queued locally, then one per consumed batch; in ranked mode ``prefetch // 2`` at a time, as
-an ack covers the steps before it: half the messages and wake-ups on both sides), pings every heartbeat, and when the server
+an ack covers the steps before it: half the messages and wake-ups on both sides; ``prefetch`` is
+lowered to what the welcome says the server allows, so a group never exceeds what the server
+sends unacked), pings every heartbeat (a pong may carry the server's reason for a stall), and when the server
 is silent for ``timeout`` (or says it is shutting down) it reconnects with exponential backoff,
 sending the state after the last batch it *received*: batches already queued stay valid, so the
 caller sees an unbroken stream. It gives up after ``reconnect`` seconds without a server.
