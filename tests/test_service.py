@@ -473,3 +473,26 @@ def test_a_client_without_a_server_says_so_then_times_out(monkeypatch: pytest.Mo
         next(iter(loader))
     assert any("no answer from the loader service" in r.message and "is 'feedline serve' running there" in r.message
                for r in caplog.records), [r.message for r in caplog.records]
+
+
+def test_serve_process_takes_the_server_with_it_when_the_parent_dies(env: dict, tmp_path: Path) -> None:
+    """A parent that ends without unwinding (here ``os._exit``; SIGKILL alike) leaves no server behind."""
+    import psutil
+
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, psutil
+        from feedline.service import serve_process
+        with serve_process({str(env["path"])!r}) as address:
+            print(psutil.Process().children()[0].pid, flush=True)
+            os._exit(0)
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    server = psutil.Process(int(out.stdout.split()[0]))
+    try:
+        server.wait(timeout=20)
+    except psutil.TimeoutExpired:
+        server.kill()
+        pytest.fail("the server outlived its parent")

@@ -55,8 +55,11 @@ def serve_process(spec: str | os.PathLike[str] | Mapping[str, Any] | Spec, bind:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, default=str)
         path = tmp
-    cmd = [sys.executable, "-m", "feedline", "serve", path, "--bind", bind or "tcp://127.0.0.1:0", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    # --stop-with-stdin: the server holds the read end of a pipe only this process writes to, so it
+    # stops when this process ends, even by SIGKILL or os._exit, instead of outliving it.
+    cmd = [sys.executable, "-m", "feedline", "serve", path, "--bind", bind or "tcp://127.0.0.1:0", "--stop-with-stdin",
+           *args]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **(env or {})})
     stderr: list[str] = []
     drain = threading.Thread(target=lambda: stderr.extend(proc.stderr or ()), daemon=True)
@@ -72,7 +75,7 @@ def serve_process(spec: str | os.PathLike[str] | Mapping[str, Any] | Spec, bind:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        for stream in (proc.stdout, proc.stderr):
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
         if tmp is not None:

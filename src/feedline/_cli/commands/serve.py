@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
 
 from feedline._cli._common import add_spec_argument
@@ -46,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream", action="append", default=[], metavar="NAME=SPEC",
                         help="serve another named stream from a spec file (repeatable), e.g. validation=val.yaml")
     parser.add_argument("--keys", metavar="DIR", help="CurveZMQ keys from 'feedline keys generate DIR'")
+    parser.add_argument("--stop-with-stdin", action="store_true",
+                        help="stop (draining, as on SIGTERM) when standard input ends: a parent holding the pipe "
+                             "takes the server with it however it exits (feedline.service.serve_process uses this)")
     add_option_arguments(parser, ServerOptions, skip=_OWN)
 
 
@@ -54,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
     extra = {name: os.path.abspath(path) for name, path in extra.items()}
     spec: object = args.spec
     if args.spec == "-":
+        if args.stop_with_stdin:
+            raise SpecError("--stop-with-stdin needs standard input for itself; give the spec as a file, not '-'")
         spec = Spec.from_mapping(read_spec_file("-"))
     http = None
     if args.http:
@@ -92,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if args.stop_with_stdin:
+        threading.Thread(target=_stop_at_end_of_stdin, args=(lambda: on_signal(signal.SIGTERM, None),),
+                         name="feedline-stdin-watch", daemon=True).start()
     print(READY_PREFIX + address, flush=True)
     if server.metrics_port is not None:
         print(f"feedline serve: metrics on http://{args.metrics_host}:{server.metrics_port}/metrics", flush=True)
@@ -107,3 +116,13 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write("\n")
     print("feedline serve: stopped", flush=True)
     return 0
+
+
+def _stop_at_end_of_stdin(stop: Callable[[], None]) -> None:
+    """Read standard input to its end (the parent closed the pipe or exited), then ``stop``."""
+    try:
+        while sys.stdin.buffer.read(1 << 16):
+            pass
+    except (OSError, ValueError):  # closed or not readable: the parent is gone as far as we can tell
+        pass
+    stop()
