@@ -51,6 +51,7 @@ class Delivery(Protocol):
 
     stream: str
     error: BaseException | None
+    stall_reason: str | None   # why production waits, when it does (told to waiting clients)
 
     @property
     def produced(self) -> int:

@@ -117,7 +117,7 @@ class Dispatcher:
             client.last_seen = now
         if op == "ping" and client is not None:
             # a stalled stream says why, so a client waiting for its next batch can tell its user
-            why = getattr(client.delivery, "stall_reason", None)
+            why = client.delivery.stall_reason
             self.transport.send(ident, [pack("pong", stall=why) if why else pack("pong")])
         elif op == "stats":
             self.transport.send(ident, [pack("stats", stats=self.stats())])

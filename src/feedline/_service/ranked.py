@@ -174,11 +174,12 @@ class RankedCursor:
             self.stalled_since = now
         behind = [f"rank {r} (consumed up to step {s.acked}, {'connected' if s.client else 'not connected'})"
                   for r, s in enumerate(self.ranks) if s.acked == floor]
-        self.stall_reason = (f"stream {self.stream!r} (world size {self.world_size}): window full (steps {floor + 1}-{self.produced}) "
-                f"for {now - self.stalled_since:.0f}s; waiting for {', '.join(behind)}; "
-                f"rank{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} wait{'' if len(waiting) > 1 else 's'} "
-                "for the next step. Every rank must consume its batches (a trainer that reads only on rank 0, "
-                "e.g. accelerate's dispatcher, stalls here)")
+        self.stall_reason = (
+            f"stream {self.stream!r} (world size {self.world_size}): window full (steps {floor + 1}-{self.produced}) "
+            f"for {now - self.stalled_since:.0f}s; waiting for {', '.join(behind)}; "
+            f"rank{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} wait{'' if len(waiting) > 1 else 's'} "
+            "for the next step. Every rank must consume its batches (a trainer that reads only on rank 0, "
+            "e.g. accelerate's dispatcher, stalls here)")
         return self.stall_reason
 
     def take(self, client: Client, now: float = 0.0) -> Produced | End | None:

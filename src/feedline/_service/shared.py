@@ -70,6 +70,7 @@ class SharedQueue:
         self.acked: set[int] = set()          # acked steps above the watermark
         self.ended_at: int | None = None
         self.error: BaseException | None = None
+        self.stall_reason: str | None = None   # a shared queue never stalls on a peer
         self.redelivered = 0
         self.lease_expired = 0
         self.budget = window     # batches held at most: window + the members' prefetch
