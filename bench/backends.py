@@ -1,22 +1,26 @@
-"""Encoder backends: ``tokenizers`` vs fastokens vs ``auto``, alone and inside feedline (CLM pack 1024).
+"""Encoder backends: ``tokenizers`` vs fastokens vs the word cache vs ``auto``, alone and inside feedline.
 
-    python bench/backends.py                 # 8 MB of real text, GPT-2, 3 interleaved rounds
+    python bench/backends.py                 # 8 MB of real text, GPT-2 and BERT, 3 interleaved rounds
     python bench/backends.py --mb 2 --rounds 1 --tokenizer ../shared/data/tokenizers/qwen2.5
 
 Text: the 300 C4 documents and 30 Wikipedia articles of ``../shared/data/prose`` repeated to
 ``--mb`` (``bench/common.py: prose_corpus``). Every contender runs over all of it, one after the
 other within a round, rounds interleaved; the table shows the median of the rounds and each figure
-as a ratio to the raw ``tokenizers`` encoder of the same run:
+as a ratio to the raw ``tokenizers`` encoder of the same run. Per tokenizer, the backends are
+``hf``, each fast encoder that passes its load-time verification for it (fastokens loads GPT-2,
+the word cache takes BERT), and ``auto``:
 
 * ``raw tokenizers``: ``encode_batch_fast`` on 1,000 texts a call (ids never leave Rust: the limit
   issue 15 measures against).
-* ``raw fastokens``: ``encode_batch_flat`` on the same calls.
-* ``encoder hf | fastokens | auto``: feedline's ``Tokenizer.encode_batch`` under each backend
-  (int32 arrays per text; ``auto``/``fastokens`` include the run-time verification: the first
-  256K characters encoded by both, then a spot check every 16th call).
-* ``feedline hf | fastokens | auto``: ``feedline.Loader`` in-process, ``clm`` ``max_length: 1024``,
-  ``pack`` ``batch_size: 64``, real tokens (``seq_lens``) per second of the whole run, first batch
-  included (so is fastokens' one-time load, cached per process after the first round).
+* ``raw fastokens``: ``encode_batch_flat`` on the same calls (where fastokens loads the tokenizer).
+* ``encoder <backend>``: feedline's ``Tokenizer.encode_batch`` under each backend (int32 arrays
+  per text; the fast ones include the run-time verification: the first 256K characters encoded
+  by both, then a spot check every 16th call; the word cache starts empty each run).
+* ``feedline <backend>``: ``feedline.Loader`` in-process, real tokens per second of the whole
+  run, first batch included (so is fastokens' one-time load, cached per process after the first
+  round): ``clm`` ``max_length: 1024`` ``pack`` ``batch_size: 64``, or for a tokenizer with a mask
+  token ``mlm`` ``max_length: 128`` ``pad`` ``batch_size: 64``. Every batch's arrays are digested:
+  the backends must give identical batches.
 
 The load average of the machine is printed before and after: on a shared machine the ratios,
 measured in one run, are the figures to compare.
@@ -39,7 +43,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from common import GPT2, corpus_files, machine, prose_corpus, require_data, save_json, table
+from common import BERT, GPT2, corpus_files, machine, prose_corpus, require_data, save_json, table
 
 CHUNK = 1000
 
@@ -52,8 +56,16 @@ def load_texts(corpus: Path) -> list[str]:
     return texts
 
 
-def encoder_contenders(tokenizer: str, texts: list[str]) -> dict[str, Callable[[], int]]:
-    import fastokens
+def fast_backends(tokenizer: str) -> list[str]:
+    """The fast encoders that pass their load-time verification for ``tokenizer``."""
+    from feedline._tokenize.check import verdict_future
+    from feedline._tokenize.load import load_tokenizer
+
+    tok = load_tokenizer(tokenizer)
+    return [kind for kind in ("fastokens", "wordcache") if verdict_future(tok, kind).result().fast is not None]  # type: ignore[arg-type]
+
+
+def encoder_contenders(tokenizer: str, texts: list[str], backends: list[str]) -> dict[str, Callable[[], int]]:
     import tokenizers
 
     from feedline._tokenize.backends import with_backend
@@ -62,60 +74,74 @@ def encoder_contenders(tokenizer: str, texts: list[str]) -> dict[str, Callable[[
     raw = tokenizers.Tokenizer.from_file(str(Path(tokenizer) / "tokenizer.json"))
     raw.no_padding()
     raw.no_truncation()
-    fast = fastokens.Tokenizer.from_json_str(raw.to_str())
     chunks = [texts[i:i + CHUNK] for i in range(0, len(texts), CHUNK)]
     tok = load_tokenizer(tokenizer)
 
     def raw_tokenizers() -> int:
         return sum(len(e) for c in chunks for e in raw.encode_batch_fast(c, add_special_tokens=False))
 
-    def raw_fastokens() -> int:
-        return sum(len(fast.encode_batch_flat(c, add_special_tokens=False)[0]) // 4 for c in chunks)
-
     def encoder(backend: str) -> Callable[[], int]:
         def run() -> int:
             view = with_backend(tok, backend)  # a fresh verification window per run, as per pipeline
+            clear = getattr(getattr(view.encoder, "fast", None), "clear", None)
+            if clear is not None:  # and an empty word cache: every run pays for its misses
+                clear()
             return sum(len(ids) for c in chunks for ids in view.encode_batch(c))
         return run
 
-    return {"raw tokenizers": raw_tokenizers, "raw fastokens": raw_fastokens,
-            "encoder hf": encoder("hf"), "encoder fastokens": encoder("fastokens"), "encoder auto": encoder("auto")}
+    out: dict[str, Callable[[], int]] = {"raw tokenizers": raw_tokenizers}
+    if "fastokens" in backends:
+        import fastokens
+
+        fast = fastokens.Tokenizer.from_json_str(raw.to_str())
+
+        def raw_fastokens() -> int:
+            return sum(len(fast.encode_batch_flat(c, add_special_tokens=False)[0]) // 4 for c in chunks)
+
+        out["raw fastokens"] = raw_fastokens
+    out.update({f"encoder {b}": encoder(b) for b in backends})
+    return out
 
 
-def loader_contender(tokenizer: str, corpus: Path, backend: str, digests: dict[str, str]) -> Callable[[], int]:
-    """The loader on ``backend``; records a digest of every batch's ids and labels in ``digests``."""
+def loader_spec(tokenizer: str, corpus: Path, backend: str) -> dict[str, object]:
+    """CLM packed 1024 rows, or MLM padded 128 rows for a tokenizer with a mask token (BERT)."""
+    with open(Path(tokenizer) / "tokenizer.json", encoding="utf-8") as f:
+        masked = any(t.get("content") in ("[MASK]", "<mask>") for t in json.load(f).get("added_tokens", []))
+    task, batching = (({"kind": "mlm", "max_length": 128}, {"strategy": "pad", "batch_size": 64}) if masked else
+                      ({"kind": "clm", "max_length": 1024}, {"strategy": "pack", "batch_size": 64}))
+    return {"sources": [{"path": str(corpus)}], "tokenizer": {"path": tokenizer, "backend": backend},
+            "task": task, "batching": batching}
+
+
+def loader_contender(spec: dict[str, object], digests: dict[str, str], key: str) -> Callable[[], int]:
+    """The loader on ``spec``; records a digest of every batch's arrays in ``digests[key]``."""
     def run() -> int:
         import feedline
 
-        spec = {"sources": [{"path": str(corpus)}], "tokenizer": {"path": tokenizer, "backend": backend},
-                "task": {"kind": "clm", "max_length": 1024}, "batching": {"strategy": "pack", "batch_size": 64}}
         tokens, h = 0, hashlib.sha256()
         with feedline.Loader(spec) as loader:
             for batch in loader:
-                tokens += int(batch["seq_lens"].sum())
-                for key in ("input_ids", "labels", "position_ids"):
-                    h.update(np.ascontiguousarray(batch[key]).tobytes())
-        digests[backend] = h.hexdigest()
+                tokens += int(batch["attention_mask"].sum()) if "attention_mask" in batch else int(batch["seq_lens"].sum())
+                for name in sorted(batch):
+                    h.update(name.encode())
+                    h.update(np.ascontiguousarray(batch[name]).tobytes())
+        digests[key] = h.hexdigest()
         return tokens
     return run
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mb", type=float, default=8, help="megabytes of real text (default 8)")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are shown (default 3)")
-    ap.add_argument("--tokenizer", default=str(GPT2), help="a tokenizer directory (default: GPT-2)")
-    args = ap.parse_args(argv)
-    require_data()
-    corpus = prose_corpus(args.mb)
-    texts = load_texts(corpus)
-    contenders = encoder_contenders(args.tokenizer, texts)
+def bench_tokenizer(tokenizer: str, corpus: Path, texts: list[str], rounds: int) -> dict[str, object]:
+    """Every contender of one tokenizer, ``rounds`` interleaved rounds; rows of medians and digests."""
+    backends = ["hf", *fast_backends(tokenizer), "auto"]
+    contenders = encoder_contenders(tokenizer, texts, backends)
     digests: dict[str, str] = {}
-    for backend in ("hf", "fastokens", "auto"):
-        contenders[f"feedline {backend} (clm pack 1024)"] = loader_contender(args.tokenizer, corpus, backend, digests)
-    load_before = os.getloadavg()
+    for backend in backends:
+        spec = loader_spec(tokenizer, corpus, backend)
+        task = spec["task"]
+        label = f"{task['kind']} {task['max_length']}"  # type: ignore[index]
+        contenders[f"feedline {backend} ({label})"] = loader_contender(spec, digests, backend)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in contenders}
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         for name, fn in contenders.items():
             t0, c0 = time.perf_counter(), time.process_time()
             tokens = fn()
@@ -128,22 +154,38 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"contender": name, "tokens_per_s": med, "ratio": med / limit, "tokens": rs[0]["tokens"],
                      "cpu_s_per_mtok": statistics.median(r["cpu_s"] / r["tokens"] * 1e6 for r in rs),
                      "runs": ", ".join(f"{r['tokens_per_s'] / 1e6:.2f}M" for r in rs)})
+    return {"tokenizer": Path(tokenizer).name, "backends": backends, "rows": rows, "runs": runs, "digests": digests,
+            "identical": len(set(digests.values())) == 1}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mb", type=float, default=8, help="megabytes of real text (default 8)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are shown (default 3)")
+    ap.add_argument("--tokenizer", action="append", help="a tokenizer directory, repeatable (default: GPT-2 and BERT)")
+    args = ap.parse_args(argv)
+    require_data()
+    corpus = prose_corpus(args.mb)
+    texts = load_texts(corpus)
+    load_before = os.getloadavg()
+    results = [bench_tokenizer(t, corpus, texts, args.rounds) for t in args.tokenizer or [str(GPT2), str(BERT)]]
     info = machine()
     info["load_avg_before"], info["load_avg_after"] = load_before, os.getloadavg()
-    print(f"# encoder backends, {Path(args.tokenizer).name}, {args.mb:g} MB of real text "
-          f"({len(texts):,} texts), {args.rounds} interleaved rounds, medians\n")
-    print(table(rows, [("contender", "contender", ""), ("tokens_per_s", "tokens/s", ",.0f"),
-                       ("ratio", "/ raw tokenizers", ".2f"), ("cpu_s_per_mtok", "CPU s / M tok", ".3f"),
-                       ("tokens", "tokens", ","), ("runs", "runs", "")]))
-    print(f"\nmachine: {info['cpu']}, {info['cores']} cores; load average before {load_before[0]:.2f}, "
+    for res in results:
+        print(f"# encoder backends, {res['tokenizer']}, {args.mb:g} MB of real text ({len(texts):,} texts), "
+              f"{args.rounds} interleaved rounds, medians\n")
+        print(table(res["rows"], [("contender", "contender", ""), ("tokens_per_s", "tokens/s", ",.0f"),  # type: ignore[arg-type]
+                                  ("ratio", "/ raw tokenizers", ".2f"), ("cpu_s_per_mtok", "CPU s / M tok", ".3f"),
+                                  ("tokens", "tokens", ","), ("runs", "runs", "")]))
+        print(f"\nbatches (every array of every batch): {', '.join(res['backends'])} are "  # type: ignore[arg-type]
+              f"{'identical' if res['identical'] else 'DIFFERENT: ' + str(res['digests'])}\n")
+    print(f"machine: {info['cpu']}, {info['cores']} cores; load average before {load_before[0]:.2f}, "
           f"after {info['load_avg_after'][0]:.2f} (1 min)")
-    identical = len(set(digests.values())) == 1
-    print(f"batches (ids, labels, positions of every batch): hf, fastokens and auto are "
-          f"{'identical' if identical else 'DIFFERENT: ' + str(digests)}")
+    identical = all(res["identical"] for res in results)
     save_json("backends", {"machine": info, "command": "python bench/backends.py " + " ".join(argv or sys.argv[1:]),
-                           "rows": rows, "runs": runs, "digests": digests, "identical": identical})
+                           "tokenizers": results, "identical": identical,
+                           "rows": results[0]["rows"], "digests": results[0]["digests"]})
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

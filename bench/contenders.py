@@ -10,6 +10,8 @@ corpus with the same tokenizer, and is configured the way its own documentation 
 - ``feedline``: ``feedline.Loader(spec)`` in the consumer's process.
 - ``feedline-window100``: the same with ``batching.window: 100`` (the packer's first window is what
   the first batch waits for; 1,000 is the default).
+- ``feedline-hf``: the same with ``tokenizer: {backend: hf}``: the ``tokenizers`` encoder alone
+  (``auto`` picks fastokens for GPT-2 and the word cache for BERT).
 - ``feedline-service``: ``feedline serve`` in a child process and ``feedline.Loader("tcp://...")``
   in the consumer's process (time to first batch includes starting the server).
 - ``hf-stream``: ``datasets`` streaming ``load_dataset("json")`` + batched ``map`` tokenization
@@ -75,14 +77,16 @@ WORKLOADS = {
 }
 
 
-def feedline_spec(corpus: Path, w: Workload, window: int | None = None) -> dict[str, Any]:
+def feedline_spec(corpus: Path, w: Workload, window: int | None = None, backend: str = "auto") -> dict[str, Any]:
     """The feedline spec of a workload: packed CLM rows (default window, or ``window``), or padded MLM rows."""
     task: dict[str, Any] = ({"kind": "clm", "max_length": w.length} if w.task == "clm"
                             else {"kind": "mlm", "max_length": w.length, "mlm_probability": 0.15})
     batching: dict[str, Any] = {"strategy": "pack" if w.task == "clm" else "pad", "batch_size": w.batch_size}
     if window and w.task == "clm":
         batching["window"] = window
-    return {"sources": [{"path": str(corpus), "format": "jsonl"}], "tokenizer": str(w.tokenizer_dir / "tokenizer.json"),
+    tokenizer = str(w.tokenizer_dir / "tokenizer.json")
+    return {"sources": [{"path": str(corpus), "format": "jsonl"}],
+            "tokenizer": tokenizer if backend == "auto" else {"path": tokenizer, "backend": backend},
             "task": task, "batching": batching, "seed": 0}
 
 
@@ -132,11 +136,12 @@ def raw(corpus: Path, w: Workload, meter: Meter) -> None:
 
 
 # ------------------------------------------------------------------------------- feedline
-def feedline_inprocess(corpus: Path, w: Workload, meter: Meter, window: int | None = None) -> None:
+def feedline_inprocess(corpus: Path, w: Workload, meter: Meter, window: int | None = None,
+                       backend: str = "auto") -> None:
     import feedline  # its own lazy imports (tokenizers, the task) count as startup
 
     meter.start()
-    with feedline.Loader(feedline_spec(corpus, w, window)) as loader:
+    with feedline.Loader(feedline_spec(corpus, w, window, backend)) as loader:
         for batch in loader:
             meter.batch(real_tokens(batch["attention_mask"]))
 
@@ -318,6 +323,7 @@ CONTENDERS: dict[str, Callable[[Path, Workload, Meter], None]] = {
     "raw": raw,
     "feedline": feedline_inprocess,
     "feedline-window100": functools.partial(feedline_inprocess, window=100),
+    "feedline-hf": functools.partial(feedline_inprocess, backend="hf"),
     "feedline-service": feedline_service,
     "hf-stream": hf_stream,
     "hf-offline": hf_offline,
@@ -329,6 +335,7 @@ LABELS = {
     "raw": "raw tokenizers encode_batch_fast (limit)",
     "feedline": "feedline in-process",
     "feedline-window100": "feedline in-process, pack window 100",
+    "feedline-hf": "feedline in-process, backend: hf (tokenizers alone)",
     "feedline-service": "feedline serve -> client process",
     "hf-stream": "HF datasets streaming + DataLoader",
     "hf-offline": "HF datasets map (offline) + DataLoader",

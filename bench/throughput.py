@@ -34,7 +34,7 @@ DEFAULT_CONTENDERS = {
     "clm-1024": ["raw", "feedline", "feedline-service", "hf-stream", "ray-data", "litdata"],
     "clm-1024-short": ["raw", "feedline", "feedline-service"],
     "clm-2048": ["raw", "feedline"],
-    "mlm-128": ["raw", "feedline", "hf-stream"],
+    "mlm-128": ["raw", "feedline", "feedline-hf", "hf-stream"],
 }
 SINGLE = {"ray-data", "litdata", "hf-offline", "hf-stream"}  # one round only: peers far from the limit
 COLUMNS = [("label", "contender", ""), ("tokens_per_s", "tokens/s", ",.0f"), ("vs_raw", "x raw", ".2f"),

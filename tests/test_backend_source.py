@@ -43,7 +43,7 @@ def test_a_file_tokenizer_is_keyed_and_checked_from_its_file() -> None:
     assert tok.source_file == path
     tok.backend = _NoSerialising(tok.backend)  # type: ignore[assignment]
     assert check._key(tok).startswith("file:")
-    verdict = check._check(tok)
+    verdict = check._check_fastokens(tok)
     assert verdict.fast is not None, verdict.reason
     assert _ids(verdict.fast, TEXTS) == _ids(backends.HfEncoder(tok.backend), TEXTS)
 
@@ -60,7 +60,7 @@ def test_a_file_with_padding_and_truncation_is_loaded_without_them(tmp_path: Any
     assert json.loads(path.read_text())["truncation"] is not None
     tok = Tokenizer.from_file(str(path))
     assert tok.source_file == str(path)
-    verdict = check._check(tok)
+    verdict = check._check_fastokens(tok)
     assert verdict.fast is not None, verdict.reason
     got = _ids(verdict.fast, TEXTS)
     assert got == _ids(backends.HfEncoder(tok.backend), TEXTS)
@@ -76,7 +76,7 @@ def test_a_tokenizer_changed_after_loading_is_keyed_by_its_json() -> None:
     assert changed.source_file is None
     key = check._key(changed)
     assert not key.startswith("file:") and key != file_key
-    verdict = check._check(changed)  # loaded from its JSON: the added token is there
+    verdict = check._check_fastokens(changed)  # loaded from its JSON: the added token is there
     assert verdict.fast is not None, verdict.reason
     text = ["a <feedline-test-token> b"]
     assert _ids(verdict.fast, text) == _ids(backends.HfEncoder(changed.backend), text)

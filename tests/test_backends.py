@@ -84,15 +84,16 @@ def test_auto_gives_the_batches_of_hf_on_real_prose(name: str, c4_half: str, mon
     corpus = c4_half
     monkeypatch.setattr(backends, "WINDOW_CHARS", 20_000)
     monkeypatch.setattr(backends, "SPOT_EVERY", 4)
-    verdict = check_fastokens(load_tokenizer(path))  # load-time check done: auto decides at once
+    verdict = backends.verdict_future(load_tokenizer(path), "auto").result()  # load-time check done: auto decides at once
     want, want_encoder = _run(_spec(path, "hf", corpus))
     with caplog.at_level(logging.INFO, logger="feedline.tokenize"):
         got, encoder = _run(_spec(path, "auto", corpus))
     assert want_encoder == "hf"
     assert len(want) > 5
     assert_batches_equal(want, got, where=f"{name}: auto vs hf")
-    assert encoder == ("fastokens" if verdict.fast is not None else "hf")
-    assert ("encoding with fastokens" if verdict.fast is not None else "fastokens cannot load it") in caplog.text
+    assert encoder == ("hf" if verdict.fast is None else verdict.fast.name)
+    assert encoder == {"bert-base-uncased": "wordcache", "t5": "hf"}.get(name, "fastokens")
+    assert (f"encoding with {encoder}" if verdict.fast is not None else "fastokens cannot load it") in caplog.text
 
 
 def test_fastokens_loads_the_bpe_families() -> None:
@@ -102,11 +103,12 @@ def test_fastokens_loads_the_bpe_families() -> None:
         assert verdict.fast is not None, verdict.reason
 
 
-@pytest.mark.parametrize("name", ["bert-base-uncased", "t5"])
-def test_fallback_when_fastokens_cannot_load(name: str) -> None:
+@pytest.mark.parametrize(("name", "auto"), [("bert-base-uncased", "wordcache"), ("t5", "hf")])
+def test_fallback_when_fastokens_cannot_load(name: str, auto: str) -> None:
+    """auto falls back to the word cache where the tokenizer has its shape (BERT), else tokenizers."""
     tok = load_tokenizer(str(shared("tokenizers", name)))
     assert "cannot load" in check_fastokens(tok).reason
-    assert with_backend(tok, "auto").encoder.name == "hf"
+    assert with_backend(tok, "auto").encoder.name == auto
     with pytest.raises(TokenizerError, match="backend: fastokens: fastokens cannot load it"):
         with_backend(tok, "fastokens")
     with pytest.raises(TokenizerError, match="fastokens cannot load it"):
@@ -187,7 +189,7 @@ def test_divergence_through_the_loader_raises(divergent: tuple[Tokenizer, FastEn
     _tok, fast = divergent
     forced: Future[backends.Verdict] = Future()
     forced.set_result(backends.Verdict(fast, "forced for the test"))
-    monkeypatch.setattr(backends, "verdict_future", lambda _tok: forced)
+    monkeypatch.setattr(backends, "verdict_future", lambda _tok, _kind="auto": forced)
     monkeypatch.setattr(backends, "WINDOW_CHARS", 0)
     monkeypatch.setattr(backends, "SPOT_EVERY", 1)
     spec = _spec(str(shared("tokenizers", "gpt2")), "auto", str(shared("prose", "c4_demo.jsonl")))

@@ -74,9 +74,9 @@ class TokenizerError(FeedlineError):
 
 
 class TokenizerDivergence(TokenizerError):
-    """The fastokens encoder gave other ids than ``tokenizers`` for a text of the data.
+    """A fast encoder (fastokens, the word cache) gave other ids than ``tokenizers`` for a text of the data.
 
-    Raised with ``backend: fastokens`` at any difference, and with ``backend: auto`` when a spot
+    Raised with ``backend: fastokens`` or ``wordcache`` at any difference, and with ``backend: auto`` when a spot
     check after the verified start of the data finds one; the message quotes the text.
     """
 

@@ -227,7 +227,7 @@ def _drain(sock: socket.socket) -> None:
 
 
 def _settle_backend(pipeline: Pipeline) -> None:
-    """Run ``backend: auto``'s fastokens check now, before the server listens.
+    """Run ``backend: auto``'s fast-encoder check (fastokens, the word cache) now, before the server listens.
 
     In-process, the check starts after the first batch and the stream waits for it (loading
     fastokens takes 0.3-2 s of one core). A server is long-lived: it settles the backend before it

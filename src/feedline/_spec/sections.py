@@ -18,7 +18,7 @@ __all__ = ["Backend", "BatchingSpec", "EngineSpec", "MixSpec", "OnError", "Shuff
            "TokenizerSpec", "TokensSpec"]
 
 OnError = Literal["skip", "raise"]
-Backend = Literal["auto", "hf", "fastokens"]
+Backend = Literal["auto", "hf", "fastokens", "wordcache"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,9 +48,11 @@ class TokenizerSpec:
     """``tokenizer: {path: ..., backend: ...}``; a plain string means ``backend: auto``.
 
     ``backend`` picks the encoder of plain text: ``hf`` (``tokenizers``), ``fastokens`` (required,
-    verified), or ``auto`` (fastokens where it loads the tokenizer and encodes a verification corpus
-    and the first data identically, else ``tokenizers``). Batches are the same for every backend,
-    so it is not part of :meth:`Spec.hash`.
+    verified), ``wordcache`` (``tokenizers``' ids per distinct word, memoized; required, verified),
+    or ``auto`` (fastokens where it loads the tokenizer and encodes a verification corpus and the
+    first data identically, else the word cache where the tokenizer has its shape and it passes
+    the same checks, else ``tokenizers``). Batches are the same for every backend, so it is not
+    part of :meth:`Spec.hash`.
     """
 
     path: str

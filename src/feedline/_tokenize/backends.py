@@ -5,8 +5,11 @@
 * ``hf``: the Hugging Face ``tokenizers`` encoder (``encode_batch_fast``), as always.
 * ``fastokens``: the ``fastokens`` encoder (Rust BPE, ``pip install 'feedline[fast]'``), required:
   a tokenizer it cannot load or a verification it fails is an error.
+* ``wordcache``: ``tokenizers``' own ids per distinct word, memoized
+  (:mod:`feedline._tokenize.wordcache`; BERT's WordPiece family), required likewise.
 * ``auto`` (default): fastokens when it is installed, loads the tokenizer, and encodes the
-  verification corpus (:func:`verification_corpus`) identically to ``tokenizers``; otherwise
+  verification corpus (:func:`verification_corpus`) identically to ``tokenizers``; else the word
+  cache when the tokenizer has its shape and it passes the same verification; otherwise
   ``tokenizers``. The choice and its reason are logged (``feedline._tokenize``). The load-time
   check (fastokens takes 0.3-2 s and ~100 MB to load a large vocabulary) starts once a stream has
   encoded :data:`START_AFTER_CHARS` characters with ``tokenizers`` (so short runs, ``inspect`` and
@@ -20,12 +23,12 @@ Verification does not stop at load time. A :class:`VerifiedEncoder` encodes the 
 first ``window`` characters of the actual data with both encoders and hands out the ``tokenizers``
 ids for them; afterwards it re-encodes one text of every ``spot_every``-th call with ``tokenizers``. A
 difference inside the window makes ``auto`` fall back to ``tokenizers`` for good (logged; every
-id handed out so far came from ``tokenizers``, so batches stay identical), and ``fastokens``
-raise :class:`~feedline.errors.TokenizerDivergence`; a difference found by a spot check raises
-for both, since earlier batches may already hold fastokens ids. Batches are therefore the same
+id handed out so far came from ``tokenizers``, so batches stay identical), and ``fastokens`` or
+``wordcache`` raise :class:`~feedline.errors.TokenizerDivergence`; a difference found by a spot
+check raises for all, since earlier batches may already hold the fast encoder's ids. Batches are therefore the same
 for every backend, and the backend is not part of the spec hash.
 
-Only plain ids come from fastokens: offsets, word ids and pairs (whole-word masking, chat masks,
+Only plain ids come from a fast encoder: offsets, word ids and pairs (whole-word masking, chat masks,
 classification pairs) are always computed by ``tokenizers`` (``Tokenizer.backend``).
 
     >>> tok = with_backend(load_tokenizer("gpt2/"), "auto")         # doctest: +SKIP
@@ -45,6 +48,7 @@ import numpy as np
 
 from feedline._tokenize.check import Verdict, check_fastokens, checked, describe, first_difference, verdict_future
 from feedline._tokenize.encoder import Encoder, FastEncoder, HfEncoder, TokenizerLike, join_ids, split_ids
+from feedline._tokenize.wordcache import WordCacheEncoder
 from feedline.errors import MissingDependency, TokenizerDivergence, TokenizerError
 
 __all__ = [
@@ -54,6 +58,7 @@ __all__ = [
     "HfEncoder",
     "Verdict",
     "VerifiedEncoder",
+    "WordCacheEncoder",
     "check_fastokens",
     "verdict_future",
     "with_backend",
@@ -61,9 +66,9 @@ __all__ = [
 
 log = logging.getLogger("feedline.tokenize")
 
-Backend = Literal["auto", "hf", "fastokens"]
+Backend = Literal["auto", "hf", "fastokens", "wordcache"]
 T = TypeVar("T", bound=TokenizerLike)
-BACKENDS: tuple[str, ...] = ("auto", "hf", "fastokens")
+BACKENDS: tuple[str, ...] = ("auto", "hf", "fastokens", "wordcache")
 
 #: Characters of real data encoded by both encoders before fastokens' ids are used.
 WINDOW_CHARS = 1 << 18
@@ -87,16 +92,17 @@ SLICE_CHARS = 1 << 16
 
 
 class VerifiedEncoder:
-    """fastokens, checked against ``tokenizers`` on the data (see the module docstring).
+    """A fast encoder (fastokens, the word cache), checked against ``tokenizers`` on the data (see the
+    module docstring).
 
     Args:
         hf, fast: the two encoders.
-        strict: raise on any difference (``backend: fastokens``); else fall back inside the window.
+        strict: raise on any difference (``backend: fastokens``/``wordcache``); else fall back inside the window.
         label: the tokenizer's name, for messages.
         window: characters of data encoded by both before fastokens' ids are used.
         spot_every: afterwards, one text of every ``spot_every``-th call is re-encoded.
         pending: instead of ``fast``, the load-time check still running in the background
-            (``auto``): until it is done, ``tokenizers`` encodes; then fastokens takes over
+            (``auto``): until it is done, ``tokenizers`` encodes; then the fast encoder takes over
             (starting with the window) if it passed.
         start, start_after: instead of ``pending``, how to start that check, once this encoder
             has encoded ``start_after`` characters (or :meth:`wait` is called).
@@ -104,7 +110,7 @@ class VerifiedEncoder:
             seconds for it (once) before encoding with ``tokenizers`` beside it.
     """
 
-    def __init__(self, hf: HfEncoder, fast: FastEncoder | None, *, strict: bool, label: str,
+    def __init__(self, hf: HfEncoder, fast: Encoder | None, *, strict: bool, label: str,
                  window: int = WINDOW_CHARS, spot_every: int = SPOT_EVERY,
                  pending: cf.Future[Verdict] | None = None,
                  start: Callable[[], cf.Future[Verdict]] | None = None, start_after: int = 0,
@@ -122,7 +128,7 @@ class VerifiedEncoder:
 
     @property
     def name(self) -> str:
-        return "hf" if self.fell_back or self.fast is None else "fastokens"
+        return "hf" if self.fell_back or self.fast is None else self.fast.name
 
     def wait(self, timeout: float | None = None) -> str:
         """Start (if deferred) and wait for the load-time check; returns :attr:`name`."""
@@ -167,8 +173,8 @@ class VerifiedEncoder:
                 log.info("tokenizer %r: encoding with tokenizers (%s)", self.label, verdict.reason)
             else:
                 self.fast = verdict.fast
-                log.info("tokenizer %r: encoding with fastokens from now on (%s; the next %d characters of data "
-                         "are checked too)", self.label, verdict.reason, self.window)
+                log.info("tokenizer %r: encoding with %s from now on (%s; the next %d characters of data "
+                         "are checked too)", self.label, verdict.fast.name, verdict.reason, self.window)
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[np.ndarray]:
         if not texts:
@@ -177,7 +183,7 @@ class VerifiedEncoder:
         return got if isinstance(got, list) else split_ids(*got)
 
     def encode_flat(self, texts: Sequence[str], add_special_tokens: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """Like :meth:`encode_batch`, as one flat array and bounds (fastokens' own layout: no split)."""
+        """Like :meth:`encode_batch`, as one flat array and bounds (the fast encoders' own layout: no split)."""
         if not texts:
             return np.zeros(0, dtype=np.int32), np.zeros(1, dtype=np.int64)
         got = self._encode(texts, add_special_tokens, flat=True)
@@ -185,7 +191,7 @@ class VerifiedEncoder:
 
     def _encode(self, texts: Sequence[str], add_special_tokens: bool,
                 flat: bool = False) -> list[np.ndarray] | tuple[np.ndarray, np.ndarray]:
-        """Ids from whichever encoder the state of the check says (fastokens' flat when ``flat``)."""
+        """Ids from whichever encoder the state of the check says (the fast encoder's flat when ``flat``)."""
         if self.start is not None:
             with self._lock:
                 self.seen += sum(len(t) for t in texts)
@@ -224,10 +230,12 @@ class VerifiedEncoder:
             want = self.hf.encode_batch([texts[i]], add_special_tokens)[0]
             mine = got[0][got[1][i]:got[1][i + 1]]
             if not np.array_equal(want, mine):
+                name = self.fast.name
                 raise TokenizerDivergence(
-                    describe(self.label, texts[i], want, mine)
-                    + "; batches already delivered may hold fastokens ids. Set tokenizer: {backend: hf} and restart "
-                    "from a state saved before this run used fastokens, and report the text to fastokens")
+                    describe(self.label, texts[i], want, mine, name)
+                    + f"; batches already delivered may hold {name} ids. Set tokenizer: {{backend: hf}} and restart "
+                    f"from a state saved before this run used {name}, and report the text"
+                    + (" to fastokens" if name == "fastokens" else " to feedline"))
         return got if flat else split_ids(*got)
 
     def _switch_now(self) -> bool:
@@ -261,7 +269,7 @@ class VerifiedEncoder:
         return out
 
     def _window(self, texts: Sequence[str], checked: int, add_special_tokens: bool) -> list[np.ndarray]:
-        """Encode with fastokens and compare the first ``checked`` texts with tokenizers.
+        """Encode with the fast encoder and compare the first ``checked`` texts with tokenizers.
 
         The checked texts are handed out as tokenizers encoded them. On a difference: raise
         (strict), or fall back and encode the rest with tokenizers too.
@@ -270,12 +278,13 @@ class VerifiedEncoder:
         want = self.hf.encode_batch(texts[:checked], add_special_tokens)
         try:
             got: list[np.ndarray] | None = self.fast.encode_batch(texts, add_special_tokens)
-        except Exception:  # fastokens failing where tokenizers did not is a difference
+        except Exception:  # the fast encoder failing where tokenizers did not is a difference
             got = None
         bad = first_difference(want, None if got is None else got[:checked])
         if bad is None and got is not None:
             return want + got[checked:]
-        message = describe(self.label, texts[bad or 0], want[bad or 0], None if got is None else got[bad or 0])
+        message = describe(self.label, texts[bad or 0], want[bad or 0], None if got is None else got[bad or 0],
+                           self.fast.name)
         if self.strict:
             raise TokenizerDivergence(message + " on the data; use tokenizer: {backend: hf} (or auto)")
         with self._lock:
@@ -285,13 +294,15 @@ class VerifiedEncoder:
 
 
 def with_backend(tok: T, backend: str) -> T:
-    """A view of ``tok`` whose plain-id encoding uses ``backend`` (``auto``, ``hf`` or ``fastokens``).
+    """A view of ``tok`` whose plain-id encoding uses ``backend`` (``auto``, ``hf``, ``fastokens``,
+    ``wordcache``).
 
     Each call makes a fresh :class:`VerifiedEncoder` (its own data window), sharing the loaded
     tokenizers and the cached load-time verification.
 
     Raises:
-        TokenizerError: ``fastokens`` was asked for and cannot load or verify this tokenizer.
+        TokenizerError: ``fastokens`` or ``wordcache`` was asked for and cannot load or verify
+            this tokenizer.
         MissingDependency: ``fastokens`` was asked for and is not installed.
     """
     if backend not in BACKENDS:
@@ -299,22 +310,22 @@ def with_backend(tok: T, backend: str) -> T:
     hf = HfEncoder(tok.backend)
     if backend == "hf":
         return tok.with_encoder(hf, "hf")
-    if backend == "auto" and not checked(tok):
-        log.info("tokenizer %r: encoding with tokenizers; fastokens is checked in the background after the first "
-                 "%d characters", tok.name, START_AFTER_CHARS)
+    if backend == "auto" and not checked(tok, "auto"):
+        log.info("tokenizer %r: encoding with tokenizers; a faster encoder is checked in the background after the "
+                 "first %d characters", tok.name, START_AFTER_CHARS)
         pending = VerifiedEncoder(hf, None, strict=False, label=tok.name, window=WINDOW_CHARS,
-                                  spot_every=SPOT_EVERY, start=lambda: verdict_future(tok),
+                                  spot_every=SPOT_EVERY, start=lambda: verdict_future(tok, "auto"),
                                   start_after=START_AFTER_CHARS)
         return tok.with_encoder(pending, backend)
-    verdict = verdict_future(tok).result()
+    verdict = verdict_future(tok, backend).result()  # type: ignore[arg-type]  # auto, fastokens or wordcache
     if verdict.fast is None:
-        if backend == "fastokens":
+        if backend != "auto":
             err = MissingDependency if verdict.missing else TokenizerError
-            raise err(f"tokenizer {tok.name!r}: backend: fastokens: {verdict.reason}; use backend: auto or hf")
+            raise err(f"tokenizer {tok.name!r}: backend: {backend}: {verdict.reason}; use backend: auto or hf")
         log.info("tokenizer %r: encoding with tokenizers (%s)", tok.name, verdict.reason)
         return tok.with_encoder(hf, backend)
-    log.info("tokenizer %r: encoding with fastokens (%s; the first %d characters of data are checked too)",
-             tok.name, verdict.reason, WINDOW_CHARS)
-    encoder = VerifiedEncoder(hf, verdict.fast, strict=backend == "fastokens", label=tok.name,
+    log.info("tokenizer %r: encoding with %s (%s; the first %d characters of data are checked too)",
+             tok.name, verdict.fast.name, verdict.reason, WINDOW_CHARS)
+    encoder = VerifiedEncoder(hf, verdict.fast, strict=backend != "auto", label=tok.name,
                               window=WINDOW_CHARS, spot_every=SPOT_EVERY)
     return tok.with_encoder(encoder, backend)

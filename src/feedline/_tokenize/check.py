@@ -1,12 +1,18 @@
-"""The load-time check: does fastokens encode a tokenizer exactly like ``tokenizers``?
+"""The load-time checks: does a fast encoder encode a tokenizer exactly like ``tokenizers``?
 
-:func:`verdict_future` loads the tokenizer into fastokens and compares both encoders on
-:func:`~feedline._tokenize.verification.verification_corpus`, on a background thread, once per
-distinct tokenizer in a process (keyed by the digest of its ``tokenizer.json`` or of its JSON);
-:mod:`feedline._tokenize.backends` decides when to start it and what to do with the verdict.
+Two fast encoders exist: fastokens (:class:`~feedline._tokenize.encoder.FastEncoder`, Rust BPE)
+and the word cache (:class:`~feedline._tokenize.wordcache.WordCacheEncoder`, for tokenizers that
+split at whitespace, such as BERT's). :func:`verdict_future` loads one (``kind``) and compares it
+with ``tokenizers`` on :func:`~feedline._tokenize.verification.verification_corpus`, on a
+background thread, once per distinct tokenizer and kind in a process (keyed by the digest of its
+``tokenizer.json`` or of its JSON). ``auto`` is fastokens if it passes, else the word cache if it
+passes, else none. :mod:`feedline._tokenize.backends` decides when to start a check and what to
+do with the verdict.
 
     >>> check_fastokens(load_tokenizer("gpt2/")).reason              # doctest: +SKIP
     'verified identical on 59 texts, 35917 characters'
+    >>> verdict_future(load_tokenizer("bert/"), "auto").result().fast.name  # doctest: +SKIP
+    'wordcache'
 """
 
 from __future__ import annotations
@@ -17,16 +23,18 @@ import hashlib
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import numpy as np
 
-from feedline._tokenize.encoder import FastEncoder, HfEncoder, TokenizerLike
+from feedline._tokenize.encoder import Encoder, FastEncoder, HfEncoder, TokenizerLike
 from feedline._tokenize.verification import verification_corpus
+from feedline._tokenize.wordcache import WordCacheEncoder, wordcache_refusal
 
 __all__ = ["Verdict", "check_fastokens", "checked", "describe", "first_difference", "verdict_future"]
 
 T = TypeVar("T", bound=TokenizerLike)
+Kind = Literal["auto", "fastokens", "wordcache"]
 
 
 def first_difference(want: Sequence[np.ndarray], got: Sequence[np.ndarray] | None) -> int | None:
@@ -38,28 +46,28 @@ def first_difference(want: Sequence[np.ndarray], got: Sequence[np.ndarray] | Non
     return None
 
 
-def describe(name: str, text: str, want: np.ndarray, got: np.ndarray | None) -> str:
+def describe(name: str, text: str, want: np.ndarray, got: np.ndarray | None, encoder: str = "fastokens") -> str:
     snippet = text[:60] + ("..." if len(text) > 60 else "")
     n = 0 if got is None else next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
     shown = "an error" if got is None else f"{got[n:n + 5].tolist()} from token {n}"
-    return (f"tokenizer {name!r}: fastokens and tokenizers encode {snippet!r} differently "
-            f"(tokenizers {want[n:n + 5].tolist()}, fastokens {shown})")
+    return (f"tokenizer {name!r}: {encoder} and tokenizers encode {snippet!r} differently "
+            f"(tokenizers {want[n:n + 5].tolist()}, {encoder} {shown})")
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """Whether fastokens may encode for a tokenizer: ``fast`` is its encoder when verified."""
+    """Whether a fast encoder may encode for a tokenizer: ``fast`` is that encoder when verified."""
 
-    fast: FastEncoder | None
+    fast: Encoder | None
     reason: str
     missing: bool = False
 
 
-# digest of a tokenizer's JSON -> its check: every pipeline (a service cursor, a loader) loads its
-# own tokenizer object, and one check (one fastokens load, ~100 MB for a large vocabulary) per
-# distinct tokenizer in a process is enough.
-_VERDICTS: collections.OrderedDict[str, cf.Future[Verdict]] = collections.OrderedDict()
-_VERDICTS_KEPT = 8
+# (digest of a tokenizer's JSON, kind) -> its check: every pipeline (a service cursor, a loader)
+# loads its own tokenizer object, and one check (one fastokens load, ~100 MB for a large
+# vocabulary; one word cache shared by every stream) per distinct tokenizer in a process is enough.
+_VERDICTS: collections.OrderedDict[tuple[str, str], cf.Future[Verdict]] = collections.OrderedDict()
+_VERDICTS_KEPT = 24
 _VERDICTS_LOCK = threading.Lock()
 
 
@@ -87,10 +95,10 @@ def _key(tok: TokenizerLike) -> str:
     return key
 
 
-def verdict_future(tok: T) -> cf.Future[Verdict]:
-    """The load-time check of ``tok`` (:func:`check_fastokens`), started on a background thread
-    the first time (fastokens releases the GIL while it loads), cached per distinct tokenizer."""
-    key = _key(tok)
+def verdict_future(tok: T, kind: Kind = "fastokens") -> cf.Future[Verdict]:
+    """The load-time check of ``kind`` for ``tok``, started on a background thread the first time
+    (fastokens releases the GIL while it loads), cached per distinct tokenizer and kind."""
+    key = (_key(tok), kind)
     with _VERDICTS_LOCK:
         cached = _VERDICTS.get(key)
         if cached is not None:
@@ -103,24 +111,24 @@ def verdict_future(tok: T) -> cf.Future[Verdict]:
 
     def run() -> None:
         try:
-            fut.set_result(_check(tok))
+            fut.set_result(_CHECKS[kind](tok))
         except BaseException as e:  # reported as a verdict, never lost with the thread
             fut.set_result(Verdict(None, f"the check failed: {type(e).__name__}: {e}"))
 
     # Not a daemon: the interpreter waits for it at exit. A daemon thread still inside fastokens'
     # Rust code when Python finalizes is unwound by force, and the process aborts.
-    threading.Thread(target=run, name="feedline-fastokens-check", daemon=False).start()
+    threading.Thread(target=run, name=f"feedline-{kind}-check", daemon=False).start()
     return fut
 
 
-def checked(tok: T) -> bool:
-    """Whether the load-time check of ``tok`` has finished (never starts one)."""
+def checked(tok: T, kind: Kind = "auto") -> bool:
+    """Whether the load-time check ``kind`` of ``tok`` has finished (never starts one)."""
     with _VERDICTS_LOCK:
         if not _VERDICTS:  # no check in this process yet: no need to digest the tokenizer's JSON
             return False
     key = _key(tok)
     with _VERDICTS_LOCK:
-        cached = _VERDICTS.get(key)
+        cached = _VERDICTS.get((key, kind))
     return cached is not None and cached.done()
 
 
@@ -129,10 +137,51 @@ def check_fastokens(tok: T) -> Verdict:
 
     Cached per distinct tokenizer; waits for a check already running.
     """
-    return verdict_future(tok).result()
+    return verdict_future(tok, "fastokens").result()
 
 
-def _check(tok: T) -> Verdict:
+def _check_auto(tok: T) -> Verdict:
+    """fastokens if it passes, else the word cache if it passes (both reasons kept)."""
+    first = verdict_future(tok, "fastokens").result()
+    if first.fast is not None:
+        return first
+    second = verdict_future(tok, "wordcache").result()
+    if second.fast is not None:
+        return Verdict(second.fast, f"the word cache {second.reason}; {first.reason}")
+    return Verdict(None, f"{first.reason}; the word cache: {second.reason}")
+
+
+def _compare(tok: T, fast: Encoder) -> Verdict:
+    """``fast`` against ``tokenizers`` on the verification corpus, with and without special tokens."""
+    hf = HfEncoder(tok.backend)
+    corpus = verification_corpus(tok)
+    for special in (False, True):
+        want = hf.encode_batch(corpus, special)
+        try:
+            got: list[np.ndarray] | None = fast.encode_batch(corpus, special)
+        except Exception:
+            got = None
+        bad = first_difference(want, got)
+        if bad is not None:
+            detail = describe(tok.name, corpus[bad], want[bad], None if got is None else got[bad], fast.name)
+            return Verdict(None, f"verification failed: {detail} (add_special_tokens={special})")
+    return Verdict(fast, f"verified identical on {len(corpus)} texts, {sum(map(len, corpus))} characters")
+
+
+def _check_wordcache(tok: T) -> Verdict:
+    source = _source(tok)
+    if source is not None:
+        with open(source, encoding="utf-8") as f:
+            text = f.read()
+    else:
+        text = tok.backend.to_str()
+    refusal = wordcache_refusal(text)
+    if refusal is not None:
+        return Verdict(None, f"not for this tokenizer: {refusal}")
+    return _compare(tok, WordCacheEncoder(tok.backend))
+
+
+def _check_fastokens(tok: T) -> Verdict:
     try:
         import fastokens
     except ImportError:
@@ -148,16 +197,7 @@ def _check(tok: T) -> Verdict:
         fast = FastEncoder(loaded)
     except Exception as e:
         return Verdict(None, f"fastokens cannot load it: {str(e).splitlines()[0][:160]}")
-    hf = HfEncoder(tok.backend)
-    corpus = verification_corpus(tok)
-    for special in (False, True):
-        want = hf.encode_batch(corpus, special)
-        try:
-            got: list[np.ndarray] | None = fast.encode_batch(corpus, special)
-        except Exception:
-            got = None
-        bad = first_difference(want, got)
-        if bad is not None:
-            detail = describe(tok.name, corpus[bad], want[bad], None if got is None else got[bad])
-            return Verdict(None, f"verification failed: {detail} (add_special_tokens={special})")
-    return Verdict(fast, f"verified identical on {len(corpus)} texts, {sum(map(len, corpus))} characters")
+    return _compare(tok, fast)
+
+
+_CHECKS = {"auto": _check_auto, "fastokens": _check_fastokens, "wordcache": _check_wordcache}

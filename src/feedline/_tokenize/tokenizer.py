@@ -53,7 +53,7 @@ class Tokenizer:
         self.name = name
         self.config: dict[str, Any] = dict(config or {})
         self.specials: dict[str, int | None] = {role: self._resolve(role) for role in _ROLE_CANDIDATES}
-        #: What encodes plain ids, and the backend that was asked for (``hf``, ``auto``, ``fastokens``).
+        #: What encodes plain ids, and the backend that was asked for (``hf``, ``auto``, ``fastokens``, ``wordcache``).
         self.encoder: Encoder = HfEncoder(backend)
         self.backend_request = "hf"
         self._source: tuple[str, int] | None = None  # (file read, vocabulary size then): source_file

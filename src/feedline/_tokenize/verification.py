@@ -1,4 +1,4 @@
-"""The texts on which fastokens must match ``tokenizers`` before it encodes for a tokenizer.
+"""The texts on which a fast encoder (fastokens, the word cache) must match ``tokenizers`` before it encodes.
 
     >>> texts = verification_corpus(load_tokenizer("gpt2/"))    # doctest: +SKIP
 
@@ -36,6 +36,7 @@ _CORPUS: tuple[str, ...] = (
     "ﬁ ﬂ ﬀ ℌ ℍ Ⅸ ① ⁵ ₂ ½ Å Å é é ẞ ǅ İ ı K",
     "zero\u200bwidth\u200cjoiner\u200dmark\ufeffbom\u00admixed",
     "don't can't won't I'm you're he'll we've they'd 'quoted' \"double\" ‘curly’ “curly”",
+    "controls:a\x0bb c\x0cd e\x1cf g\x1dh i\x1ej k\x1fl m\x85n o\x00p q\x7fr s\x9ft u\ufffdv \u0301w x\u00a8y \u2475z",
     "!!!??? ... --- ___ *** ### @@@ $$$ %%% ^^^ &&& ((( ))) [[[ ]]] {{{ }}} ||| ~~~ ``` ''' \"\"\"",
 )
 
@@ -57,7 +58,7 @@ def _prose(limit: int = 24_000) -> list[str]:
 
 
 def verification_corpus(tok: TokenizerLike) -> list[str]:
-    """Texts that must encode identically before fastokens is trusted with ``tok``.
+    """Texts that must encode identically before a fast encoder is trusted with ``tok``.
 
     Mixed scripts, CJK, emoji, whitespace runs, very long words, real prose, and every added
     token of ``tok`` as literal text in several contexts (alone, glued to words, between spaces
