@@ -224,3 +224,19 @@ def test_a_wrong_cached_word_is_caught_at_run_time(bert_path: str) -> None:
 def test_the_verification_corpus_holds_the_characters_the_cache_must_not_split_at(bert_path: str) -> None:
     joined = "".join(verification_corpus(load_tokenizer(bert_path)))
     assert all(c in joined for c in wordcache.SPLIT_ONLY_IN_PYTHON)
+
+
+def test_streams_share_one_cache_from_several_threads(bert_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every stream of a process encodes through the one verified cache: threads filling and
+    restarting it at once still get tokenizers' ids."""
+    import concurrent.futures as cf
+
+    monkeypatch.setattr(wordcache, "CACHE_WORDS", 2_000)  # restarts while the others read
+    tok = load_tokenizer(bert_path)
+    enc, hf = WordCacheEncoder(tok.backend), HfEncoder(tok.backend)
+    texts = _prose(150) + EDGE
+    chunks = [texts[i:i + 7] for i in range(0, len(texts), 7)]
+    with cf.ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda c: [a.tolist() for a in enc.encode_batch(c)], chunks * 3))
+    want = [[a.tolist() for a in hf.encode_batch(c)] for c in chunks] * 3
+    assert got == want

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["Encoder", "FastEncoder", "HfEncoder", "TokenizerLike", "join_ids", "split_ids"]
+__all__ = ["Encoder", "FastEncoder", "FlatEncoder", "HfEncoder", "TokenizerLike", "join_ids", "split_ids"]
 
 
 _UINT32 = array("I").itemsize == 4  # C unsigned int is 32 bits (every mainstream platform)
@@ -77,13 +77,10 @@ class HfEncoder:
         return join_ids(self.encode_batch(texts, add_special_tokens))
 
 
-class FastEncoder:
-    """fastokens' flat batch call: one buffer of ids and one of offsets, no per-token objects."""
+class FlatEncoder:
+    """An encoder whose own layout is flat (:meth:`encode_flat`); :meth:`encode_batch` splits it."""
 
-    name = "fastokens"
-
-    def __init__(self, fast: Any) -> None:
-        self.fast = fast
+    name = "flat"
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[np.ndarray]:
         if not texts:
@@ -91,8 +88,24 @@ class FastEncoder:
         return split_ids(*self.encode_flat(texts, add_special_tokens))
 
     def encode_flat(self, texts: Sequence[str], add_special_tokens: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of every text in one int32 array plus ``len(texts) + 1`` int64 bounds."""
         if not texts:
             return np.zeros(0, dtype=np.int32), np.zeros(1, dtype=np.int64)
+        return self._encode_flat(texts, add_special_tokens)
+
+    def _encode_flat(self, texts: Sequence[str], add_special_tokens: bool) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+
+class FastEncoder(FlatEncoder):
+    """fastokens' flat batch call: one buffer of ids and one of offsets, no per-token objects."""
+
+    name = "fastokens"
+
+    def __init__(self, fast: Any) -> None:
+        self.fast = fast
+
+    def _encode_flat(self, texts: Sequence[str], add_special_tokens: bool) -> tuple[np.ndarray, np.ndarray]:
         ids, offsets = self.fast.encode_batch_flat(list(texts), add_special_tokens=add_special_tokens)
         return np.frombuffer(ids, dtype=np.uint32).astype(np.int32), np.frombuffer(offsets, dtype=np.uint64).astype(np.int64)
 
