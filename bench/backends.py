@@ -26,7 +26,9 @@ The corpus repeats ~1.7 MB of text, which flatters a word cache: after the first
 is a hit. For a tokenizer the word cache takes, a second table encodes **unique** text, each text
 once (the C4 and Wikipedia samples, the King James Bible in 40-verse pieces and *Botchan*, ~6.3 M
 characters, shuffled): ``tokenizers`` against the word cache starting empty, so every distinct
-word is a miss once, as on the first pass over a real corpus.
+word is a miss once, as on the first pass over a real corpus; and the loader (``mlm`` 128, ``pad``
+64, the cache emptied before each run) under ``hf`` and ``auto``, against ``tokenizers`` on the
+same texts.
 
 The load average of the machine is printed before and after: on a shared machine the ratios,
 measured in one run, are the figures to compare.
@@ -87,24 +89,53 @@ def bench_unique(tokenizer: str, rounds: int) -> list[dict[str, object]]:
 
     texts = unique_texts()
     tok = load_tokenizer(tokenizer)
-    encoders = {"tokenizers (encode_batch_fast)": HfEncoder(tok.backend), "word cache, starting empty": WordCacheEncoder(tok.backend)}
+    corpus = Path(os.environ.get("FEEDLINE_BENCH_DIR", "/tmp/feedline-bench")) / "unique-text.jsonl"
+    corpus.parent.mkdir(parents=True, exist_ok=True)
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    encoders: dict[str, object] = {"tokenizers (hf encoder)": HfEncoder(tok.backend),
+                                   "word cache, starting empty": WordCacheEncoder(tok.backend)}
+    for backend in ("hf", "auto"):
+        encoders[f"feedline {backend} (mlm 128), cache empty"] = _LoaderRun(loader_spec(tokenizer, corpus, backend))
     runs: dict[str, list[float]] = {name: [] for name in encoders}
     cpu: dict[str, list[float]] = {name: [] for name in encoders}
-    tokens = 0
+    counts: dict[str, int] = {}
     for _ in range(rounds):
         for name, enc in encoders.items():
             clear = getattr(enc, "clear", None)
             if clear is not None:
                 clear()
             t0, c0, tokens = time.perf_counter(), time.process_time(), 0
-            for i in range(0, len(texts), 64):
-                tokens += len(enc.encode_flat(texts[i:i + 64])[0])
+            if isinstance(enc, _LoaderRun):
+                tokens = enc()
+            else:
+                for i in range(0, len(texts), 64):
+                    tokens += len(enc.encode_flat(texts[i:i + 64])[0])  # type: ignore[attr-defined]
             runs[name].append(tokens / (time.perf_counter() - t0))
+            counts[name] = tokens
             cpu[name].append((time.process_time() - c0) / tokens * 1e6)
-    base = statistics.median(runs["tokenizers (encode_batch_fast)"])
+    base = statistics.median(runs["tokenizers (hf encoder)"])
     return [{"contender": name, "tokens_per_s": statistics.median(rs), "ratio": statistics.median(rs) / base,
-             "cpu_s_per_mtok": statistics.median(cpu[name]), "tokens": tokens, "chars": sum(map(len, texts)),
+             "cpu_s_per_mtok": statistics.median(cpu[name]), "tokens": counts[name], "chars": sum(map(len, texts)),
              "runs": ", ".join(f"{r / 1e6:.2f}M" for r in rs)} for name, rs in runs.items()]
+
+
+class _LoaderRun:
+    """One loader pass over a spec's corpus, its word cache (if any) emptied first; returns real tokens."""
+
+    def __init__(self, spec: dict[str, object]) -> None:
+        self.spec = spec
+
+    def __call__(self) -> int:
+        import feedline
+
+        tokens = 0
+        with feedline.Loader(self.spec) as loader:
+            clear = getattr(getattr(loader.pipeline.tokenizer.encoder, "fast", None), "clear", None)
+            if clear is not None:
+                clear()
+            for batch in loader:
+                tokens += int(batch["attention_mask"].sum())
+        return tokens
 
 
 def fast_backends(tokenizer: str) -> list[str]:
@@ -237,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{res['tokenizer']}, medians of {args.rounds}:\n")
             print(table(rows, [("contender", "encoder", ""), ("tokens_per_s", "tokens/s", ",.0f"),  # type: ignore[arg-type]
                                ("ratio", "/ tokenizers", ".2f"), ("cpu_s_per_mtok", "CPU s / M tok", ".3f"),
-                               ("runs", "runs", "")]))
+                               ("tokens", "tokens", ","), ("runs", "runs", "")]))
             print()
     print(f"machine: {info['cpu']}, {info['cores']} cores; load average before {load_before[0]:.2f}, "
           f"after {info['load_avg_after'][0]:.2f} (1 min)")
