@@ -25,8 +25,8 @@ ids for them; afterwards it re-encodes one text of every ``spot_every``-th call 
 difference inside the window makes ``auto`` fall back to ``tokenizers`` for good (logged; every
 id handed out so far came from ``tokenizers``, so batches stay identical), and ``fastokens`` or
 ``wordcache`` raise :class:`~feedline.errors.TokenizerDivergence`; a difference found by a spot
-check raises for all, since earlier batches may already hold the fast encoder's ids. Batches are therefore the same
-for every backend, and the backend is not part of the spec hash.
+check raises for all, since earlier batches may already hold the fast encoder's ids. Batches are
+therefore the same for every backend, and the backend is not part of the spec hash.
 
 Only plain ids come from a fast encoder: offsets, word ids and pairs (whole-word masking, chat masks,
 classification pairs) are always computed by ``tokenizers`` (``Tokenizer.backend``).
@@ -70,7 +70,7 @@ Backend = Literal["auto", "hf", "fastokens", "wordcache"]
 T = TypeVar("T", bound=TokenizerLike)
 BACKENDS: tuple[str, ...] = ("auto", "hf", "fastokens", "wordcache")
 
-#: Characters of real data encoded by both encoders before fastokens' ids are used.
+#: Characters of real data encoded by both encoders before the fast encoder's ids are used.
 WINDOW_CHARS = 1 << 18
 #: After the window, one text of every this many calls is re-encoded by ``tokenizers``.
 SPOT_EVERY = 16
@@ -99,7 +99,7 @@ class VerifiedEncoder:
         hf, fast: the two encoders.
         strict: raise on any difference (``backend: fastokens``/``wordcache``); else fall back inside the window.
         label: the tokenizer's name, for messages.
-        window: characters of data encoded by both before fastokens' ids are used.
+        window: characters of data encoded by both before the fast encoder's ids are used.
         spot_every: afterwards, one text of every ``spot_every``-th call is re-encoded.
         pending: instead of ``fast``, the load-time check still running in the background
             (``auto``): until it is done, ``tokenizers`` encodes; then the fast encoder takes over
