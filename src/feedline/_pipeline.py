@@ -14,12 +14,13 @@ is derived from the global batch, which is what makes elastic resume possible.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 from feedline._batching.base import Batch, BatchContext, Batcher
+from feedline._batching.compact import CompactBatch
 from feedline._batching.planner import complete_batch
 from feedline._batching.registry import batcher_class
 from feedline._core.dataset import Dataset, DatasetIterator, State
@@ -172,6 +173,7 @@ class GlobalStreamIterator(DatasetIterator[tuple[int, Batch, State]]):
     def __init__(self, gs: GlobalStream) -> None:
         self.gs = gs
         self.parent: DatasetIterator[Batch] = iter(gs.pipeline.batches())
+        self._next_compact: Callable[[], CompactBatch] | None = getattr(self.parent, "next_compact", None)
         self.step = 0
         self.done = False
         # The tokenizer's background backend check (``auto``) waits until this stream's first batch
@@ -190,20 +192,27 @@ class GlobalStreamIterator(DatasetIterator[tuple[int, Batch, State]]):
         return self.parent
 
     def __next__(self) -> tuple[int, Batch, State]:
-        step, batch, _ = self._next_step()
+        step, batch, _ = self._next_step(compact=False)
+        assert not isinstance(batch, CompactBatch)
         return step, batch, self.get_state()
 
-    def _next_step(self) -> tuple[int, Batch, None]:
+    def _next_step(self, compact: bool) -> tuple[int, Batch | CompactBatch, None]:
         p = self.gs.pipeline
         b = p.spec.batching
         if self._out:  # the first batch is out (starting the check may digest the tokenizer's JSON)
             self.release()
         self._state = self._snapshot = None
         while not self.done:
-            batch = next(self.parent, None)
+            batch = self._next_batch(compact)
             if batch is None:
                 self.done = True
                 break
+            if isinstance(batch, CompactBatch):
+                if len(batch) == b.batch_size:
+                    self.step += 1
+                    self._out = True
+                    return self.step, batch, None
+                batch = batch.expand()
             full = complete_batch(batch, b.batch_size, self.gs.world_size, b.remainder, p.task.pad_values)
             if full is None:
                 continue
@@ -212,10 +221,26 @@ class GlobalStreamIterator(DatasetIterator[tuple[int, Batch, State]]):
             return self.step, full, None
         raise StopIteration
 
+    def _next_batch(self, compact: bool) -> Batch | CompactBatch | None:
+        if not compact or self._next_compact is None:
+            return next(self.parent, None)
+        try:
+            return self._next_compact()
+        except StopIteration:
+            return None
+
     def next_deferred(self) -> tuple[int, Batch, State]:
         """:meth:`__next__` with the :meth:`snapshot` instead of the state (what a prefetching
         consumer takes after every step; it materializes only the states it is asked for)."""
-        step, batch, _ = self._next_step()
+        step, batch, _ = self._next_step(compact=False)
+        assert not isinstance(batch, CompactBatch)
+        return step, batch, self.snapshot()
+
+    def next_compact(self) -> tuple[int, Batch | CompactBatch, State]:
+        """:meth:`next_deferred`, with a full batch of a batcher that can (``pack``) as a
+        :class:`~feedline._batching.compact.CompactBatch`, laid out by whoever receives it (the
+        service's clients); a short last batch is laid out here, where the remainder rule completes it."""
+        step, batch, _ = self._next_step(compact=True)
         return step, batch, self.snapshot()
 
     def release(self) -> None:

@@ -36,6 +36,7 @@ import numpy as np
 
 from feedline._batching.base import Batch, Batcher, FillStats
 from feedline._batching.bestfit import BestFitPacker
+from feedline._batching.compact import CompactBatch
 from feedline._batching.pieces import PiecePool, lookup_refs
 from feedline._batching.rows import Attention, Piece, piece_of, token_fields
 from feedline._core.block import ExampleBlock, exclusive_cumsum
@@ -224,6 +225,10 @@ class PackIterator(DatasetIterator[Batch]):
         self.packer.add_many(lengths.tolist(), ids)
 
     def __next__(self) -> Batch:
+        return self.next_compact().expand()
+
+    def next_compact(self) -> CompactBatch:
+        """The next batch before layout (:meth:`__next__` lays it out; the service's clients do)."""
         want = self.ds.ctx.batch_size
         while len(self.packer.ready) < want and not self.exhausted:
             self._read_window()
@@ -232,10 +237,10 @@ class PackIterator(DatasetIterator[Batch]):
         rows = [self.packer.ready.popleft() for _ in range(min(want, len(self.packer.ready)))]
         self._taken += len(rows)
         o = self.opts
-        batch, tokens = self.pool.collate(rows, self.max_length, o.max_docs_per_row, self.ds.ctx.task.pad_values,
-                                          mask_first=o.mask_first_token, attention=o.attention)
+        batch = self.pool.compact(rows, self.max_length, o.max_docs_per_row, self.ds.ctx.task.pad_values,
+                                  mask_first=o.mask_first_token, attention=o.attention)
         self.stats.rows += len(rows)
-        self.stats.tokens += tokens
+        self.stats.tokens += batch.tokens()
         self.stats.slots += len(rows) * self.max_length
         return batch
 

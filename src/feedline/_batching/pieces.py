@@ -12,7 +12,7 @@ lookup (:func:`lookup_refs`)::
     add(block pieces)          -> ids 0..4, tokens appended to the arena
     packer places ids          -> ready [[0, 3]], open [[1, 2, 4]]
     keep([0, 3, 1, 2, 4])      -> every other piece forgotten (its tokens freed at the next compaction)
-    collate([[0, 3]])          -> the batch
+    collate([[0, 3]])          -> the batch (compact([[0, 3]]): the same before layout)
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from feedline._batching.base import Batch
-from feedline._batching.rows import Attention, collate_flat
+from feedline._batching.compact import CompactBatch
+from feedline._batching.rows import Attention
 from feedline._core.block import gather_spans, spans
 
 __all__ = ["PiecePool", "lookup_refs"]
@@ -132,10 +133,10 @@ class PiecePool:
             raise RuntimeError("piece pool: keep() the live pieces before reading them")
         return self.ids, self._refs
 
-    def collate(self, rows: Sequence[Sequence[int]], max_length: int, max_docs: int, pad_values: Mapping[str, Any], *,
-                mask_first: bool, attention: Attention) -> tuple[Batch, int]:
-        """Rows of kept piece ids laid out as a batch (:func:`~feedline._batching.rows.collate_flat`);
-        also returns the number of real tokens."""
+    def compact(self, rows: Sequence[Sequence[int]], max_length: int, max_docs: int, pad_values: Mapping[str, Any], *,
+                mask_first: bool, attention: Attention) -> CompactBatch:
+        """Rows of kept piece ids as a :class:`~feedline._batching.compact.CompactBatch` (their
+        tokens gathered, not yet laid out)."""
         docs = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
         ids = np.fromiter((i for r in rows for i in r), dtype=np.int64, count=int(docs.sum()))
         k = self._rows(ids)
@@ -143,9 +144,14 @@ class PiecePool:
         at = self._at[k]
         own = {name: gather_spans(buf, at, lengths) for name, buf in self.arena.items()}
         values = {name: own[self.alias.get(name, name)] for name in self.order}
-        batch = collate_flat(docs, lengths, values, max_length, max_docs, pad_values, mask_first=mask_first,
-                             attention=attention)
-        return batch, int(lengths.sum())
+        return CompactBatch(docs, lengths, values, max_length, max_docs, pad_values, mask_first, attention)
+
+    def collate(self, rows: Sequence[Sequence[int]], max_length: int, max_docs: int, pad_values: Mapping[str, Any], *,
+                mask_first: bool, attention: Attention) -> tuple[Batch, int]:
+        """Rows of kept piece ids laid out as a batch (:func:`~feedline._batching.rows.collate_flat`);
+        also returns the number of real tokens."""
+        compact = self.compact(rows, max_length, max_docs, pad_values, mask_first=mask_first, attention=attention)
+        return compact.expand(), compact.tokens()
 
 
 def _find(table: np.ndarray, ids: np.ndarray) -> np.ndarray:

@@ -18,11 +18,12 @@ for all ranks).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
 from feedline._batching.base import Batch, real_tokens
+from feedline._batching.compact import CompactBatch
 from feedline._core.dataset import DatasetIterator, State
 from feedline._core.deferred import materialize
 from feedline.errors import SpecError
@@ -62,8 +63,20 @@ def rank_rows(batch: Batch, world_size: int) -> list[np.ndarray]:
     return assign_rows(real_tokens(batch), world_size)
 
 
-def rank_slices(batch: Batch, world_size: int) -> list[Batch]:
-    """Every rank's slice of a global batch, in rank order (the only place a batch is cut)."""
+@overload
+def rank_slices(batch: Batch, world_size: int) -> list[Batch]: ...
+@overload
+def rank_slices(batch: CompactBatch, world_size: int) -> list[CompactBatch]: ...
+def rank_slices(batch: Batch | CompactBatch, world_size: int) -> list[Batch] | list[CompactBatch]:
+    """Every rank's slice of a global batch, in rank order (the only place a batch is cut).
+
+    A :class:`~feedline._batching.compact.CompactBatch` is cut into compact slices: the same rows,
+    chosen from the same real-token counts, as cutting it laid out.
+    """
+    if isinstance(batch, CompactBatch):
+        if world_size == 1:
+            return [batch]
+        return [batch.take(rows) for rows in assign_rows(batch.row_tokens(), world_size)]
     if world_size == 1:
         return [batch]
     return [{k: v[rows] for k, v in batch.items()} for rows in rank_rows(batch, world_size)]

@@ -103,44 +103,46 @@ def collate_flat(docs: np.ndarray, lengths: np.ndarray, values: Mapping[str, np.
     """
     like = values if like is None else like
     n = len(docs)
-    batch: Batch = {}
-    for name, arr in like.items():
-        fill = pad_values.get(name, 0)
-        batch[name] = np.full((n, max_length, *arr.shape[1:]), fill, dtype=int_dtype(name, arr))
-    seq_lens = np.zeros((n, max_docs), dtype=np.int32)
-    positions = np.zeros((n, max_length), dtype=np.int32)
-    # Every piece of the batch at once: its row, its index in the row, its first token's place.
     if docs.max(initial=0) > max_docs:
         raise TaskError(f"a packed row holds {int(docs.max())} documents but max_docs_per_row is {max_docs}")
-    prow = np.repeat(np.arange(n), docs)
-    pdoc = np.arange(len(lengths)) - np.repeat(exclusive_cumsum(docs), docs)
-    seq_lens[prow, pdoc] = lengths
+    # Every piece of the batch at once, through flat indices (one store per array): its slot in
+    # ``seq_lens`` (row * max_docs + index in the row) and its first token's place in the
+    # batch (row * max_length + the row's tokens before it).
+    rows = np.arange(n, dtype=np.int64)
+    seq_lens = np.zeros((n, max_docs), dtype=np.int32)
+    seq_lens.reshape(-1)[np.arange(len(lengths)) + np.repeat(rows * max_docs - exclusive_cumsum(docs), docs)] = lengths
     totals = seq_lens.sum(axis=1, dtype=np.int64)
     if totals.max(initial=0) > max_length:
         raise TaskError(f"a packed row holds {int(totals.max())} tokens but max_length is {max_length}")
+    cu = np.zeros((n, max_docs + 1), dtype=np.int32)
+    np.cumsum(seq_lens, axis=1, out=cu[:, 1:])
+    first = exclusive_cumsum(lengths) + np.repeat(rows * max_length - exclusive_cumsum(totals), docs)
+    first = first[lengths > 0]   # an empty piece marks no token
     # A row's pieces lie end to end from its start, rows in order: the tokens, in order, fill
     # exactly the places where ``real`` is True (row-major), so one masked store places them all.
     real = np.arange(max_length)[None, :] < totals[:, None]
-    for name, out in batch.items():
+    batch: Batch = {}
+    for name, arr in like.items():
+        out = np.full((n, max_length, *arr.shape[1:]), pad_values.get(name, 0), dtype=int_dtype(name, arr))
         out[real] = values[name]
-    starts = np.zeros((n, max_length), dtype=bool)
-    cu = np.zeros((n, max_docs + 1), dtype=np.int32)
-    cu[:, 1:] = np.cumsum(seq_lens, axis=1)
-    rr, dd = np.nonzero(seq_lens)
-    starts[rr, cu[rr, dd]] = True
+        batch[name] = out
     if reset_positions:
+        positions = np.zeros((n, max_length), dtype=np.int32)
         positions[real] = gather_spans(_POSITIONS[:max_length] if max_length <= len(_POSITIONS) else
                                        np.arange(max_length, dtype=np.int32), np.zeros(len(lengths), np.int64), lengths)
     else:
         positions = np.broadcast_to(np.arange(max_length, dtype=np.int32), (n, max_length)).copy()
     if "labels" in batch and mask_first:
-        batch["labels"][starts] = -100
+        labels = batch["labels"]
+        labels.reshape(n * max_length, *labels.shape[2:])[first] = -100
     batch["position_ids"] = positions
     batch["seq_lens"] = seq_lens
     batch["cu_seqlens"] = cu
     if attention == "padding":
         batch["attention_mask"] = real.astype(np.int32)
     else:
+        starts = np.zeros((n, max_length), dtype=bool)
+        starts.reshape(-1)[first] = True
         seg = np.cumsum(starts, axis=1) * real  # 1-based segment id, 0 on padding
         mask = (seg[:, :, None] == seg[:, None, :]) & real[:, :, None]
         if attention == "block_causal":

@@ -50,7 +50,7 @@ class RemoteLoader:
         rank, world_size: this consumer's rank (ranked mode).
         state: a :meth:`state_dict` (from a remote or in-process loader) to resume from.
         stream: the named stream (``train`` unless the server has more).
-        prefetch: batches in flight or queued locally (the credit window; default 4).
+        prefetch: batches in flight or queued locally (the credit window; default 8).
         mode: ``ranked`` (training) or ``shared`` (work queue).
         keys: a folder from ``feedline keys generate`` (default: ``$FEEDLINE_KEYS``), for a
             server that uses CurveZMQ.
@@ -73,7 +73,7 @@ class RemoteLoader:
             raise SpecError(f"rank {rank} is not in [0, world_size={world_size})")
         self.address = address
         self.rank, self.world_size, self.mode, self.stream = rank, world_size, mode, stream
-        self.prefetch = 4 if prefetch is None else check_count(prefetch, "prefetch", high=MAX_PREFETCH)
+        self.prefetch = 8 if prefetch is None else check_count(prefetch, "prefetch", high=MAX_PREFETCH)
         self.timeout, self.reconnect, self.max_message = timeout, reconnect, max_message
         keys = keys if keys is not None else os.environ.get("FEEDLINE_KEYS") or None
         self.keys = ClientKeys.load(keys) if keys is not None else None

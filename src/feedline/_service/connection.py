@@ -1,6 +1,6 @@
 """The client's I/O thread: one connection to a server that survives the server's restarts.
 
-    conn = Connection(address, hello={...}, resume=state, prefetch=4, ...)
+    conn = Connection(address, hello={...}, resume=state, prefetch=8, ...)
     conn.start()
     item = conn.items.get()     # Welcome(state) | Delivered(step, state, arrays) | Ended(step) | Failed(error)
     # a Delivered state is as the batch carried it (msgpack bytes or JSON): protocol.unpack_state reads it

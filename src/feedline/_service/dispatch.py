@@ -47,6 +47,10 @@ from feedline.errors import FeedlineError, ProtocolError, SpecError, TransportEr
 __all__ = ["Dispatcher"]
 
 log = logging.getLogger("feedline.service")
+#: Payloads from this size are sent zero-copy. A smaller one is copied by ZeroMQ outside the GIL,
+#: which costs less than tracking a zero-copy frame: pyzmq's collector thread takes the GIL once per
+#: frame to release it (with compact batches most payloads are ~65 KB; measured 12.6 vs 11.7 M tok/s).
+ZERO_COPY_FROM = 1 << 20
 _STALL_LOG_AFTER = 3.0    # seconds a ranked window must be stalled before it is logged
 _STALL_LOG_EVERY = 60.0   # and then how often while it lasts
 
@@ -276,7 +280,7 @@ class Dispatcher:
         assert isinstance(item, Produced)
         part = d.part_for(client)
         header, payload = encode_batch(item.slices[part], step=item.step, state=d.state_for(item))
-        sent = self.transport.send(client.ident, [header, payload], copy=False)
+        sent = self.transport.send(client.ident, [header, payload], copy=len(payload) < ZERO_COPY_FROM)
         if sent is not True:
             d.giveback(client, item)
             if sent is None:
@@ -288,8 +292,8 @@ class Dispatcher:
         counters = self.counters[client.stream]
         counters.steps = max(counters.steps, item.step)
         counters.last_state = item.state
-        counters.record(len(next(iter(item.slices[part].values()))), item.slice_tokens[part],
-                        item.slice_slots[part], len(payload), time.monotonic() - item.produced_at)
+        counters.record(item.slice_rows[part], item.slice_tokens[part], item.slice_slots[part], len(payload),
+                        time.monotonic() - item.produced_at)
         return True
 
     # --------------------------------------------------------------- periodic

@@ -44,7 +44,7 @@ class ServerOptions:
     """
 
     bind: str = "tcp://127.0.0.1:5555"
-    window: int = 8
+    window: int = 16
     max_prefetch: int = 16
     lease: float = 60.0
     heartbeat: float = 1.0

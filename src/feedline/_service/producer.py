@@ -7,24 +7,29 @@
 A :class:`~feedline._core.prefetch.Prefetch` stage runs :class:`~feedline._pipeline.GlobalStream`
 from a start state; on its thread each global batch is cut into the ranks' slices once
 (:func:`~feedline._batching.planner.rank_slices`) and the resume state after the step is
-serialised once (:func:`~.protocol.pack_state`). Production runs at most ``depth`` steps ahead of whoever drains it. ``wake`` is
-called after every put so the server's event loop never has to spin.
+serialised once (:func:`~.protocol.pack_state`, straight from the step's snapshot: the state is
+never deep-copied on the way). A ``pack`` batch stays compact
+(:class:`~feedline._batching.compact.CompactBatch`): the clients lay it out. Production runs at
+most ``depth`` steps ahead of whoever drains it. ``wake`` is called after every put so the
+server's event loop never has to spin.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from feedline._batching.base import Batch, real_tokens
+from feedline._batching.compact import CompactBatch
 from feedline._batching.planner import rank_slices
+from feedline._core.dataset import State
 from feedline._core.prefetch import Prefetch
-from feedline._pipeline import GlobalStream, Pipeline
+from feedline._pipeline import GlobalStream, GlobalStreamIterator, Pipeline
 from feedline._service.protocol import pack_state
 from feedline._state import make_state
 
@@ -35,12 +40,15 @@ log = logging.getLogger("feedline.service")
 
 @dataclass(frozen=True, slots=True)
 class Produced:
-    """One global step: the ranks' slices and the state after the step (``state_wire``: as batches carry it)."""
+    """One global step: the ranks' slices (laid out, or compact where the batcher can: the client
+    lays them out) and the state after the step (``state``: a snapshot, whose deferred parts
+    :func:`~feedline._core.deferred.materialize` computes; ``state_wire``: as batches carry it)."""
 
     step: int
     state: dict[str, Any]
     state_wire: bytes | str
-    slices: list[Batch]
+    slices: Sequence[Batch | CompactBatch]
+    slice_rows: list[int]
     slice_tokens: list[int]
     slice_slots: list[int]
     produced_at: float = field(default_factory=time.monotonic)
@@ -63,8 +71,8 @@ class Producer:
         self.world_size = world_size
         self.start_state = dict(start) if start is not None else None
         self.spec_hash = pipeline.spec.hash()
-        self._stage = Prefetch(lambda: iter(GlobalStream(pipeline, world_size)), max(1, depth), map=self._produce,
-                               wake=wake, name=name)
+        self._stage = Prefetch(lambda: _CompactSteps(iter(GlobalStream(pipeline, world_size))), max(1, depth),
+                               map=self._produce, wake=wake, name=name)
         if start is not None:
             self._stage.set_state(start)
         first = start if start is not None else initial
@@ -101,21 +109,46 @@ class Producer:
         """Stop the thread (it exits at its next step boundary) and close the stream. Idempotent."""
         self._stage.close()
 
-    def _produce(self, element: tuple[int, Batch, dict[str, Any]]) -> Produced:
+    def _produce(self, element: tuple[int, Batch | CompactBatch, dict[str, Any]]) -> Produced:
         """Runs on the thread: cut the step into the ranks' slices and serialise its state, once."""
         step, batch, state = element
         w = self.world_size
         slices = rank_slices(batch, w)
-        ids = batch.get("input_ids")
-        width = int(ids.size // max(1, len(ids))) if ids is not None else 0
-        slice_tokens = [_real_total(s) for s in slices]
-        slice_slots = [len(s["input_ids"]) * width if width else t for s, t in zip(slices, slice_tokens)]
-        return Produced(step, state, pack_state(make_state(self.spec_hash, state, w)), slices, slice_tokens, slice_slots)
+        counts = [_counts(s) for s in slices]
+        return Produced(step, state, pack_state(make_state(self.spec_hash, state, w)), slices,
+                        [c[0] for c in counts], [c[1] for c in counts], [c[2] for c in counts])
 
 
-def _real_total(batch: Batch) -> int:
-    """Real tokens in ``batch`` (a 2-D mask is counted without the per-row sums of ``real_tokens``)."""
+class _CompactSteps:
+    """The global stream as the producer runs it: :meth:`~feedline._pipeline.GlobalStreamIterator.next_compact`
+    steps (compact batches where the batcher can, the state as a snapshot), the stream's state otherwise."""
+
+    def __init__(self, it: GlobalStreamIterator) -> None:
+        self.it = it
+
+    def __next__(self) -> tuple[int, Batch | CompactBatch, State]:
+        return self.it.next_compact()
+
+    def get_state(self) -> State:
+        return self.it.get_state()
+
+    def snapshot(self) -> State:
+        return self.it.snapshot()
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        self.it.set_state(state)
+
+    def close(self) -> None:
+        self.it.close()
+
+
+def _counts(batch: Batch | CompactBatch) -> tuple[int, int, int]:
+    """Rows, real tokens and token slots of a slice (a 2-D mask is counted without the per-row sums
+    of ``real_tokens``)."""
+    if isinstance(batch, CompactBatch):
+        return len(batch), batch.tokens(), len(batch) * batch.max_length
+    ids = batch.get("input_ids")
+    rows = len(ids) if ids is not None else len(next(iter(batch.values())))
     mask = batch.get("attention_mask")
-    if mask is not None and mask.ndim == 2:
-        return int(np.count_nonzero(mask))
-    return int(real_tokens(batch).sum())
+    tokens = int(np.count_nonzero(mask)) if mask is not None and mask.ndim == 2 else int(real_tokens(batch).sum())
+    return rows, tokens, int(ids.size) if ids is not None else tokens

@@ -7,7 +7,7 @@ offset aligned to 8 bytes, so the receiver gets zero-copy numpy views over one b
     client ─► server                          server ─► client
     hello   {v, stream, mode, rank,           welcome {v, stream, spec_hash, state,
              world_size, prefetch, session,            heartbeat, timeout}
-             state?, spec_hash?}              batch   {step, state, fields} + payload
+             state?, spec_hash?}              batch   {step, state, fields, layout?} + payload
     credit  {n, step?}  (grant n; ack step)   end     {step}
     ping    {}                                pong    {}
     stats   {}                                stats   {stats}
@@ -22,7 +22,15 @@ the client only when asked for), or as a JSON string for a state msgpack cannot 
 welcome carry JSON strings. ``fields`` lists ``[name, dtype, shape,
 offset]`` per array; only plain numeric dtypes are accepted and every array must lie inside the
 payload at an offset aligned to its item size. Nothing that comes off the network is ever unpickled.
-Both sides check ``v`` (:data:`PROTOCOL_VERSION`): version 1 sent one frame per array.
+
+A ``pack`` batch is sent compact: the arrays are its rows' piece counts, piece lengths and
+real tokens, and ``layout`` holds what laying them out takes
+(:class:`~feedline._batching.compact.CompactBatch`); the client lays the rows out, bit-identical
+to the in-process batch. The server's producer thread skips the layout (~0.3 ms of ~1.2 per
+batch at 16 x 1024), and the wire carries ~65 KB instead of ~270 KB (16 MB with a block mask).
+
+Both sides check ``v`` (:data:`PROTOCOL_VERSION`): version 1 sent one frame per array, version 2
+every batch laid out.
 
     >>> header, payload = encode_batch({"x": np.arange(3, dtype=np.int32)}, step=1, state="{}")
     >>> decode_batch(unpack_header(header), [payload])["x"].tolist()
@@ -41,6 +49,8 @@ import msgpack
 import numpy as np
 
 from feedline import errors
+from feedline._batching.compact import CompactBatch
+from feedline._core.deferred import Deferred, materialize
 from feedline.errors import FeedlineError, ProtocolError, RecordError, TransportError
 
 __all__ = [
@@ -60,7 +70,7 @@ __all__ = [
     "unpack_state",
 ]
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 BYE_REPLACED = "replaced"    # another connection took this rank: do not reconnect
 BYE_SHUTDOWN = "shutdown"    # the server is stopping: reconnect (to its successor)
 BYE_UNKNOWN = "unknown"      # the server does not know this client (it restarted): say hello again
@@ -99,13 +109,18 @@ def unpack_header(frame: bytes | memoryview, max_size: int = 64 << 20) -> dict[s
     return header
 
 
-def encode_batch(batch: Mapping[str, np.ndarray], *, step: int, state: bytes | str,
+def encode_batch(batch: Mapping[str, np.ndarray] | CompactBatch, *, step: int, state: bytes | str,
                  **extra: Any) -> tuple[bytes, bytes]:
     """The header and the payload (every array's bytes, each at an 8-byte aligned offset) of a batch.
 
     One payload per batch: the sender hands ZeroMQ three frames (routing id, header, payload)
-    whatever the number of fields, which is what the server's event loop pays for per send.
+    whatever the number of fields, which is what the server's event loop pays for per send. A
+    :class:`~feedline._batching.compact.CompactBatch` travels as its arrays plus a ``layout``
+    entry in the header; :func:`decode_batch` lays it out.
     """
+    if isinstance(batch, CompactBatch):
+        extra["layout"] = batch.layout()
+        batch = batch.arrays()
     parts: list[Any] = []
     fields: list[list[Any]] = []
     offset = 0
@@ -124,11 +139,21 @@ def encode_batch(batch: Mapping[str, np.ndarray], *, step: int, state: bytes | s
 
 
 def decode_batch(header: Mapping[str, Any], frames: Sequence[Any]) -> dict[str, np.ndarray]:
-    """Rebuild a batch from its header and payload frame (zero-copy views over the payload).
+    """Rebuild a batch from its header and payload frame (zero-copy views over the payload, or a
+    compact batch laid out).
 
     Raises:
-        ProtocolError: a field list that does not describe the payload exactly.
+        ProtocolError: a field list that does not describe the payload exactly, or a compact
+            batch that does not lay out.
     """
+    arrays = _decode_arrays(header, frames)
+    layout = header.get("layout")
+    if layout is None:
+        return arrays
+    return CompactBatch.from_wire(layout, arrays).expand_checked()
+
+
+def _decode_arrays(header: Mapping[str, Any], frames: Sequence[Any]) -> dict[str, np.ndarray]:
     fields = header.get("fields")
     if len(frames) != 1:
         raise ProtocolError(f"a batch is a header and one payload frame, got {len(frames)} frames after the header "
@@ -184,15 +209,24 @@ def _dtype(name: str, dtype_str: str) -> np.dtype[Any]:
 
 def pack_state(state: Mapping[str, Any]) -> bytes | str:
     """A resume state for a batch header: msgpack bytes, or compact JSON when msgpack cannot hold it
-    (an integer beyond 64 bits). Either way :func:`unpack_state` gives back what JSON would.
+    (an integer beyond 64 bits). Either way :func:`unpack_state` gives back what JSON would. The
+    state may be a snapshot: its :class:`~feedline._core.deferred.Deferred` parts are packed as
+    their values, without the deep copy :func:`~feedline._core.deferred.materialize` makes.
 
         >>> unpack_state(pack_state({"step": 3, "big": 2**70}))
         {'step': 3, 'big': 1180591620717411303424}
     """
     try:
-        return msgpack.packb(state, use_bin_type=True)  # type: ignore[no-any-return]
+        return msgpack.packb(state, use_bin_type=True, default=_deferred_value)  # type: ignore[no-any-return]
     except (OverflowError, TypeError, ValueError):
-        return json.dumps(state, separators=(",", ":"))
+        return json.dumps(materialize(state), separators=(",", ":"))
+
+
+def _deferred_value(value: Any) -> Any:
+    """msgpack's hook for what it cannot pack: a snapshot's deferred part is packed as its value."""
+    if type(value) is Deferred:
+        return value()
+    raise TypeError(f"cannot pack {type(value).__name__} in a state")
 
 
 def unpack_state(raw: bytes | str) -> dict[str, Any]:
