@@ -72,8 +72,11 @@ def test_version_prints_the_package_version() -> None:
 
 
 def test_serve_help_shows_the_defaults() -> None:
+    from feedline.service import ServerOptions
+
     out = " ".join(run("serve", "--help").stdout.split())
-    for option, default in (("--window", "8"), ("--heartbeat", "1.0"), ("--timeout", "10.0")):
+    o = ServerOptions()
+    for option, default in (("--window", str(o.window)), ("--heartbeat", str(o.heartbeat)), ("--timeout", str(o.timeout))):
         after = out.split(option, 2)[-1]
         assert f"(default: {default})" in after.split("--", 1)[0] or f"default: {default})" in after[:200], option
 

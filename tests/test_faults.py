@@ -24,6 +24,7 @@ import feedline
 from feedline._cli.commands.stats import fetch_stats
 from feedline._service.protocol import PROTOCOL_VERSION, pack, unpack_header
 from feedline.errors import StateError
+from feedline.service import ServerOptions
 from feedline.testing import assert_batches_equal, collect
 from service_helpers import free_port, make_spec, rows, start_server, stop, tokenizer_path, write_spec
 
@@ -373,7 +374,8 @@ def test_a_stuck_shared_consumer_does_not_stop_the_others(env: dict, tmp_path: P
 
 
 def test_the_server_caps_what_a_client_makes_it_hold(server: Any) -> None:
-    _, address = server   # --max-prefetch 4, --window 8
+    _, address = server   # --max-prefetch 4, the default --window
+    window = ServerOptions().window
     ctx = zmq.Context()
     try:
         idle = Peer(ctx, address)   # declares the largest prefetch, grants all its credit, never reads on
@@ -381,7 +383,7 @@ def test_the_server_caps_what_a_client_makes_it_hold(server: Any) -> None:
         idle.send(pack("credit", n=64))
         time.sleep(1.5)
         shared = fetch_stats(address)["streams"]["train"]["shared"]
-        assert shared["in_flight"] <= 4 and shared["in_flight"] + shared["queued"] <= 8 + 4, shared
+        assert shared["in_flight"] <= 4 and shared["in_flight"] + shared["queued"] <= window + 4, shared
         idle.send(pack("bye"))
         idle.close()
     finally:

@@ -43,8 +43,10 @@ __all__ = ["CompactBatch"]
 
 _ATTENTION = ("padding", "block_diagonal", "block_causal")
 _VALUES = "values/"   # wire array names of the token fields: "values/input_ids"
-#: The most cells (rows x max_length, times max_length with a block mask) a wire batch may expand to.
-MAX_CELLS = 1 << 32
+#: The most cells (rows x max_length, times max_length with a block mask) a wire batch may expand
+#: to: 16 G, above any batch a trainer can hold (256 rows of 8192 with a block mask), far below
+#: what a corrupt header could ask for.
+MAX_CELLS = 1 << 34
 
 
 @dataclass(frozen=True, slots=True)
