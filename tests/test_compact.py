@@ -173,3 +173,5 @@ def test_the_service_delivers_pack_batches_and_states_as_in_process(env: dict) -
         ref_batches, ref_states = in_process(s, 0, 1)
         with feedline.Loader(address, state=ref_states[4]) as lo:
             assert_batches_equal(ref_batches[5:], collect(lo))
+        with feedline.Loader(address, mode="shared") as lo:   # a shared-mode consumer lays them out too
+            assert_batches_equal(ref_batches, collect(lo))
