@@ -70,14 +70,17 @@ def measure(name: str, corpus: Path, workload: str, *, seconds: float | None = N
             log, _ = proc.communicate()
             log += f"\n[timed out after {timeout:.0f} s]"
     try:
-        res: dict[str, Any] = json.loads(Path(out).read_text()) if proc.returncode == 0 else {}
+        res: dict[str, Any] = json.loads(Path(out).read_text())
     except (OSError, ValueError):
         res = {}
     finally:
         Path(out).unlink(missing_ok=True)
-    if proc.returncode != 0 or not res:
-        tail = " / ".join(line for line in (log or "").strip().splitlines()[-3:])
-        res = {"error": f"exit {proc.returncode}: {tail[-300:]}"}
+    tail = " / ".join(line for line in (log or "").strip().splitlines()[-3:])
+    if not res.get("batches"):
+        why = f"exit {proc.returncode}" if proc.returncode else "no batch delivered"
+        res = {"error": f"{why}: {tail[-300:]}"}
+    elif proc.returncode != 0:  # the measurement was written; the process failed on its way out
+        res["note"] = f"exit {proc.returncode} after writing its measurement (kept): {tail[-160:]}"
     res.update(contender=name, label=LABELS[name], workload=workload, wall_s=time.perf_counter() - t0,
                peak_rss_mb=rss.peak / 2**20)
     return res
