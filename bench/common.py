@@ -270,6 +270,11 @@ def short(v: float | None) -> str:
     return f"{v:.3g}"
 
 
+def add_note(row: dict[str, Any], text: str) -> None:
+    """Add ``text`` to a result row's note, after what the note already says."""
+    row["note"] = f"{row['note']}; {text}" if row.get("note") else text
+
+
 def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str, str]]) -> str:
     """A Markdown table of ``rows``; ``columns`` are ``(key, header, format spec)``."""
     head = "| " + " | ".join(h for _k, h, _f in columns) + " |"

@@ -20,7 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CORPUS_NOTE, corpus_bytes, machine, prose_corpus, save_json, table
+from common import CORPUS_NOTE, add_note, corpus_bytes, machine, prose_corpus, save_json, table
 from throughput import measure
 
 COLUMNS = [("label", "contender", ""), ("small_mb", "RSS @ small MB", ",.0f"), ("large_mb", "RSS @ large MB", ",.0f"),
@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
             row[f"{which}_tokens"] = r.get("tokens")
             if "error" in r:
                 row["note"] = "failed: " + r["error"][:120]
+            elif "exited" in r:
+                add_note(row, f"{which}: {r['exited']}")
         if row.get("small_mb") and row.get("large_mb"):
             row["delta_mb"] = row["large_mb"] - row["small_mb"]
         rows.append(row)

@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CORPUS_NOTE, corpus_bytes, machine, prose_corpus, save_json, table
+from common import CORPUS_NOTE, add_note, corpus_bytes, machine, prose_corpus, save_json, table
 from throughput import measure
 
 STREAMING = ["feedline", "feedline-window100", "feedline-service", "hf-stream", "ray-data"]
@@ -54,9 +54,9 @@ def main(argv: list[str] | None = None) -> int:
             r["note"] = "failed: " + r["error"][:200]
         elif offline:
             parts = [f"{k.removesuffix('_s')} {r[k]:.1f} s" for k in ("arrow_convert_s", "map_s", "convert_s") if k in r]
-            r["note"] = f"measured on {small_mb:.0f} MB ({', '.join(parts)}); large corpus scaled linearly"
+            add_note(r, f"measured on {small_mb:.0f} MB ({', '.join(parts)}); large corpus scaled linearly")
         elif "server_ready_s" in r:
-            r["note"] = f"server process ready after {r['server_ready_s']:.2f} s (included)"
+            add_note(r, f"server process ready after {r['server_ready_s']:.2f} s (included)")
         rows.append(r)
     print("\n" + table(rows, COLUMNS) + "\n")
     payload = {"machine": machine(), "workload": args.workload, "corpus_mb": big_mb, "offline_corpus_mb": small_mb,

@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CORPUS_NOTE, SHORT_NOTE, Meter, RssSampler, corpus_bytes, machine, save_json, table
+from common import CORPUS_NOTE, SHORT_NOTE, Meter, RssSampler, add_note, corpus_bytes, machine, save_json, table
 from contenders import CONTENDERS, LABELS, WORKLOADS, run
 
 DEFAULT_CONTENDERS = {
@@ -80,7 +80,8 @@ def measure(name: str, corpus: Path, workload: str, *, seconds: float | None = N
         why = f"exit {proc.returncode}" if proc.returncode else "no batch delivered"
         res = {"error": f"{why}: {tail[-300:]}"}
     elif proc.returncode != 0:  # the measurement was written; the process failed on its way out
-        res["note"] = f"exit {proc.returncode} after writing its measurement (kept): {tail[-160:]}"
+        res["exited"] = f"exit {proc.returncode} after writing its measurement (kept): {tail[-160:]}"
+        add_note(res, res["exited"])
     res.update(contender=name, label=LABELS[name], workload=workload, wall_s=time.perf_counter() - t0,
                peak_rss_mb=rss.peak / 2**20)
     return res
@@ -102,7 +103,7 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
         if "error" in r:
             r["note"] = "failed: " + r["error"][:200]
         elif "convert_s" in r:
-            r["note"] = f"conversion {r['convert_s']:.1f} s before the first batch"
+            add_note(r, f"conversion {r['convert_s']:.1f} s before the first batch")
 
 
 def main(argv: list[str] | None = None) -> int:
