@@ -165,7 +165,9 @@ class ZstdStream(DecodingStream):
     """Decompress concatenated zstd frames; a stream that ends inside a frame raises ``EOFError``.
 
     (``zstandard``'s own ``stream_reader`` ends quietly on a truncated frame, which would lose
-    the tail of a file without a word.)
+    the tail of a file without a word.) A decoder error (a corrupt block, a bad later frame,
+    trailing garbage) is raised only after every byte decoded before it was handed out: the
+    input is fed :data:`_SLICE` bytes at a time, so what one failing call loses is bounded.
     """
 
     def __init__(self, raw: IO[bytes]) -> None:
@@ -175,21 +177,40 @@ class ZstdStream(DecodingStream):
         self.dctx = zstandard.ZstdDecompressor()
         self.dobj = self.dctx.decompressobj()
         self.started = False  # the current frame has received input
+        self.failed: BaseException | None = None  # raised at the next fill, after what came before it
 
     def _fill(self) -> bytes:
-        out = b""
+        if self.failed is not None:
+            error, self.failed = self.failed, None
+            raise error
+        out = bytearray()
         while not out:
             chunk = self.raw.read(1 << 17)
             if not chunk:
                 if self.started and not self.dobj.eof:
                     raise EOFError("zstd stream ended inside a frame (truncated file?)")
                 return b""
-            while chunk:
-                self.started = True
-                out += self.dobj.decompress(chunk)
-                chunk = b""
-                if self.dobj.eof:  # next frame: feed it what the last one left over
-                    chunk = self.dobj.unused_data
-                    self.dobj = self.dctx.decompressobj()
-                    self.started = False
-        return out
+            for i in range(0, len(chunk), _SLICE):
+                try:
+                    self._decompress(chunk[i:i + _SLICE], out)
+                except Exception as e:  # ZstdError: deliver what was decoded, then report it
+                    if not out:
+                        raise
+                    self.failed = e
+                    return bytes(out)
+        return bytes(out)
+
+    def _decompress(self, data: bytes, out: bytearray) -> None:
+        """Decode ``data`` into ``out``, across frame ends."""
+        while data:
+            self.started = True
+            out += self.dobj.decompress(data)
+            data = b""
+            if self.dobj.eof:  # next frame: feed it what the last one left over
+                data = self.dobj.unused_data
+                self.dobj = self.dctx.decompressobj()
+                self.started = False
+
+
+#: Compressed bytes given to the zstd decoder per call (a corrupt block loses at most one call's output).
+_SLICE = 1 << 14

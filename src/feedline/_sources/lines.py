@@ -235,7 +235,7 @@ class LineReader(Reader):
                 pos = position
                 if position == split.start and position > 0:  # aligned: start at the first line starting at or after it
                     f.seek(position - 1)
-                    pos = position - 1 + len(next(_bounded(f, 1 << 20), b""))
+                    pos = position - 1 + line_size(next(_bounded(f, 1 << 20), b""))  # (a long line: its real size)
                 else:
                     f.seek(position)
                 tail = b""  # the start of a line the last block cut
@@ -287,9 +287,8 @@ class LineReader(Reader):
                         add((start, start + len(raw) + nl, line, rec))
                     if items:
                         yield items
-            planned = split.end if split.end is not None else split.size
-            if planned is not None and last_end < planned:
-                yield [(last_end, last_end, last_line, _shrunk(path, last_end, planned))]
+            if _shrank(path, last_end, split):
+                yield [(last_end, last_end, last_line, _shrunk(path, last_end, split))]
         except SourceError:
             raise
         except Exception as e:
@@ -313,9 +312,8 @@ class LineReader(Reader):
             for item in self.records(tracked(), split.path, line, known, split.end):
                 last[1] = item[2]
                 yield item
-            planned = split.end if split.end is not None else split.size
-            if last[0] == -1 and planned is not None and last[2] < planned:
-                yield last[2], last[2], last[1], _shrunk(split.path, last[2], planned)
+            if last[0] == -1 and _shrank(split.path, last[2], split):
+                yield last[2], last[2], last[1], _shrunk(split.path, last[2], split)
         except SourceError:
             raise
         except Exception as e:
@@ -363,7 +361,21 @@ def _flatten(batches: Iterator[list[Item]]) -> Generator[Item, None, None]:
 _LONG = 4 << 20
 
 
-def _shrunk(path: str, at: int, planned: int) -> Rejection:
+def _shrank(path: str, at: int, split: Split) -> bool:
+    """Whether a split whose reading ended at byte ``at`` (its file's end) lost bytes it was planned with.
+
+    The file must be shorter now than the split's planned end: the last line of an unchanged file
+    may end past a split that holds no record (a long line across splits), which is no loss.
+    """
+    planned = split.end if split.end is not None else split.size
+    if planned is None or at >= planned:
+        return False
+    now = size_of(path)
+    return now is None or now < planned
+
+
+def _shrunk(path: str, at: int, split: Split) -> Rejection:
+    planned = split.end if split.end is not None else split.size
     return Rejection(path, None, "truncated",
                      f"the file ended at byte {at} but held {planned} bytes when reading was planned (now {size_of(path)}): "
                      "it shrank while being read; records before the end were delivered")
