@@ -116,9 +116,17 @@ def test_first_records_all_rejected_is_an_error(tmp_path: Path, small_tokenizer:
     expected = [b["input_ids"].tolist() for b in feedline.Loader(_spec(good, small_tokenizer))]
     assert [b["input_ids"].tolist() for b in loader] == expected and expected
     assert loader.stats()["rejected"] == {"empty": 50}
-    # 0 turns the check off: an all-rejected source then yields nothing, counted.
+    # 0 turns the early check off, not the counting: the good records after 50 bad ones come out
+    # and every bad one is counted; a stream that ends with no example at all still raises.
+    loader = feedline.Loader(_spec(path, small_tokenizer, reject_limit=0))
+    assert [b["input_ids"].tolist() for b in loader] == expected
+    assert loader.stats()["rejected"] == {"empty": 50}
     quiet = _jsonl(tmp_path / "b.jsonl", _docs(10, set(range(10))))
-    assert list(feedline.Loader(_spec(quiet, small_tokenizer, reject_limit=0))) == []
+    with pytest.raises(SourceError, match=r"every one of the 10 records.*empty: 10"):
+        list(feedline.Loader(_spec(quiet, small_tokenizer, reject_limit=0)))
+    wrong = _jsonl(tmp_path / "w.jsonl", _docs(50, set()))
+    with pytest.raises(SourceError, match=r"every one of the 50 records.*missing_field: 50.*set the source's text:"):
+        list(feedline.Loader(_spec(wrong, small_tokenizer, reject_limit=0, sources=[{"path": wrong, "text": "content"}])))
 
 
 def test_empty_file_is_an_error(tmp_path: Path, small_tokenizer: str) -> None:

@@ -129,8 +129,9 @@ def nothing_delivered(where: str, counts: Mapping[str, int], samples: list[str],
     top = max(counts, key=lambda k: counts[k])
     sample = next((s for s in samples if f": {top}" in s), samples[0] if samples else "")
     fix = _FIXES.get(top, "check the spec against the data (feedline scan shows what is read)")
-    return (f"{where} delivered no record: {head} ({reasons})" + (f"; e.g. {sample}" if sample else "")
-            + f"; {fix} (reject_limit: 0 turns this check off)")
+    off = " (reject_limit: 0 turns this early check off; a stream with no example at all is still an error)" \
+        if first is not None else ""
+    return f"{where} delivered no record: {head} ({reasons})" + (f"; e.g. {sample}" if sample else "") + f"; {fix}{off}"
 
 
 def rejected_along(it: object) -> dict[str, int]:

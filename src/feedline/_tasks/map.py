@@ -25,8 +25,8 @@ counts each rejection the moment the chunk holding it is processed (never a chun
 small corpus is counted at the first example). A restore re-reads the chunk and recovers the
 task's count at its start by subtracting what the chunk re-counts.
 
-A fresh iterator whose task rejects its first ``reject_limit`` records, or whose stream ends
-without one example, raises :class:`~feedline.errors.SourceError` (counts, a sample, the fix).
+A fresh iterator whose task rejects its first ``reject_limit`` records (``0``: no such early
+check), or whose stream ends without one example (whatever ``reject_limit``), raises :class:`~feedline.errors.SourceError` (counts, a sample, the fix).
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ class TaskMapIterator(DatasetIterator[Example]):
         self.current_rejected: dict[str, int] = {}
         self.skip = 0
         self._next_start: State | None = None  # parent state where the next chunk starts (cached)
-        self._watch = ds.reject_limit > 0  # fresh and no example yet: see _nothing
+        self._watch = True  # fresh and no example yet: see _nothing (the end is checked whatever reject_limit)
         self.chunk = min(FIRST_CHUNK, ds.chunk)  # the next chunk's size (ramps up to ds.chunk)
         self.current_size = self.chunk  # the size of the chunk current_state points into
 
@@ -201,14 +201,15 @@ class TaskMapIterator(DatasetIterator[Example]):
             examples = outputs
             for record, rejection in outputs.rejected:
                 self.rejections.add(rejection)
-                if self._watch and not outputs.examples_before(record) and self.rejections.total >= self.ds.reject_limit:
+                if self._watch and self.ds.reject_limit and not outputs.examples_before(record) \
+                        and self.rejections.total >= self.ds.reject_limit:
                     self._nothing(first=self.ds.reject_limit)
         else:
             examples = []
             for out in outputs:
                 if isinstance(out, Rejection):
                     self.rejections.add(out)
-                    if self._watch and not examples and self.rejections.total >= self.ds.reject_limit:
+                    if self._watch and self.ds.reject_limit and not examples and self.rejections.total >= self.ds.reject_limit:
                         self._nothing(first=self.ds.reject_limit)
                 else:
                     examples.extend(out)
