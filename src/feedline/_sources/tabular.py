@@ -9,8 +9,10 @@ row's first line, so a row is re-read by seeking. A row with the wrong number of
 rejected as ``bad_row``; a field that is not UTF-8 as ``bad_utf8``. Files are not byte-split: a
 cut could fall inside a quoted multi-line field.
 
-An unbalanced quote must not swallow the rows after it: a quoted field still open at the end of
-the file is rejected as ``unbalanced_quote``, one running over ``max_record_bytes`` (or
+Quoting is RFC 4180's, strictly: a closing quote followed by anything but the delimiter or the
+line end is malformed (``bad_csv`` on one line). An unbalanced quote must not swallow the rows
+after it: a quoted field still open at the end of the file, or "closed" on a later line by a quote
+followed by text, is rejected as ``unbalanced_quote``, one running over ``max_record_bytes`` (or
 :data:`MAX_ROW_LINES` lines) as ``too_large``, and a multi-line row with the wrong number of
 fields as ``bad_row``; each rejects only the row's first line (file:line), and reading resumes
 on the line after it, so the good rows below are kept.
@@ -84,7 +86,9 @@ class CsvReader(LineReader):
     default_delimiter = ","
 
     def _reader(self, cursor: _Cursor) -> Any:
-        return csv.reader(cursor, delimiter=self.spec.delimiter or self.default_delimiter)
+        # strict: a closing quote followed by anything but a delimiter or a line end is an error
+        # (RFC 4180), not text glued to the field, so a stray quote cannot swallow the rows below it.
+        return csv.reader(cursor, delimiter=self.spec.delimiter or self.default_delimiter, strict=True)
 
     def _header(self, path: str) -> tuple[list[str] | None, int]:
         """The column names and the byte offset where data rows start (cached per file)."""
@@ -137,8 +141,7 @@ class CsvReader(LineReader):
                                     f"a quoted field opened here runs over {MAX_ROW_LINES:,} lines")
                 row = None
             except csv.Error as e:
-                yield start, cursor.end, cursor.line, Rejection(path, start_line, "bad_csv", str(e))
-                continue
+                bad, row = self._malformed(path, start_line, cursor, e), None
             multi = len(cursor.taken) > 1
             if bad is None and row is not None and multi and cursor.eof:
                 bad = Rejection(path, start_line, "unbalanced_quote",
@@ -161,6 +164,20 @@ class CsvReader(LineReader):
             if not row or row == [""]:
                 continue
             yield start, cursor.end, cursor.line, self._record(row, columns, path, start_line)
+
+    @staticmethod
+    def _malformed(path: str, line: int, cursor: _Cursor, e: csv.Error) -> Rejection:
+        """The rejection of a row ``csv`` refused: a quote left open at the end of the file, one that
+        closes on a later line followed by text (an unbalanced quote), or bad quoting on one line."""
+        lines = len(cursor.taken)
+        if cursor.eof:
+            return Rejection(path, line, "unbalanced_quote",
+                             f"a quoted field opened here is still open at the end of the file ({lines} lines)")
+        if lines > 1:
+            return Rejection(path, line, "unbalanced_quote",
+                             f"a quoted field opened here closes on line {cursor.line} followed by text ({e}); "
+                             'a quote inside a quoted field is written twice ("")')
+        return Rejection(path, line, "bad_csv", f'{e}: a closing quote must end the field; write a quote inside a quoted field twice ("")')
 
     def _record(self, row: list[str], columns: list[str], path: str, line: int) -> dict[str, Any] | Rejection:
         if len(row) != len(columns):
