@@ -28,6 +28,7 @@ from feedline.errors import (
     StateError,
     TaskError,
     TokenizerError,
+    TransformError,
     TransportError,
     TransportTimeout,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "TaskOutput",
     "Tokenizer",
     "TokenizerError",
+    "TransformError",
     "TransportError",
     "TransportTimeout",
     "load_dataset",

@@ -25,7 +25,7 @@ from feedline._core.options import check_count
 from feedline._core.prefetch import Prefetch
 from feedline._pipeline import GlobalStream, Pipeline
 from feedline._spec import Spec
-from feedline._state import check_state, find_rejected, make_state, mixture_shares
+from feedline._state import check_state, filtered_in, find_rejected, make_state, mixture_shares
 from feedline.errors import SpecError
 
 __all__ = ["InProcessLoader", "Loader"]
@@ -153,14 +153,16 @@ class InProcessLoader(Loader):
         return make_state(self.spec_hash, self._stage.snapshot(), self.world_size)
 
     def stats(self) -> dict[str, Any]:
-        """What this loader has read so far: steps, rejected records by reason, realised mixture shares.
+        """What this loader has read so far: steps, rejected records by reason, records dropped by
+        ``filter`` transforms (not rejections), realised mixture shares.
 
         Everything comes from the state, so the figures survive a resume.
         """
         state = self.state_dict()
         rejected: dict[str, int] = {}
         find_rejected(state["pipeline"], rejected)
-        return {"step": state["step"], "rejected": rejected, "mixture": mixture_shares(state["pipeline"])}
+        return {"step": state["step"], "rejected": rejected, "filtered": filtered_in(state["pipeline"]),
+                "mixture": mixture_shares(state["pipeline"])}
 
     @property
     def step(self) -> int:

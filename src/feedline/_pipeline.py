@@ -1,6 +1,6 @@
 """Build the iterator tree a spec describes, and the global stream of steps.
 
-    sources ─► Mixture ─► ShuffleBuffer ─► TaskMap (tokenize + task) ─► Batcher ─► GlobalStream
+    sources ─► Mixture ─► Transform (map/filter) ─► ShuffleBuffer ─► TaskMap (tokenize + task) ─► Batcher ─► GlobalStream
 
 :class:`Pipeline` holds the recipes (no I/O until iterated). :class:`GlobalStream` numbers the
 global batches, applies the remainder rule, and yields each with the state after it::
@@ -29,6 +29,7 @@ from feedline._core.record import Example, Key, Record
 from feedline._sources.mix import Mixture
 from feedline._sources.shuffle import ShuffleBuffer
 from feedline._sources.source import FileSource
+from feedline._sources.transform import Transform, steps_of
 from feedline._spec import MixSpec, Spec
 from feedline._tasks.base import Task, TaskContext
 from feedline._tasks.map import TaskMap
@@ -65,12 +66,18 @@ class Pipeline:
         """Re-read records by key (what a corpus tool joining outputs to inputs needs)."""
         return self.mixture.fetch(keys)
 
+    def transformed(self) -> Dataset[Record]:
+        """Records after reading, mixing and the spec's ``transforms`` (unshuffled)."""
+        if not self.spec.transforms:
+            return self.mixture
+        return Transform(self.mixture, steps_of(self.spec.transforms), locate=self.mixture.locate)
+
     def records(self) -> Dataset[Record]:
-        """Records after reading, mixing and shuffling."""
+        """Records after reading, mixing, transforms and shuffling."""
         s = self.spec
         if s.shuffle and s.shuffle.buffer > 1:
-            return ShuffleBuffer(self.mixture, s.shuffle.buffer, seed=s.seed)
-        return self.mixture
+            return ShuffleBuffer(self.transformed(), s.shuffle.buffer, seed=s.seed)
+        return self.transformed()
 
     @cached_property
     def tokenizer(self) -> Tokenizer | None:
@@ -132,7 +139,7 @@ class OnePass:
 
     def __call__(self) -> Iterator[Record]:
         one = Pipeline(self.spec.replace(epochs=1, shuffle=None, mix=MixSpec()))
-        it = iter(one.mixture)
+        it = iter(one.transformed())
         try:
             yield from it
         finally:

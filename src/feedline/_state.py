@@ -30,10 +30,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from feedline._core.report import sum_rejected
+from feedline._core.report import FILTERED, sum_rejected
 from feedline.errors import StateError
 
-__all__ = ["MAX_DEPTH", "MAX_NODES", "STATE_VERSION", "check_state", "epochs_in", "find_rejected", "make_state",
+__all__ = ["MAX_DEPTH", "MAX_NODES", "STATE_VERSION", "check_state", "epochs_in", "filtered_in", "find_rejected", "make_state",
            "mixture_shares", "parse_state_json", "state_json"]
 
 STATE_VERSION = 1
@@ -135,9 +135,20 @@ def _check_values(root: Any) -> None:
 
 
 # ---------------------------------------------------------------- walkers over a nested pipeline state
+def filtered_in(state: Any) -> int:
+    """Records dropped by ``filter`` transforms so far (their ``rejected`` reason ``filtered``; not rejections).
+
+        >>> filtered_in({"parent": {"rejected": {"filtered": 3}, "parent": {"sources": [{"rejected": {"empty": 1}}]}}})
+        3
+    """
+    return sum_rejected(state).get(FILTERED, 0)
+
+
 def find_rejected(state: Any, into: dict[str, int]) -> None:
-    """Sum every ``rejected: {reason: n}`` table found in a nested pipeline state into ``into``."""
+    """Sum every ``rejected: {reason: n}`` table found in a nested pipeline state into ``into``
+    (records dropped by filters are not rejections: see :func:`filtered_in`)."""
     sum_rejected(state, into)
+    into.pop(FILTERED, None)
 
 
 def mixture_shares(state: Any) -> list[float] | None:

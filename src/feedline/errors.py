@@ -11,6 +11,7 @@ Every error that feedline raises on purpose derives from :class:`FeedlineError`,
     ├── TokenizerError         a tokenizer cannot be loaded or lacks a needed token
     │   └── TokenizerDivergence  a faster encoder gave other ids than tokenizers on the data
     ├── TaskError              a task cannot build an example from a record
+    ├── TransformError         a map/filter transform raised on a record (names its file:line)
     ├── StateError             a resume state is malformed, of another version or spec
     ├── TransportError         the loader service or its connection failed
     │   ├── ProtocolError      a peer spoke a different protocol version or sent garbage
@@ -36,6 +37,7 @@ __all__ = [
     "TaskError",
     "TokenizerDivergence",
     "TokenizerError",
+    "TransformError",
     "TransportError",
     "TransportTimeout",
 ]
@@ -83,6 +85,20 @@ class TokenizerDivergence(TokenizerError):
 
 class TaskError(FeedlineError):
     """A task is misconfigured or cannot build an example."""
+
+
+class TransformError(FeedlineError):
+    """A ``map`` or ``filter`` transform raised, or returned something else than it must, on a record.
+
+    Attributes:
+        path: the file (or URL) holding the record.
+        line: its 1-based line or row, when known.
+    """
+
+    def __init__(self, message: str, *, path: str = "", line: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.line = line
 
 
 class StateError(FeedlineError):

@@ -16,9 +16,15 @@ from typing import Any
 from feedline._core.record import Key, Rejection
 from feedline.errors import RecordError
 
-__all__ = ["Rejections", "add_counts", "nothing_delivered", "rejected_along", "sum_rejected"]
+__all__ = ["FILTERED", "Rejections", "add_counts", "nothing_delivered", "rejected_along", "sum_rejected"]
 
 log = logging.getLogger("feedline")
+
+#: The reason under which the spec's ``filter`` transforms count the records they drop. They ride
+#: in the ``rejected`` tables so every stage carries them exactly like rejections (a task map
+#: counts them the moment it reads them), but ``Loader.stats()`` reports them apart, as
+#: ``filtered``: a filtered record is not a bad one.
+FILTERED = "filtered"
 
 _LOG_FIRST = 5
 
@@ -111,6 +117,7 @@ _FIXES = {
     "bad_row": "the rows do not match the columns; check the source's delimiter:, header: and columns:",
     "missing_label": "set task.label: to the field holding the label",
     "unreadable": "check the source's path and permissions",
+    FILTERED: "the spec's filter transforms dropped every record; check them (transforms:)",
 }
 
 

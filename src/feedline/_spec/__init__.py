@@ -9,8 +9,9 @@ from feedline._spec.sections import (
     TaskSpec,
     TokenizerSpec,
     TokensSpec,
+    TransformSpec,
 )
 from feedline._spec.spec import NOT_HASHED, Registry, Spec, read_spec_file, use_registry
 
 __all__ = ["NOT_HASHED", "BatchingSpec", "EngineSpec", "MixSpec", "Registry", "ShuffleSpec", "SourceSpec", "Spec", "TaskSpec",
-           "TokenizerSpec", "TokensSpec", "read_spec_file", "use_registry"]
+           "TokenizerSpec", "TokensSpec", "TransformSpec", "read_spec_file", "use_registry"]

@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from feedline._core.callables import name_of
 from feedline.errors import SpecError
 
 __all__ = ["Backend", "BatchingSpec", "EngineSpec", "MixSpec", "OnError", "ShuffleSpec", "SourceSpec", "TaskSpec",
-           "TokenizerSpec", "TokensSpec"]
+           "TokenizerSpec", "TokensSpec", "TransformSpec"]
 
 OnError = Literal["skip", "raise"]
 Backend = Literal["auto", "hf", "fastokens", "wordcache"]
@@ -134,6 +135,53 @@ class MixSpec:
     """
 
     stopping: Literal["all_exhausted", "first_exhausted", "cycle"] = "all_exhausted"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransformSpec:
+    """One record transform, run after reading and mixing and before the shuffle buffer.
+
+    ``{map: "pkg.mod:func"}`` replaces each record by ``func(record)`` (a dict);
+    ``{filter: "pkg.mod:func"}`` keeps the records for which ``func(record)`` is true (the
+    others are counted as ``filtered`` in ``stats()``; they are not rejections). From Python, a
+    callable may stand in for the import path; a module-level function travels to other
+    processes by its import path, a lambda or local function works in this process only.
+
+    Both must be pure functions of the record: a resume re-reads records by key and runs the
+    transforms again, so the same record must give the same result. The spec hashes the import
+    path (a callable: ``module:qualname``), not the code: change a function's name, or bump a
+    source option, to make older states refuse to resume.
+
+    Attributes:
+        map: ``record -> record``: an import path ``"package.module:function"`` or a callable.
+        filter: ``record -> bool``: an import path or a callable.
+    """
+
+    map: Any = None
+    filter: Any = None
+
+    def __post_init__(self) -> None:
+        given = [k for k in ("map", "filter") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise SpecError("a transform is one of {map: 'pkg.mod:func'} or {filter: 'pkg.mod:func'}"
+                            + (f"; got {given}" if given else ""))
+        fn = getattr(self, given[0])
+        if not isinstance(fn, str) and not callable(fn):
+            raise SpecError(f"{given[0]}: expected an import path 'package.module:function' or a callable, got {fn!r:.60}")
+
+    @property
+    def kind(self) -> Literal["map", "filter"]:
+        return "map" if self.map is not None else "filter"
+
+    @property
+    def fn(self) -> Any:
+        """The import path or callable."""
+        return self.map if self.map is not None else self.filter
+
+    @property
+    def name(self) -> str:
+        """The import path, or ``module:qualname`` of a callable (what the spec hashes)."""
+        return name_of(self.fn)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from feedline._core.callables import importable
 from feedline._core.options import build, close_match, to_plain
 from feedline._spec.sections import (
     Backend,
@@ -42,11 +43,12 @@ from feedline._spec.sections import (
     TaskSpec,
     TokenizerSpec,
     TokensSpec,
+    TransformSpec,
 )
 from feedline.errors import SpecError
 
 __all__ = ["BatchingSpec", "EngineSpec", "MixSpec", "Registry", "ShuffleSpec", "SourceSpec", "Spec", "TaskSpec", "TokenizerSpec",
-           "TokensSpec", "use_registry"]
+           "TokensSpec", "TransformSpec", "use_registry"]
 
 # ---------------------------------------------------------------------- sections
 # A spec field with a ``section`` in its metadata is parsed by that function (shorthands, and the
@@ -104,6 +106,23 @@ def _shuffle(raw: Any, ctx: _Context) -> ShuffleSpec | None:
     return build(ShuffleSpec, raw, "shuffle")
 
 
+def _transforms(raw: Any, ctx: _Context) -> tuple[TransformSpec, ...]:
+    from feedline._core.callables import resolve
+
+    if raw is None:
+        return ()
+    if isinstance(raw, Mapping) or not isinstance(raw, (list, tuple)):
+        raise SpecError(f"transforms: expected a list such as [{{map: 'pkg.mod:func'}}, {{filter: 'pkg.mod:func'}}], "
+                        f"got {raw!r:.60}")
+    out = []
+    for i, t in enumerate(raw):
+        spec = build(TransformSpec, t, f"transforms[{i}]")
+        if isinstance(spec.fn, str):
+            resolve(spec.fn, f"transforms[{i}].{spec.kind}")  # a typo fails here, not at the first record
+        out.append(spec)
+    return tuple(out)
+
+
 def _engine(raw: Any, ctx: _Context) -> EngineSpec:
     return build(EngineSpec, {"kind": raw} if isinstance(raw, str) else raw, "engine")
 
@@ -121,6 +140,8 @@ class Spec:
     seed: int = 0
     epochs: int | None = 1
     mix: MixSpec = MixSpec()  # noqa: RUF009 (frozen: one shared default is safe)
+    #: Record ``map``/``filter`` steps after mixing, before the shuffle buffer (TransformSpec).
+    transforms: tuple[TransformSpec, ...] = field(default=(), metadata={"section": _transforms})
     shuffle: ShuffleSpec | None = field(default=None, metadata={"section": _shuffle})
     on_error: OnError = "skip"
     #: Records all rejected at a fresh start before a SourceError (0: off); never changes batches.
@@ -201,6 +222,12 @@ class Spec:
             s.pop("iterable", None)
             if s.get("tokens") is None:
                 s.pop("tokens", None)  # absent unless set, so older specs keep their hash
+        # An importable function becomes its import path (so the dict can be written to a file for
+        # another process); a lambda stays itself (it works in this process only).
+        d["transforms"] = [{t.kind: t.fn if isinstance(t.fn, str) or not importable(t.fn) else t.name}
+                           for t in self.transforms]
+        if not d["transforms"]:
+            d.pop("transforms")  # absent unless set, so older specs keep their hash
         backend = d.pop("tokenizer_backend")
         if backend != "auto" and self.tokenizer:
             d["tokenizer"] = {"path": self.tokenizer, "backend": backend}
@@ -210,6 +237,8 @@ class Spec:
         """A stable hex digest of everything that determines the batches."""
         d = self.to_dict()
         d["tokenizer"] = self.tokenizer  # the backend gives the same batches
+        if self.transforms:  # import paths, or module:qualname for callables
+            d["transforms"] = [{t.kind: t.name} for t in self.transforms]
         for f in dataclasses.fields(self):
             if not f.metadata.get("hash", True):
                 d.pop(f.name, None)

@@ -1,0 +1,123 @@
+"""The spec's record transforms (map/filter): exact resume at every stop point, stats, errors, hashing, processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+import feedline
+import record_transforms
+from conftest import shared
+from feedline import Pipeline, Spec
+from feedline.errors import SpecError, StateError, TransformError
+from feedline.testing import assert_stage_resumes
+
+
+def spec(**extra: object) -> dict:
+    c4 = str(shared("prose", "c4_demo.jsonl"))
+    kjv = str(shared("prose", "wiki_demo.txt"))
+    return {"sources": [{"path": c4}, {"path": kjv, "format": "text"}], "seed": 3, "task": {"kind": "clm"},
+            "transforms": [{"filter": "record_transforms:short"}, {"map": "record_transforms:tagged"}], **extra}
+
+
+def texts(s: dict) -> list[str]:
+    it = iter(Pipeline(s).records())
+    try:
+        return [r.data["text"] for r in it]
+    finally:
+        it.close()
+
+
+def test_transforms_filter_and_map_in_spec_order() -> None:
+    raw = texts({**spec(), "transforms": []})
+    got = texts(spec())
+    assert got == [record_transforms.tagged({"text": t})["text"] for t in raw if len(t) < 2000]
+    assert 0 < len(got) < len(raw)
+
+
+@pytest.mark.parametrize("shuffle", [None, 64])
+def test_the_transform_stage_resumes_exactly_at_every_step(shuffle: int | None) -> None:
+    s = spec(shuffle=shuffle, epochs=2)
+    # every state, before the first record and after each, restores to the same continuation
+    assert assert_stage_resumes(Pipeline(s).records(), every=7, check=3) > 50
+
+
+def test_loader_resumes_at_random_steps_and_counts_filtered(gpt2_path: str) -> None:
+    s = spec(tokenizer=gpt2_path, shuffle=40, workers=2, task={"kind": "clm", "max_length": 64},
+             batching={"strategy": "pad", "batch_size": 8})
+    with feedline.Loader(s) as loader:
+        full = [b["input_ids"].tolist() for b in loader]
+        stats = loader.stats()
+    assert stats["filtered"] == len(texts({**spec(), "transforms": []})) - len(texts(spec()))
+    assert stats["rejected"] == {}
+    rng = random.Random(0)
+    for stop in rng.sample(range(1, len(full)), 3):
+        with feedline.Loader(s) as loader:
+            it = iter(loader)
+            head = [next(it)["input_ids"].tolist() for _ in range(stop)]
+            state = json.loads(json.dumps(loader.state_dict()))
+        with feedline.Loader(s) as resumed:
+            resumed.load_state_dict(state)
+            assert head + [b["input_ids"].tolist() for b in resumed] == full, stop
+            assert resumed.stats()["filtered"] == stats["filtered"]
+
+
+def test_a_python_callable_hashes_as_its_import_path_and_a_lambda_works_in_process() -> None:
+    by_path = Spec.load(spec())
+    by_callable = Spec.load(spec(transforms=[{"filter": record_transforms.short}, {"map": record_transforms.tagged}]))
+    assert by_path.hash() == by_callable.hash()
+    assert by_callable.to_dict()["transforms"] == [{"filter": "record_transforms:short"}, {"map": "record_transforms:tagged"}]
+    plain = Spec.load({**spec(), "transforms": []})
+    assert plain.hash() != by_path.hash() and "transforms" not in plain.to_dict()
+    lam = spec(transforms=[{"filter": lambda r: len(r["text"]) < 2000}, {"map": record_transforms.tagged}])
+    assert texts(lam) == texts(spec())
+
+
+def test_a_transform_that_raises_names_the_record_file_and_line() -> None:
+    s = spec(transforms=[{"filter": "record_transforms:fails_on_the_seventh"}])
+    with pytest.raises(TransformError, match=r"c4_demo\.jsonl:7: transforms\[0\] \(filter record_transforms:"
+                                              r"fails_on_the_seventh\) raised ValueError: cannot classify") as e:
+        texts(s)
+    assert e.value.path.endswith("c4_demo.jsonl") and isinstance(e.value.line, int)
+    with pytest.raises(TransformError, match=r"returned str, not a dict"):
+        texts(spec(transforms=[{"map": "record_transforms:not_a_dict"}]))
+
+
+def test_bad_transform_specs_are_refused_up_front() -> None:
+    with pytest.raises(SpecError, match=r"transforms\[0\]\.filter: 'record_transforms' has no 'shrt'; did you mean 'short'"):
+        Spec.load(spec(transforms=[{"filter": "record_transforms:shrt"}]))
+    with pytest.raises(SpecError, match="not an import path"):
+        Spec.load(spec(transforms=[{"map": "record_transforms.tagged"}]))
+    with pytest.raises(SpecError, match="one of"):
+        Spec.load(spec(transforms=[{"map": "a:b", "filter": "a:b"}]))
+    with pytest.raises(SpecError, match=r"transforms\[0\]\.mapp: unknown key; did you mean 'map'"):
+        Spec.load(spec(transforms=[{"mapp": "a:b"}]))
+
+
+def test_a_changed_filter_is_refused_on_restore_of_the_shuffle_buffer() -> None:
+    s = spec(shuffle=30)
+    it = iter(Pipeline(s).records())
+    [next(it) for _ in range(5)]
+    state = it.get_state()
+    it.close()
+    other = iter(Pipeline(spec(shuffle=30, transforms=[{"filter": lambda r: len(r["text"]) >= 2000}])).records())
+    with pytest.raises(StateError, match="now filtered out"):
+        other.set_state(state)
+    other.close()
+
+
+def test_import_paths_travel_to_a_served_process(gpt2_path: str, tmp_path: Path) -> None:
+    from feedline.service import serve_process
+
+    s = spec(tokenizer=gpt2_path, task={"kind": "clm", "max_length": 64}, batching={"strategy": "pad", "batch_size": 8})
+    with feedline.Loader(s) as local:
+        want = [b["input_ids"].tolist() for b in local]
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(s))
+    env = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    with serve_process(str(path), env=env) as address, feedline.Loader(address) as remote:
+        assert [b["input_ids"].tolist() for b in remote] == want
