@@ -52,8 +52,11 @@ def state_json(spec_hash: str, global_state: Mapping[str, Any], world_size: int)
     return json.dumps(make_state(spec_hash, global_state, world_size), separators=(",", ":"))
 
 
-def check_state(state: Any, spec_hash: str) -> dict[str, Any]:
+def check_state(state: Any, spec_hash: str | tuple[str, ...]) -> dict[str, Any]:
     """Validate a resume state against the spec; returns the global stream state.
+
+    ``spec_hash`` is the spec's hash, or the hashes its states may carry
+    (:meth:`~feedline._spec.spec.Spec.accepted_hashes`, the current one first).
 
     Raises:
         StateError: malformed, another version, or saved under another spec.
@@ -65,10 +68,12 @@ def check_state(state: Any, spec_hash: str) -> dict[str, Any]:
     version = state.get("version")
     if version != STATE_VERSION:
         raise StateError(f"resume state has version {version!r}; this feedline reads version {STATE_VERSION}")
-    if state.get("spec_hash") != spec_hash:
+    accepted = (spec_hash,) if isinstance(spec_hash, str) else tuple(spec_hash)
+    if state.get("spec_hash") not in accepted:
         raise StateError(
-            f"resume state was saved under spec {state.get('spec_hash')!r} but this spec hashes to {spec_hash!r}; "
-            "resume with the same spec (seed, sources, task and batching must match)"
+            f"resume state was saved under spec {state.get('spec_hash')!r} but this spec hashes to {accepted[0]!r}; "
+            "resume with the same spec (seed, sources, task and batching must match; paths are compared "
+            "relative to the spec's root, so a moved corpus needs root: set to its new place)"
         )
     for key in ("step", "pipeline"):
         if key not in state:

@@ -35,7 +35,9 @@ def serve_process(spec: str | os.PathLike[str] | Mapping[str, Any] | Spec, bind:
     """Start ``feedline serve`` on ``spec``; yields the address to pass to ``feedline.Loader``.
 
     Args:
-        spec: a spec file, or a mapping/``Spec`` (written to a temporary JSON file).
+        spec: a spec file, or a mapping/``Spec`` (written to a temporary JSON file; its relative
+            paths are read from the working directory, as ``feedline.Loader(mapping)`` reads them,
+            unless it names a ``root``).
         bind: the address to bind (default: a free port on 127.0.0.1).
         args: more ``feedline serve`` options, e.g. ``["--window", "16"]``.
         ready_timeout: seconds to wait for the server to be listening.
@@ -51,6 +53,8 @@ def serve_process(spec: str | os.PathLike[str] | Mapping[str, Any] | Spec, bind:
         path = str(spec)
     else:
         data = spec.to_dict() if isinstance(spec, Spec) else dict(spec)
+        if data.get("root") is None:
+            data["root"] = os.getcwd()  # the temporary file's folder is not where the user's paths are
         fd, tmp = tempfile.mkstemp(prefix="feedline-spec-", suffix=".json")
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, default=str)

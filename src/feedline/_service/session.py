@@ -86,7 +86,7 @@ def validate_hello(h: Mapping[str, Any], streams: Mapping[str, Pipeline], hashes
     if raw is not None:
         if not isinstance(raw, str):
             raise ProtocolError("hello: state must be a JSON string")
-        state = check_state(parse_state_json(raw), hashes[stream])
+        state = check_state(parse_state_json(raw), streams[stream].spec.accepted_hashes())
         state_json = raw
     return Hello(stream=stream, mode=mode, rank=rank, world_size=world_size, prefetch=prefetch, session=session,
                  state=state, state_json=state_json)

@@ -11,7 +11,7 @@ from feedline._spec.sections import (
     TokensSpec,
     TransformSpec,
 )
-from feedline._spec.spec import NOT_HASHED, Registry, Spec, read_spec_file, use_registry
+from feedline._spec.spec import NOT_HASHED, Registry, Spec, join_root, portable_path, read_spec_file, use_registry
 
 __all__ = ["NOT_HASHED", "BatchingSpec", "EngineSpec", "MixSpec", "Registry", "ShuffleSpec", "SourceSpec", "Spec", "TaskSpec",
-           "TokenizerSpec", "TokensSpec", "TransformSpec", "read_spec_file", "use_registry"]
+           "TokenizerSpec", "TokensSpec", "TransformSpec", "join_root", "portable_path", "read_spec_file", "use_registry"]

@@ -54,6 +54,10 @@ class TokenizerSpec:
     first data identically, else the word cache where the tokenizer has its shape and it passes
     the same checks, else ``tokenizers``). Batches are the same for every backend, so it is not
     part of :meth:`Spec.hash`.
+
+    Attributes:
+        path: a ``tokenizer.json``, a tokenizer directory, a SentencePiece ``.model`` or a hub name.
+        backend: the encoder of plain text: ``auto``, ``hf``, ``fastokens`` or ``wordcache`` (above).
     """
 
     path: str
@@ -132,6 +136,9 @@ class MixSpec:
     interleaving), ``first_exhausted`` (the epoch ends when any source runs out), or ``cycle``
     (sources restart as needed so proportions follow the weights; the epoch ends when the
     largest-weight-adjusted source has been read once).
+
+    Attributes:
+        stopping: when an epoch of the mixture ends: ``all_exhausted``, ``first_exhausted`` or ``cycle``.
     """
 
     stopping: Literal["all_exhausted", "first_exhausted", "cycle"] = "all_exhausted"
@@ -186,7 +193,13 @@ class TransformSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class ShuffleSpec:
-    """Seeded shuffling: split (shard) order per epoch, then a bounded buffer of records."""
+    """Seeded shuffling: split (shard) order per epoch, then a bounded buffer of records.
+
+    Attributes:
+        buffer: records held and drawn from at random (0: only the split order is shuffled);
+            memory grows with it, and a state holds the buffered records' keys.
+        shards: shuffle the order of splits (files, byte ranges, row groups) each epoch.
+    """
 
     buffer: int = 10_000
     shards: bool = True
@@ -212,6 +225,14 @@ class BatchingSpec:
     """How examples become global batches; ``options`` is the strategy's own dataclass.
 
     In a spec, the options sit beside the common keys: ``batching: {strategy: pack, batch_size: 64}``.
+
+    Attributes:
+        strategy: ``pad`` (one example per row), ``bucket`` (rows of similar length), ``pack``
+            (several documents per row, best fit) or ``concat`` (documents end to end, cut into rows).
+        batch_size: global rows per step, over all ranks (each rank gets ``batch_size / world_size``).
+        remainder: the last short batch: ``drop`` it, ``pad`` it with empty rows to ``batch_size``,
+            or ``keep`` it (padded only to a multiple of the world size). A stream whose only batch
+            would be dropped raises instead of ending empty.
     """
 
     strategy: str = "pad"
@@ -226,7 +247,13 @@ class BatchingSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class EngineSpec:
-    """Where the per-record work runs: ``local`` threads, or a Ray cluster."""
+    """Where the per-record work runs: ``local`` threads, or a Ray cluster.
+
+    Attributes:
+        kind: ``local`` (threads in this process) or ``ray`` (tasks on a Ray cluster).
+        address: the Ray cluster to join (``auto``: the one this machine belongs to, else a local one).
+        num_cpus: CPUs of a local Ray cluster started for the run (``null``: all).
+    """
 
     kind: Literal["local", "ray"] = "local"
     address: str = "auto"

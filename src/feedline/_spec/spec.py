@@ -48,7 +48,7 @@ from feedline._spec.sections import (
 from feedline.errors import SpecError
 
 __all__ = ["BatchingSpec", "EngineSpec", "MixSpec", "Registry", "ShuffleSpec", "SourceSpec", "Spec", "TaskSpec", "TokenizerSpec",
-           "TokensSpec", "TransformSpec", "use_registry"]
+           "TokensSpec", "TransformSpec", "join_root", "portable_path", "use_registry"]
 
 # ---------------------------------------------------------------------- sections
 # A spec field with a ``section`` in its metadata is parsed by that function (shorthands, and the
@@ -60,8 +60,46 @@ NOT_HASHED: Mapping[str, Any] = {"hash": False}
 
 @dataclass(frozen=True)
 class _Context:
-    base: Path | None
+    base: str | None
     registry: Registry
+
+
+def join_root(root: str | os.PathLike[str] | None, path: str) -> str:
+    """``path`` resolved against ``root`` (a folder or a URL prefix); absolute paths and URLs unchanged.
+
+        >>> join_root("s3://bucket/corpus", "en/*.jsonl")
+        's3://bucket/corpus/en/*.jsonl'
+        >>> join_root(None, "corpus.jsonl")
+        'corpus.jsonl'
+    """
+    if root is None or not path or "://" in path or os.path.isabs(path):
+        return path
+    root = str(root)
+    if "://" in root:
+        return root.rstrip("/") + "/" + path
+    return str(Path(root) / path)
+
+
+def portable_path(root: str | None, path: str) -> str:
+    """``path`` as the hash sees it: relative to ``root`` where it lies under it, normalized.
+
+        >>> portable_path("/data/run", "/data/run/./corpus/a.jsonl")
+        'corpus/a.jsonl'
+        >>> portable_path(None, "./corpus/../corpus/a.jsonl")
+        'corpus/a.jsonl'
+    """
+    if "://" in path:
+        if root and "://" in root and path.startswith(root.rstrip("/") + "/"):
+            return path[len(root.rstrip("/")) + 1:]
+        return path
+    norm = os.path.normpath(path)
+    if root is not None and "://" not in root:
+        r = os.path.normpath(root)
+        if norm == r:
+            return "."
+        if norm.startswith(r.rstrip(os.sep) + os.sep):
+            norm = norm[len(r.rstrip(os.sep)) + 1:]
+    return norm.replace(os.sep, "/")
 
 
 def _default(cls: type, name: str) -> Any:
@@ -76,23 +114,40 @@ def _sources(raw: Any, ctx: _Context) -> tuple[SourceSpec, ...]:
     out = []
     for i, s in enumerate(raw):
         src = build(SourceSpec, {"path": s} if isinstance(s, str) else s, f"sources[{i}]")
-        if ctx.base is not None and src.path and "://" not in src.path and not os.path.isabs(src.path):
-            src = dataclasses.replace(src, path=str(ctx.base / src.path))
+        if ctx.base is not None and src.path:
+            src = dataclasses.replace(src, path=join_root(ctx.base, src.path))
         out.append(src)
     return tuple(out)
 
 
+def _check_keys(raw: Mapping[str, Any], known: list[str], path: str, owner: str) -> None:
+    """Refuse an unknown key of a section that holds common keys beside a kind's options,
+    with a close match and every key the section takes (``owner`` says whose options they are)."""
+    for key in raw:
+        if key not in known:
+            raise SpecError(f"{path}.{key}: unknown key{close_match(str(key), known)} "
+                            f"(allowed with {owner}: {', '.join(known)})")
+
+
 def _task(raw: Any, ctx: _Context) -> TaskSpec:
     raw = {"kind": raw} if isinstance(raw, str) else dict(raw or {})
+    if not isinstance(raw, dict):
+        raise SpecError(f"task: expected a kind or a mapping, got {type(raw).__name__}")
     kind = raw.pop("kind", _default(TaskSpec, "kind"))
-    return build(TaskSpec, {"kind": kind, "options": build(ctx.registry.task(kind).Options, raw, "task")}, "task")
+    options_cls = ctx.registry.task(kind).Options
+    _check_keys(raw, ["kind", *(f.name for f in dataclasses.fields(options_cls))], "task", f"kind {kind!r}")
+    return build(TaskSpec, {"kind": kind, "options": build(options_cls, raw, "task")}, "task")
 
 
 def _batching(raw: Any, ctx: _Context) -> BatchingSpec:
     raw = dict(raw or {})
-    common = {f.name: raw.pop(f.name) for f in dataclasses.fields(BatchingSpec) if f.name != "options" and f.name in raw}
+    names = [f.name for f in dataclasses.fields(BatchingSpec) if f.name != "options"]
+    common = {name: raw.pop(name) for name in names if name in raw}
     strategy = common.get("strategy", _default(BatchingSpec, "strategy"))
-    options = build(ctx.registry.batcher(strategy).Options, raw, "batching")
+    options_cls = ctx.registry.batcher(strategy).Options
+    _check_keys(raw, [*names, *(f.name for f in dataclasses.fields(options_cls))], "batching",
+                f"strategy {strategy!r}")
+    options = build(options_cls, raw, "batching")
     return build(BatchingSpec, {**common, "options": options}, "batching")
 
 
@@ -129,7 +184,34 @@ def _engine(raw: Any, ctx: _Context) -> EngineSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class Spec:
-    """A validated pipeline description. Build it with :meth:`load`."""
+    """A validated pipeline description. Build it with :meth:`load`.
+
+    Attributes:
+        sources: where the records come from: a path, glob, directory, URL or ``{hf: name}``, or a
+            list of sources (``source:`` takes one). See the ``sources[]`` section.
+        task: what an example is: ``{kind: clm | mlm | span | sop | classify | chat | infer, ...}``
+            with the kind's options beside ``kind`` (a string is the kind alone).
+        batching: how examples become global batches: ``{strategy: pad | bucket | pack | concat,
+            batch_size, remainder, ...}`` with the strategy's options beside them.
+        tokenizer: a ``tokenizer.json``, a tokenizer directory, a SentencePiece ``.model`` or a hub
+            name (cached locally); or ``{path, backend}`` to choose the encoder.
+        tokenizer_backend: set through ``tokenizer: {path, backend}``; not a key of its own.
+        seed: the seed of every random choice (shard order, mixing, shuffling, masking); same spec
+            and seed give the same batches on any machine.
+        epochs: passes over the data; ``null`` for an endless stream.
+        mix: how several sources interleave (``stopping`` rule); weights are set per source.
+        shuffle: ``{buffer, shards}``, a buffer size, ``true`` (the defaults) or ``null``/``false`` (off).
+        on_error: a malformed record is counted and skipped (``skip``) or stops the run (``raise``).
+        reject_limit: records all rejected at a fresh start before the run stops with an error
+            naming the likely fix (0 turns the early stop off; counting goes on).
+        root: the folder (or URL prefix, ``s3://bucket/corpus``) that relative source and tokenizer
+            paths are read from; default: the spec file's folder, or the working directory for a
+            mapping. Not hashed: a state resumes with the corpus moved when ``root`` names the new place.
+        engine: where per-record work runs: ``local`` threads or ``{kind: ray, address, num_cpus}``.
+        workers: task threads (``0``: chosen from the cores).
+        prefetch: batches prepared ahead of the consumer.
+        streams: a service's other named streams (``validation: val.yaml`` or overrides of this spec).
+    """
 
     sources: tuple[SourceSpec, ...] = field(metadata={"section": _sources})
     task: TaskSpec = field(metadata={"section": _task})
@@ -146,6 +228,8 @@ class Spec:
     on_error: OnError = "skip"
     #: Records all rejected at a fresh start before a SourceError (0: off); never changes batches.
     reject_limit: int = field(default=1000, metadata=NOT_HASHED)
+    #: Where relative paths are read from; not hashed, so a moved corpus resumes (see hash()).
+    root: str | None = field(default=None, metadata=NOT_HASHED)
     engine: EngineSpec = field(default=EngineSpec(), metadata={"section": _engine, **NOT_HASHED})
     workers: int = field(default=0, metadata=NOT_HASHED)
     prefetch: int = field(default=4, metadata=NOT_HASHED)
@@ -164,8 +248,10 @@ class Spec:
     def load(cls, spec: Spec | Mapping[str, Any] | str | os.PathLike[str], *, registry: Registry | None = None) -> Spec:
         """Load and validate a spec from a ``Spec``, a mapping, or a ``.yaml``/``.json`` file.
 
-        Relative source paths in a file are resolved against the file's directory. ``registry``
-        names the task and batcher classes (default: feedline's, installed by the package).
+        Relative source (and tokenizer) paths are resolved against ``root``: the spec's own
+        ``root`` key, else the file's directory for a file; a mapping without ``root`` leaves them
+        relative to the working directory. ``registry`` names the task and batcher classes
+        (default: feedline's, installed by the package).
         """
         if isinstance(spec, Spec):
             return spec
@@ -176,14 +262,24 @@ class Spec:
         raise SpecError(f"a spec must be a path, a mapping or a feedline.Spec; got {type(spec).__name__}")
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any], base: Path | None = None, *, registry: Registry | None = None) -> Spec:
+    def from_mapping(cls, data: Mapping[str, Any], base: str | os.PathLike[str] | None = None, *,
+                     registry: Registry | None = None) -> Spec:
         """Validate a mapping; see the module docstring for the layout.
 
-        After the spec is built, the task class's ``check_spec(spec)`` hook may refuse settings
-        the task cannot work with (e.g. ``infer`` refuses shuffling).
+        ``base`` is the folder relative paths are read from when the mapping has no ``root``
+        (a spec file's folder). After the spec is built, the task class's ``check_spec(spec)``
+        hook may refuse settings the task cannot work with (e.g. ``infer`` refuses shuffling).
         """
-        ctx = _Context(base=base, registry=registry or _default_registry())
         data = dict(data)
+        root = data.get("root")
+        if root is not None and not isinstance(root, (str, os.PathLike)):
+            raise SpecError(f"root: expected a folder or URL prefix, got {type(root).__name__} {root!r:.60}")
+        if root is None and base is not None:
+            root = base
+        if root is not None:
+            root = str(root) if "://" in str(root) else os.path.abspath(os.path.expanduser(str(root)))
+            data["root"] = root
+        ctx = _Context(base=root, registry=registry or _default_registry())
         if "source" in data:
             if "sources" in data:
                 raise SpecError("give either 'source' or 'sources', not both")
@@ -196,6 +292,10 @@ class Spec:
         if isinstance(data.get("tokenizer"), Mapping):
             tok = build(TokenizerSpec, data["tokenizer"], "tokenizer")
             data["tokenizer"], data["tokenizer_backend"] = tok.path, tok.backend
+        if isinstance(data.get("tokenizer"), str) and root is not None:
+            resolved = join_root(root, data["tokenizer"])
+            if resolved != data["tokenizer"] and ("://" in resolved or os.path.exists(resolved)):
+                data["tokenizer"] = resolved  # else a hub name, or a path relative to the working directory
         values: dict[str, Any] = {}
         for f in fields:
             section = f.metadata.get("section")
@@ -234,7 +334,22 @@ class Spec:
         return d
 
     def hash(self) -> str:
-        """A stable hex digest of everything that determines the batches."""
+        """A stable hex digest of everything that determines the batches, as the user wrote it.
+
+        Paths are hashed relative to :attr:`root` (or as written, normalized), so a spec file and
+        a mapping of the same content hash alike, and a corpus moved to another folder, mount or
+        bucket prefix resumes once ``root`` names its new place.
+        """
+        return self._digest(portable=True)
+
+    def accepted_hashes(self) -> tuple[str, ...]:
+        """The hashes a resume state of this spec may carry: :meth:`hash`, then the hash that
+        feedline 0.1's first releases gave (resolved absolute paths), so their states still resume."""
+        legacy = self._digest(portable=False)
+        current = self.hash()
+        return (current,) if legacy == current else (current, legacy)
+
+    def _digest(self, *, portable: bool) -> str:
         d = self.to_dict()
         d["tokenizer"] = self.tokenizer  # the backend gives the same batches
         if self.transforms:  # import paths, or module:qualname for callables
@@ -246,6 +361,10 @@ class Spec:
             for k, default in _HASHED_IF_SET.items():
                 if s.get(k) == default:
                     s.pop(k, None)
+            if portable and s.get("path"):
+                s["path"] = portable_path(self.root, s["path"])
+        if self.tokenizer and self.root and portable_path(self.root, self.tokenizer) != os.path.normpath(self.tokenizer):
+            d["tokenizer"] = portable_path(self.root, self.tokenizer)  # resolved against root: hashed as written
         blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -1,0 +1,43 @@
+"""``feedline spec``: the spec reference (Markdown), its JSON Schema, or a check of a spec file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+NAME = "spec"
+HELP = "print the spec reference (every key, type, default, meaning), its JSON Schema, or check a spec file"
+EXAMPLE = "feedline spec --schema > feedline.schema.json      feedline spec --check train.yaml"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--schema", action="store_true", help="print a JSON Schema (draft 2020-12) for editors")
+    what.add_argument("--markdown", action="store_true", help="print docs/spec.md (the default)")
+    what.add_argument("--check", metavar="SPEC", help="validate a spec file and print its hash")
+
+
+def registries() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The built-in task kinds' and batching strategies' options classes."""
+    from feedline._batching.registry import STRATEGIES, batcher_options
+    from feedline._tasks.registry import TASKS, task_options
+
+    return {k: task_options(k) for k in TASKS}, {k: batcher_options(k) for k in STRATEGIES}
+
+
+def run(args: argparse.Namespace) -> int:
+    from feedline._spec.reference import json_schema, markdown
+
+    if args.check:
+        from feedline._cli._common import load_spec
+
+        spec = load_spec(args.check)
+        print(f"{args.check}: valid; task {spec.task.kind}, batching {spec.batching.strategy}, hash {spec.hash()}")
+        return 0
+    tasks, batchers = registries()
+    if args.schema:
+        print(json.dumps(json_schema(tasks, batchers), indent=1))
+    else:
+        print(markdown(tasks, batchers), end="")
+    return 0

@@ -1,0 +1,312 @@
+"""The spec reference, generated from the spec's dataclasses: ``docs/spec.md`` and a JSON Schema.
+
+Every key's type, default and allowed values come from the dataclass fields; its meaning from
+the ``Attributes:`` section of the class docstring (so the reference cannot drift from the
+code, and ``tests/test_spec_reference.py`` fails on a field without a description)::
+
+    >>> from feedline._spec.sections import ShuffleSpec
+    >>> [(d.name, d.default) for d in describe(ShuffleSpec)]
+    [('buffer', '10000'), ('shards', 'true')]
+
+The task kinds and batching strategies sit above the spec, so their options classes are handed
+in (``{kind: OptionsClass}``) by the caller (``feedline spec``, the test).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import re
+import types
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+from feedline._spec.sections import BatchingSpec, TaskSpec, TokenizerSpec
+from feedline._spec.spec import Spec
+
+__all__ = ["FieldDoc", "describe", "json_schema", "markdown", "undocumented"]
+
+_HIDDEN = {"tokenizer_backend", "iterable", "options"}  # set through another key, or from Python only
+_ITEM = re.compile(r"^(\s*)([A-Za-z_][\w]*(?:\s*,\s*[A-Za-z_][\w]*)*)\s*:\s*(.*)$")
+
+
+@dataclass(frozen=True)
+class FieldDoc:
+    """One key of a section: its name, type, default (as YAML), allowed values and meaning."""
+
+    name: str
+    type: str
+    default: str
+    allowed: tuple[str, ...]
+    doc: str
+
+
+def _attribute_docs(cls: type) -> dict[str, str]:
+    """``name -> text`` from the ``Attributes:`` sections of ``cls`` and its bases."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        doc = inspect.getdoc(klass) or ""
+        lines = doc.splitlines()
+        try:
+            start = next(i for i, line in enumerate(lines) if line.strip() == "Attributes:")
+        except StopIteration:
+            continue
+        names: list[str] = []
+        indent = None
+        for line in lines[start + 1:]:
+            if not line.strip():
+                continue
+            m = _ITEM.match(line)
+            level = len(line) - len(line.lstrip())
+            if indent is None:
+                indent = level
+            if level < indent:
+                break
+            if m and level == indent:
+                names = [n.strip() for n in m.group(2).split(",")]
+                for n in names:
+                    out[n] = m.group(3).strip()
+            elif names:
+                for n in names:
+                    out[n] = f"{out[n]} {line.strip()}".strip()
+    return out
+
+
+def _yaml(value: Any) -> str:
+    if value is dataclasses.MISSING:
+        return "required"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return json.dumps(list(value))
+    if dataclasses.is_dataclass(value):
+        return "{}"
+    return str(value)
+
+
+def _type_name(hint: Any) -> str:
+    origin = get_origin(hint)
+    if origin is Literal:
+        return "string"
+    if origin in (Union, types.UnionType):
+        names = [_type_name(a) for a in get_args(hint) if a is not type(None)]
+        return " | ".join(dict.fromkeys(names)) + (" | null" if type(None) in get_args(hint) else "")
+    if origin in (tuple, list, Sequence):
+        args = [a for a in get_args(hint) if a is not Ellipsis]
+        return f"list of {_type_name(args[0])}" if args else "list"
+    if origin in (dict, Mapping) or hint is Any:
+        return "mapping" if hint is not Any else "any"
+    if dataclasses.is_dataclass(hint):
+        return "mapping"
+    return {int: "integer", float: "number", bool: "boolean", str: "string"}.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def _allowed(hint: Any) -> tuple[str, ...]:
+    for h in (hint, *get_args(hint)):
+        if get_origin(h) is Literal:
+            return tuple(str(a) for a in get_args(h))
+    return ()
+
+
+def describe(cls: type, *, skip: Sequence[str] = ()) -> list[FieldDoc]:
+    """The documented keys of an options dataclass, in declaration order."""
+    docs = _attribute_docs(cls)
+    hints = get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if not f.init or f.name in _HIDDEN or f.name in skip:
+            continue
+        default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        out.append(FieldDoc(f.name, _type_name(hints[f.name]), _yaml(default), _allowed(hints[f.name]),
+                            docs.get(f.name, "")))
+    return out
+
+
+def undocumented(tasks: Mapping[str, type], batchers: Mapping[str, type]) -> list[str]:
+    """Every ``Class.field`` of the spec without a description (what the reference test refuses)."""
+    return [f"{cls.__name__}.{d.name}" for cls in _classes(tasks, batchers) for d in describe(cls) if not d.doc]
+
+
+# ---------------------------------------------------------------------------- sections
+def _sections() -> list[tuple[str, type]]:
+    """(key path, dataclass) of every nested section of :class:`Spec`, in field order."""
+    out: list[tuple[str, type]] = []
+    hints = get_type_hints(Spec)
+
+    def walk(path: str, hint: Any) -> None:
+        if get_origin(hint) in (Union, types.UnionType):
+            for h in get_args(hint):
+                walk(path, h)
+        elif get_origin(hint) in (tuple, list, Sequence):
+            walk(f"{path}[]", get_args(hint)[0])
+        elif dataclasses.is_dataclass(hint) and hint not in (TaskSpec, BatchingSpec):
+            out.append((path, hint))  # type: ignore[arg-type]
+            sub = get_type_hints(hint)
+            for f in dataclasses.fields(hint):
+                if f.name not in _HIDDEN:
+                    walk(f"{path}.{f.name}", sub[f.name])
+
+    for f in dataclasses.fields(Spec):
+        walk(f.name, hints[f.name])
+        if f.name == "tokenizer":
+            out.append(("tokenizer", TokenizerSpec))  # ``tokenizer: {path, backend}`` (a string is the path)
+    return out
+
+
+def _classes(tasks: Mapping[str, type], batchers: Mapping[str, type]) -> list[type]:
+    return [Spec, *(c for _, c in _sections()), BatchingSpec, *tasks.values(), *batchers.values()]
+
+
+_EXAMPLES = {
+    "": "seed: 1234\nsources: [{path: corpus/*.jsonl.zst, text: text}]\ntokenizer: tokenizers/gpt2\n"
+        "shuffle: {buffer: 10000}\ntask: {kind: clm, max_length: 1024}\n"
+        "batching: {strategy: pack, batch_size: 32}",
+    "sources[]": "sources:\n  - {path: wiki/*.parquet, text: text, weight: 3}\n  - {path: s3://bucket/books/, format: jsonl}",
+    "sources[].tokens": "sources: [{path: train.bin, format: flat, tokens: {dtype: uint16, eos: 50256}}]",
+    "mix": "mix: {stopping: first_exhausted}",
+    "shuffle": "shuffle: {buffer: 50000, shards: true}",
+    "engine": "engine: {kind: ray, address: auto}",
+    "task": "task: {kind: mlm, max_length: 128, mlm_probability: 0.15}",
+    "batching": "batching: {strategy: pad, batch_size: 32, remainder: keep}",
+}
+
+
+_ROLE = re.compile(r":(?:class|func|meth|attr|mod|data):`~?(?:[\w.]*\.)?([\w]+)`")
+
+
+def _md(text: str) -> str:
+    """Docstring text as Markdown: Sphinx roles become the bare name, RST literals single backticks."""
+    return _ROLE.sub(r"`\1`", text).replace("``", "`")
+
+
+def _table(rows: list[FieldDoc]) -> list[str]:
+    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for d in rows:
+        kind = d.type.replace("|", "\\|") if not d.allowed else " \\| ".join(f"`{a}`" for a in d.allowed)
+        doc = _md(d.doc).replace("|", "\\|")
+        lines.append(f"| `{d.name}` | {kind} | `{d.default}` | {doc} |")
+    return lines
+
+
+def markdown(tasks: Mapping[str, type], batchers: Mapping[str, type]) -> str:
+    """``docs/spec.md``: every section, key, type, default, allowed values, meaning and an example."""
+    out = ["# Spec reference", "",
+           "Generated from the spec's dataclasses by `feedline spec --markdown`; `tests/test_spec_reference.py` "
+           "fails when it is out of date. `feedline spec --schema` prints the same as a JSON Schema for "
+           "editors (e.g. `# yaml-language-server: $schema=feedline.schema.json` atop a spec).", "",
+           "An unknown key is refused with a did-you-mean and the section's keys; `Spec.hash()` covers every key "
+           "that changes the batches (not `root`, `engine`, `workers`, `prefetch`, `reject_limit`, `streams`, "
+           "the tokenizer's `backend`).", ""]
+
+    def section(title: str, path: str, rows: list[FieldDoc], intro: str = "") -> None:
+        out.extend([f"## {title}", ""])
+        if intro:
+            out.extend([_md(intro), ""])
+        out.extend(_table(rows))
+        example = _EXAMPLES.get(path)
+        if example:
+            out.extend(["", "```yaml", example, "```"])
+        out.append("")
+
+    section("Top level", "", describe(Spec))
+    for path, cls in _sections():
+        section(f"`{path}`", path, describe(cls), (inspect.getdoc(cls) or "").split("\n\n")[0])
+    section("`task`", "task", [FieldDoc("kind", "string", "clm", tuple(sorted(tasks)), "the task kind, or "
+                                        "`package.module:Class` for a plug-in task; its options sit beside it")],
+            "The keys of each kind follow.")
+    for kind in sorted(tasks):
+        section(f"`task` with `kind: {kind}`", f"task.{kind}", describe(tasks[kind]),
+                (inspect.getdoc(tasks[kind]) or "").split("\n\n")[0])
+    section("`batching`", "batching", describe(BatchingSpec), (inspect.getdoc(BatchingSpec) or "").split("\n\n")[0])
+    for name in sorted(batchers):
+        section(f"`batching` with `strategy: {name}`", f"batching.{name}", describe(batchers[name]),
+                (inspect.getdoc(batchers[name]) or "").split("\n\n")[0])
+    return "\n".join(out).rstrip() + "\n"
+
+
+# ---------------------------------------------------------------------------- JSON Schema
+def _schema(hint: Any) -> dict[str, Any]:
+    origin = get_origin(hint)
+    if origin is Literal:
+        return {"enum": list(get_args(hint))}
+    if origin in (Union, types.UnionType):
+        return {"anyOf": [_schema(a) for a in get_args(hint)]}
+    if origin in (tuple, list, Sequence):
+        args = [a for a in get_args(hint) if a is not Ellipsis]
+        return {"type": "array", **({"items": _schema(args[0])} if args else {})}
+    if hint is type(None):
+        return {"type": "null"}
+    if dataclasses.is_dataclass(hint):
+        return _object(hint)  # type: ignore[arg-type]
+    simple = {int: "integer", float: "number", bool: "boolean", str: "string"}.get(hint)
+    return {"type": simple} if simple else {}
+
+
+def _properties(cls: type, skip: Sequence[str] = ()) -> dict[str, Any]:
+    hints = get_type_hints(cls)
+    docs = {d.name: d for d in describe(cls, skip=skip)}
+    props = {}
+    for name, d in docs.items():
+        props[name] = {**_schema(hints[name]), "description": d.doc}
+        if d.default not in ("required", "{}"):
+            props[name]["default"] = json.loads(d.default) if d.default[:1] in "[{" else _parse_default(d.default)
+    return props
+
+
+def _parse_default(text: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False, "null": None}.get(text, text)
+
+
+def _object(cls: type) -> dict[str, Any]:
+    required = [f.name for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+                if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                and f.name not in _HIDDEN]
+    return {"type": "object", "properties": _properties(cls), "additionalProperties": False,
+            **({"required": required} if required else {})}
+
+
+def _by_kind(key: str, default: str, classes: Mapping[str, type], common: dict[str, Any]) -> dict[str, Any]:
+    branches = []
+    for name, cls in sorted(classes.items()):
+        cond: dict[str, Any] = {"properties": {key: {"const": name}}, "required": [key]}
+        if name == default:
+            cond = {"anyOf": [cond, {"not": {"required": [key]}}]}
+        branches.append({"if": cond, "then": {"properties": _properties(cls)}})
+    return {"type": "object", "properties": {**common, key: {"type": "string", "default": default,
+                                                             "examples": sorted(classes)}},
+            "allOf": branches, "unevaluatedProperties": False}
+
+
+def json_schema(tasks: Mapping[str, type], batchers: Mapping[str, type]) -> dict[str, Any]:
+    """A JSON Schema (draft 2020-12) of a spec, for editors' completion and checks of YAML specs."""
+    top = _object(Spec)
+    props = top["properties"]
+
+    def either(key: str, *alternatives: dict[str, Any]) -> None:
+        props[key] = {"description": props[key]["description"], "anyOf": list(alternatives)}
+
+    source = _object(_section_class("sources[]"))
+    either("sources", {"type": "string"}, source, {"type": "array", "items": {"anyOf": [{"type": "string"}, source]}})
+    props["source"] = {"description": "one source (instead of `sources`)", "anyOf": [{"type": "string"}, source]}
+    either("tokenizer", {"type": "string"}, {"type": "null"}, _object(_section_class("tokenizer")))
+    either("shuffle", _object(_section_class("shuffle")), {"type": "null"}, {"type": "boolean"}, {"type": "integer"})
+    either("engine", {"enum": ["local", "ray"]}, _object(_section_class("engine")))
+    either("task", {"type": "string", "examples": sorted(tasks)}, _by_kind("kind", "clm", tasks, {}))
+    props["batching"] = {"description": props["batching"]["description"],
+                         **_by_kind("strategy", "pad", batchers, _properties(BatchingSpec))}
+    top.pop("required", None)
+    top["anyOf"] = [{"required": ["sources"]}, {"required": ["source"]}]
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "feedline spec", **top}
+
+
+def _section_class(path: str) -> type:
+    return next(c for p, c in _sections() if p == path)
