@@ -200,6 +200,8 @@ class Spec:
             and seed give the same batches on any machine.
         epochs: passes over the data; ``null`` for an endless stream.
         mix: how several sources interleave (``stopping`` rule); weights are set per source.
+        transforms: record ``map``/``filter`` functions (import paths) run in order after mixing,
+            before the shuffle buffer; see the ``transforms[]`` section.
         shuffle: ``{buffer, shards}``, a buffer size, ``true`` (the defaults) or ``null``/``false`` (off).
         on_error: a malformed record is counted and skipped (``skip``) or stops the run (``raise``).
         reject_limit: records all rejected at a fresh start before the run stops with an error
