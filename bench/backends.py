@@ -30,6 +30,12 @@ word is a miss once, as on the first pass over a real corpus; and the loader (``
 64, the cache emptied before each run) under ``hf`` and ``auto``, against ``tokenizers`` on the
 same texts.
 
+SentencePiece ``.model`` files (every one in ``../shared/data/tokenizers``: Mistral v3 BPE, T5
+Unigram) get a table of their own on the same texts: the converted ``tokenizers`` pipeline
+(``encoder hf``) against ``encoder sentencepiece`` (sentencepiece's own batch encode, all cores),
+as tokens per second and the ratio to the converted pipeline, with the documents whose ids differ
+from ``sentencepiece.encode`` (0 for the sentencepiece backend by construction).
+
 The load average of the machine is printed before and after: on a shared machine the ratios,
 measured in one run, are the figures to compare.
 """
@@ -241,6 +247,38 @@ def bench_tokenizer(tokenizer: str, corpus: Path, texts: list[str], rounds: int)
             "identical": len(set(digests.values())) == 1, "unique": unique}
 
 
+def bench_sentencepiece(texts: list[str], rounds: int) -> list[dict[str, object]]:
+    """Per ``.model`` file: the converted pipeline (``hf``) vs ``backend: sentencepiece``, interleaved rounds."""
+    import sentencepiece
+
+    from feedline._tokenize.backends import with_backend
+    from feedline._tokenize.load import load_tokenizer
+
+    chunks = [texts[i:i + CHUNK] for i in range(0, len(texts), CHUNK)]
+    rows: list[dict[str, object]] = []
+    for model in sorted((DATA / "tokenizers").glob("*/*.model")):
+        tok = load_tokenizer(str(model))
+        ref = sentencepiece.SentencePieceProcessor(model_file=str(model))
+        views = {b: with_backend(tok, b) for b in ("hf", "sentencepiece")}
+        runs: dict[str, list[float]] = {b: [] for b in views}
+        differ: dict[str, int] = {b: 0 for b in views}
+        for r in range(rounds):
+            for b, view in views.items():
+                t0, tokens = time.perf_counter(), 0
+                for c in chunks:
+                    got = view.encode_batch(c)
+                    tokens += sum(map(len, got))
+                    if r == 0:
+                        differ[b] += sum(g.tolist() != w for g, w in zip(got, ref.encode(c), strict=True))
+                runs[b].append(tokens / (time.perf_counter() - t0))
+        base = statistics.median(runs["hf"])
+        for b, rs in runs.items():
+            rows.append({"model": model.parent.name, "contender": f"encoder {b}", "tokens_per_s": statistics.median(rs),
+                         "ratio": statistics.median(rs) / base, "differ": differ[b],
+                         "runs": ", ".join(f"{x / 1e6:.2f}M" for x in rs)})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mb", type=float, default=8, help="megabytes of real text (default 8)")
@@ -270,12 +308,20 @@ def main(argv: list[str] | None = None) -> int:
                                ("ratio", "/ tokenizers", ".2f"), ("cpu_s_per_mtok", "CPU s / M tok", ".3f"),
                                ("tokens", "tokens", ","), ("runs", "runs", "")]))
             print()
+    spm_rows = bench_sentencepiece(texts, args.rounds) if (DATA / "tokenizers").is_dir() else []
+    if spm_rows:
+        print(f"# SentencePiece .model files, {len(texts):,} texts, medians of {args.rounds}: converted pipeline (hf) "
+              "vs sentencepiece\n")
+        print(table(spm_rows, [("model", "model", ""), ("contender", "contender", ""),  # type: ignore[arg-type]
+                               ("tokens_per_s", "tokens/s", ",.0f"), ("ratio", "/ converted", ".2f"),
+                               ("differ", "texts != sentencepiece", ","), ("runs", "runs", "")]))
+        print()
     print(f"machine: {info['cpu']}, {info['cores']} cores; load average before {load_before[0]:.2f}, "
           f"after {info['load_avg_after'][0]:.2f} (1 min)")
     identical = all(res["identical"] for res in results)
     save_json("backends", {"machine": info, "command": "python bench/backends.py " + " ".join(argv or sys.argv[1:]),
                            "tokenizers": results, "identical": identical,
-                           "rows": results[0]["rows"], "digests": results[0]["digests"]})
+                           "rows": results[0]["rows"], "digests": results[0]["digests"], "sentencepiece": spm_rows})
     return 0
 
 if __name__ == "__main__":

@@ -159,3 +159,16 @@ def test_chat_ids_equal_apply_chat_template(row: Row) -> None:
     outs = task.process([Record((0, 0, i), 0, {"messages": c}) for i, c in enumerate(convs)])
     for conv, out in zip(convs, outs, strict=True):
         assert out[0].fields["input_ids"].tolist() == ref.chat(conv)
+
+
+@pytest.mark.parametrize("row", [r for r in ROWS if r.path.endswith(".model")],
+                         ids=[r.family for r in ROWS if r.path.endswith(".model")])
+def test_sentencepiece_backend_equals_sentencepiece(row: Row) -> None:
+    """``.model`` rows under ``backend: sentencepiece`` (``auto``'s choice): exact, framed or not,
+    also where the converted pipeline differs (combining marks, ties, spelled control pieces)."""
+    from feedline._tokenize.backends import with_backend
+
+    ref, tok = _reference(row), with_backend(_tokenizer(row), "sentencepiece")
+    texts = [*_texts(), "a\u0301\u0301b", "Hotta.......", "<s>[INST] Hi [/INST]</s>", "", "\x00\x07 x"]
+    assert [x.tolist() for x in tok.encode_batch(texts)] == [list(x) for x in ref.encode(texts)]
+    assert [x.tolist() for x in tok.encode_batch(texts, add_special_tokens=True)] == [list(x) for x in ref.framed(texts)]

@@ -19,7 +19,7 @@ __all__ = ["Backend", "BatchingSpec", "EngineSpec", "MixSpec", "OnError", "Shuff
            "TokenizerSpec", "TokensSpec", "TransformSpec"]
 
 OnError = Literal["skip", "raise"]
-Backend = Literal["auto", "hf", "fastokens", "wordcache"]
+Backend = Literal["auto", "hf", "fastokens", "wordcache", "sentencepiece"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,14 +50,17 @@ class TokenizerSpec:
 
     ``backend`` picks the encoder of plain text: ``hf`` (``tokenizers``), ``fastokens`` (required,
     verified), ``wordcache`` (``tokenizers``' ids per distinct word, memoized; required, verified),
-    or ``auto`` (fastokens where it loads the tokenizer and encodes a verification corpus and the
-    first data identically, else the word cache where the tokenizer has its shape and it passes
-    the same checks, else ``tokenizers``). Batches are the same for every backend, so it is not
-    part of :meth:`Spec.hash`.
+    ``sentencepiece`` (a ``.model`` file encoded by sentencepiece itself), or ``auto``
+    (sentencepiece for a ``.model`` file when it is installed; else fastokens where it loads the
+    tokenizer and encodes a verification corpus and the first data identically, else the word
+    cache where the tokenizer has its shape and it passes the same checks, else ``tokenizers``).
+    Batches are the same for every backend, except that sentencepiece's ids differ from the
+    converted ``.model`` pipeline (``hf``) on rare texts; it is not part of :meth:`Spec.hash`.
 
     Attributes:
         path: a ``tokenizer.json``, a tokenizer directory, a SentencePiece ``.model`` or a hub name.
-        backend: the encoder of plain text: ``auto``, ``hf``, ``fastokens`` or ``wordcache`` (above).
+        backend: the encoder of plain text: ``auto``, ``hf``, ``fastokens``, ``wordcache`` or
+            ``sentencepiece`` (above).
     """
 
     path: str

@@ -7,7 +7,11 @@
   a tokenizer it cannot load or a verification it fails is an error.
 * ``wordcache``: ``tokenizers``' own ids per distinct word, memoized
   (:mod:`feedline._tokenize.wordcache`; BERT's WordPiece family), required likewise.
-* ``auto`` (default): fastokens when it is installed, loads the tokenizer, and encodes the
+* ``sentencepiece``: ``sentencepiece`` itself, for a tokenizer loaded from a SentencePiece
+  ``.model`` (:class:`~feedline._tokenize.encoder.SentencePieceEncoder`, installed with
+  ``feedline[hf]``): its ids by construction, not checked against the converted pipeline, which
+  differs from it on rare texts (combining marks, lattice ties; :mod:`feedline._tokenize.spm`).
+* ``auto`` (default): for a ``.model`` file, sentencepiece when it is installed; otherwise fastokens when it is installed, loads the tokenizer, and encodes the
   verification corpus (:func:`verification_corpus`) identically to ``tokenizers``; else the word
   cache when the tokenizer has its shape and it passes the same verification; otherwise
   ``tokenizers``. The choice and its reason are logged (``feedline._tokenize``). The load-time
@@ -28,7 +32,7 @@ id handed out so far came from ``tokenizers``, so batches stay identical), and `
 check raises for all, since earlier batches may already hold the fast encoder's ids. Batches are
 therefore the same for every backend, and the backend is not part of the spec hash.
 
-Only plain ids come from a fast encoder: offsets, word ids and pairs (whole-word masking, chat masks,
+Only plain ids come from a fast encoder (and from sentencepiece): offsets, word ids and pairs (whole-word masking, chat masks,
 classification pairs) are always computed by ``tokenizers`` (``Tokenizer.backend``).
 
     >>> tok = with_backend(load_tokenizer("gpt2/"), "auto")         # doctest: +SKIP
@@ -47,7 +51,15 @@ from typing import Literal, TypeVar
 import numpy as np
 
 from feedline._tokenize.check import Verdict, check_fastokens, checked, describe, first_difference, verdict_future
-from feedline._tokenize.encoder import Encoder, FastEncoder, HfEncoder, TokenizerLike, join_ids, split_ids
+from feedline._tokenize.encoder import (
+    Encoder,
+    FastEncoder,
+    HfEncoder,
+    SentencePieceEncoder,
+    TokenizerLike,
+    join_ids,
+    split_ids,
+)
 from feedline._tokenize.wordcache import WordCacheEncoder
 from feedline.errors import MissingDependency, TokenizerDivergence, TokenizerError
 
@@ -56,6 +68,7 @@ __all__ = [
     "Encoder",
     "FastEncoder",
     "HfEncoder",
+    "SentencePieceEncoder",
     "Verdict",
     "VerifiedEncoder",
     "WordCacheEncoder",
@@ -66,9 +79,9 @@ __all__ = [
 
 log = logging.getLogger("feedline.tokenize")
 
-Backend = Literal["auto", "hf", "fastokens", "wordcache"]
+Backend = Literal["auto", "hf", "fastokens", "wordcache", "sentencepiece"]
 T = TypeVar("T", bound=TokenizerLike)
-BACKENDS: tuple[str, ...] = ("auto", "hf", "fastokens", "wordcache")
+BACKENDS: tuple[str, ...] = ("auto", "hf", "fastokens", "wordcache", "sentencepiece")
 
 #: Characters of real data encoded by both encoders before the fast encoder's ids are used.
 WINDOW_CHARS = 1 << 18
@@ -295,7 +308,7 @@ class VerifiedEncoder:
 
 def with_backend(tok: T, backend: str) -> T:
     """A view of ``tok`` whose plain-id encoding uses ``backend`` (``auto``, ``hf``, ``fastokens``,
-    ``wordcache``).
+    ``wordcache``, ``sentencepiece``).
 
     Each call makes a fresh :class:`VerifiedEncoder` (its own data window), sharing the loaded
     tokenizers and the cached load-time verification.
@@ -303,13 +316,17 @@ def with_backend(tok: T, backend: str) -> T:
     Raises:
         TokenizerError: ``fastokens`` or ``wordcache`` was asked for and cannot load or verify
             this tokenizer.
-        MissingDependency: ``fastokens`` was asked for and is not installed.
+        MissingDependency: ``fastokens`` or ``sentencepiece`` was asked for and is not installed.
     """
     if backend not in BACKENDS:
         raise TokenizerError(f"backend: {backend!r} is not one of {', '.join(BACKENDS)}")
     hf = HfEncoder(tok.backend)
     if backend == "hf":
         return tok.with_encoder(hf, "hf")
+    if backend in ("sentencepiece", "auto"):
+        spm = _sentencepiece(tok, required=backend == "sentencepiece")
+        if spm is not None:
+            return tok.with_encoder(spm, backend)
     if backend == "auto" and not checked(tok, "auto"):
         log.info("tokenizer %r: encoding with tokenizers; a faster encoder is checked in the background after the "
                  "first %d characters", tok.name, START_AFTER_CHARS)
@@ -329,3 +346,30 @@ def with_backend(tok: T, backend: str) -> T:
     encoder = VerifiedEncoder(hf, verdict.fast, strict=backend != "auto", label=tok.name,
                               window=WINDOW_CHARS, spot_every=SPOT_EVERY)
     return tok.with_encoder(encoder, backend)
+
+
+def _sentencepiece(tok: TokenizerLike, *, required: bool) -> Encoder | None:
+    """sentencepiece's encoder for a tokenizer loaded from a ``.model``; ``None`` (``auto``) when
+    there is no model or no sentencepiece, an error when ``required``."""
+    proto: bytes | None = getattr(tok, "sentencepiece_model", None)
+    if proto is None:
+        if required:
+            raise TokenizerError(f"tokenizer {tok.name!r}: backend: sentencepiece needs a SentencePiece .model file "
+                                 "(loaded as is, no tokens added); use backend: auto or hf")
+        return None
+    try:
+        encoder = SentencePieceEncoder(proto)
+    except ImportError:
+        if required:
+            raise MissingDependency(f"tokenizer {tok.name!r}: backend: sentencepiece needs the sentencepiece package: "
+                                    "pip install 'feedline[hf]'") from None
+        log.warning("tokenizer %r: sentencepiece is not installed, so the converted pipeline encodes this .model "
+                    "(it differs from sentencepiece on rare texts: pip install 'feedline[hf]')", tok.name)
+        return None
+    except RuntimeError as e:
+        if required:
+            raise TokenizerError(f"tokenizer {tok.name!r}: sentencepiece cannot load the model ({e})") from e
+        log.warning("tokenizer %r: sentencepiece cannot load the model (%s); the converted pipeline encodes it", tok.name, e)
+        return None
+    log.info("tokenizer %r: encoding with sentencepiece (the model's own encoder)", tok.name)
+    return encoder

@@ -1,8 +1,9 @@
 """The plain-id encoders behind a :class:`~feedline._tokenize.tokenizer.Tokenizer`.
 
 An :class:`Encoder` turns a batch of texts into int32 id arrays: :class:`HfEncoder`
-(``tokenizers``) or :class:`FastEncoder` (``fastokens``); :mod:`feedline._tokenize.backends`
-chooses and verifies them. :class:`TokenizerLike` is what the backends need of a tokenizer
+(``tokenizers``), :class:`FastEncoder` (``fastokens``) or :class:`SentencePieceEncoder`
+(``sentencepiece`` itself, for ``.model`` files); :mod:`feedline._tokenize.backends` chooses
+and verifies them. :class:`TokenizerLike` is what the backends need of a tokenizer
 (kept here so the backends never import the tokenizer module that uses them).
 
     >>> HfEncoder(tokenizers.Tokenizer.from_file("gpt2/tokenizer.json")).encode_batch(["Hi"])  # doctest: +SKIP
@@ -11,13 +12,16 @@ chooses and verifies them. :class:`TokenizerLike` is what the backends need of a
 
 from __future__ import annotations
 
+import itertools
+import os
 from array import array
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["Encoder", "FastEncoder", "FlatEncoder", "HfEncoder", "TokenizerLike", "join_ids", "split_ids"]
+__all__ = ["Encoder", "FastEncoder", "FlatEncoder", "HfEncoder", "SentencePieceEncoder", "TokenizerLike", "join_ids",
+           "split_ids"]
 
 
 _UINT32 = array("I").itemsize == 4  # C unsigned int is 32 bits (every mainstream platform)
@@ -108,6 +112,44 @@ class FastEncoder(FlatEncoder):
     def _encode_flat(self, texts: Sequence[str], add_special_tokens: bool) -> tuple[np.ndarray, np.ndarray]:
         ids, offsets = self.fast.encode_batch_flat(list(texts), add_special_tokens=add_special_tokens)
         return np.frombuffer(ids, dtype=np.uint32).astype(np.int32), np.frombuffer(offsets, dtype=np.uint64).astype(np.int64)
+
+
+class SentencePieceEncoder(FlatEncoder):
+    """``sentencepiece``'s own batch ``encode`` of a ``.model`` (its C++ thread pool): its ids by
+    construction, where the converted ``tokenizers`` pipeline (:mod:`feedline._tokenize.spm`)
+    differs on rare texts (combining marks it drops instead of ``<unk>``, lattice ties).
+
+    ``add_special_tokens=True`` adds what the converted pipeline adds: the BOS piece in front when
+    the model has one (Llama, Mistral), else its EOS piece at the end (T5). Text that spells a
+    control piece (``</s>``) is encoded as characters, as sentencepiece does.
+
+    Args:
+        proto: the serialized ``ModelProto`` (the ``.model`` file's bytes).
+        threads: sentencepiece's threads per call (default: one per CPU).
+
+    Raises:
+        ImportError: ``sentencepiece`` is not installed.
+        RuntimeError: ``sentencepiece`` cannot load ``proto``.
+    """
+
+    name = "sentencepiece"
+
+    def __init__(self, proto: bytes, threads: int | None = None) -> None:
+        import sentencepiece
+
+        self.sp = sentencepiece.SentencePieceProcessor()
+        self.sp.LoadFromSerializedProto(proto)
+        self.add_bos = self.sp.bos_id() >= 0
+        self.add_eos = not self.add_bos and self.sp.eos_id() >= 0
+        self.threads = threads or os.cpu_count() or 1
+
+    def _encode_flat(self, texts: Sequence[str], add_special_tokens: bool) -> tuple[np.ndarray, np.ndarray]:
+        lists = self.sp.encode(list(texts), out_type=int, num_threads=self.threads,
+                               add_bos=add_special_tokens and self.add_bos, add_eos=add_special_tokens and self.add_eos)
+        bounds = np.zeros(len(lists) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter((len(x) for x in lists), dtype=np.int64, count=len(lists)), out=bounds[1:])
+        flat = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int32, count=int(bounds[-1]))
+        return flat, bounds
 
 
 class TokenizerLike(Protocol):

@@ -127,5 +127,5 @@ def _from_sentencepiece(path: str, config: dict[str, Any] | None = None) -> Toke
     names them."""
     from feedline._tokenize.spm import convert
 
-    backend, roles = convert(path)
-    return Tokenizer(backend, path, {**roles, **(config or {})})
+    backend, roles, proto = convert(path)
+    return Tokenizer.from_sentencepiece(backend, proto, path, {**roles, **(config or {})})

@@ -14,7 +14,7 @@ the ``tokenizers`` components that reproduce ``SentencePieceProcessor.encode``::
     model           Unigram(scores) | BPE(merges)      BPE merges ranked by the merged piece's score
     added tokens    control, unknown, user-defined     matched in the raw text; control ones special
 
-    >>> backend, roles = convert("tokenizer.model")      # doctest: +SKIP
+    >>> backend, roles, _ = convert("tokenizer.model")   # doctest: +SKIP
     >>> roles                                             # doctest: +SKIP
     {'bos_token': '<s>', 'eos_token': '</s>', 'pad_token': None, 'unk_token': '<unk>'}
 
@@ -184,15 +184,17 @@ def _bpe_merges(pieces: list[tuple[str, float, int]]) -> list[tuple[str, str]]:
     return [m for *_, m in ranked]
 
 
-def convert(path: str) -> tuple[RustTokenizer, dict[str, Any]]:
-    """The ``tokenizers.Tokenizer`` for a ``.model`` file and its special-token roles.
+def convert(path: str) -> tuple[RustTokenizer, dict[str, Any], bytes]:
+    """The ``tokenizers.Tokenizer`` for a ``.model`` file, its special-token roles and the file's
+    bytes (for the ``sentencepiece`` backend).
 
     Raises:
         TokenizerError: unreadable file, or a model kind that cannot be reproduced exactly.
     """
     try:
         with open(path, "rb") as f:
-            m = read_model(f.read())
+            data = f.read()
+        m = read_model(data)
     except (OSError, ValueError, UnicodeDecodeError, struct.error) as e:
         raise TokenizerError(f"{path}: not a readable SentencePiece model ({e})") from e
     if m.model_type not in (UNIGRAM, BPE_TYPE):
@@ -243,4 +245,4 @@ def convert(path: str) -> tuple[RustTokenizer, dict[str, Any]]:
         tok.post_processor = processors.TemplateProcessing(
             single=f"$A {eos}", pair=f"$A {eos} $B {eos}", special_tokens=[(eos, m.eos_id)])
     roles = {"bos_token": bos, "eos_token": eos, "pad_token": m.role(m.pad_id), "unk_token": m.role(m.unk_id)}
-    return tok, roles
+    return tok, roles, data

@@ -53,10 +53,12 @@ class Tokenizer:
         self.name = name
         self.config: dict[str, Any] = dict(config or {})
         self.specials: dict[str, int | None] = {role: self._resolve(role) for role in _ROLE_CANDIDATES}
-        #: What encodes plain ids, and the backend that was asked for (``hf``, ``auto``, ``fastokens``, ``wordcache``).
+        #: What encodes plain ids, and the backend that was asked for (``hf``, ``auto``, ``fastokens``,
+        #: ``wordcache``, ``sentencepiece``).
         self.encoder: Encoder = HfEncoder(backend)
         self.backend_request = "hf"
         self._source: tuple[str, int] | None = None  # (file read, vocabulary size then): source_file
+        self._spm: tuple[bytes, int] | None = None  # (.model bytes, vocabulary size then): sentencepiece_model
 
     def with_encoder(self, encoder: Encoder, request: str) -> Tokenizer:
         """A copy sharing everything but the plain-id ``encoder`` (see :func:`~feedline._tokenize.backends.with_backend`)."""
@@ -84,6 +86,24 @@ class Tokenizer:
             return None
         path, size = self._source
         return path if self.backend.get_vocab_size(with_added_tokens=True) == size else None
+
+    @classmethod
+    def from_sentencepiece(cls, backend: tokenizers.Tokenizer, proto: bytes, name: str,
+                           config: Mapping[str, Any] | None = None) -> Tokenizer:
+        """A tokenizer converted from a SentencePiece ``.model`` (``proto``: its bytes), which the
+        ``sentencepiece`` backend encodes with."""
+        tok = cls(backend, name, config)
+        tok._spm = (proto, tok.backend.get_vocab_size(with_added_tokens=True))
+        return tok
+
+    @property
+    def sentencepiece_model(self) -> bytes | None:
+        """The ``.model`` bytes this was converted from while the backend still encodes its pieces
+        (no token added since), else ``None``."""
+        if self._spm is None:
+            return None
+        proto, size = self._spm
+        return proto if self.backend.get_vocab_size(with_added_tokens=True) == size else None
 
     def _resolve(self, role: str) -> int | None:
         configured = self.config.get(f"{role}_token")
@@ -196,10 +216,11 @@ class Tokenizer:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"json": self.to_json(), "name": self.name, "config": json.dumps(self.config, default=str),
-                "backend": self.backend_request}
+                "backend": self.backend_request, "spm": self._spm}
 
     def __setstate__(self, st: dict[str, Any]) -> None:
         self.__init__(tokenizers.Tokenizer.from_str(st["json"]), st["name"], json.loads(st["config"]))  # type: ignore[misc]
+        self._spm = st.get("spm")
         if st.get("backend", "hf") != "hf":  # re-verified here (a Ray worker checks its own first chunks)
             from feedline._tokenize.backends import with_backend
 
