@@ -20,7 +20,7 @@ LAYERS: list[list[str]] = [
     ["feedline._sources"],
     ["feedline._tasks"],
     ["feedline._batching"],
-    ["feedline._ray.runtime", "feedline._ray.map"],
+    ["feedline._ray.runtime", "feedline._ray.map", "feedline._partitions"],
     ["feedline._pipeline"],
     ["feedline._records", "feedline._service"],
     ["feedline._loader"],

@@ -125,7 +125,7 @@ class InProcessLoader(Loader):
         self.prefetch = self.spec.prefetch if prefetch is None else check_count(prefetch, "prefetch")
         self._stage = Prefetch(self._rank_stream, self.prefetch, name="feedline-loader")
         if state is not None:
-            self._stage.set_state(check_state(state, self.spec.accepted_hashes()))
+            self._stage.set_state(check_state(state, self.spec.accepted_hashes(), self.spec.partitions))
 
     def _rank_stream(self) -> RankSlice:
         return RankSlice(iter(GlobalStream(self.pipeline, self.world_size)), self.rank, self.world_size)
@@ -145,7 +145,7 @@ class InProcessLoader(Loader):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restart from ``state`` (the next batch is the one that followed it)."""
-        self._stage.set_state(check_state(state, self.spec.accepted_hashes()))
+        self._stage.set_state(check_state(state, self.spec.accepted_hashes(), self.spec.partitions))
 
     def _state_snapshot(self) -> dict[str, Any]:
         """:meth:`state_dict` with its deferred parts not yet computed (for a stage that takes the

@@ -10,6 +10,11 @@ global batches, applies the remainder rule, and yields each with the state after
 
 The global state (``{"step": s, "pipeline": ...}``) is the same for every rank; a rank's slice
 is derived from the global batch, which is what makes elastic resume possible.
+
+With ``partitions: K`` > 1, ``Pipeline(spec, partition=p)`` is partition ``p``'s pipeline (its
+share of the splits, its seed, its rows per step) and the whole pipeline's :meth:`Pipeline.batches`
+is the composing stage over the K of them (:mod:`feedline._partitions.compose`), run where
+``parallel.placement`` says.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from feedline._batching.registry import batcher_class
 from feedline._core.dataset import Dataset, DatasetIterator, State
 from feedline._core.deferred import materialize
 from feedline._core.record import Example, Key, Record
+from feedline._partitions.compose import Composed, quotas
+from feedline._sources.deal import partition_seed
 from feedline._sources.mix import Mixture
 from feedline._sources.shuffle import ShuffleBuffer
 from feedline._sources.source import FileSource
@@ -37,30 +44,44 @@ from feedline._tasks.registry import task_class
 from feedline._tokenize.tokenizer import Tokenizer
 from feedline.errors import SpecError
 
-__all__ = ["GlobalStream", "OnePass", "Pipeline"]
+__all__ = ["GlobalStream", "OnePass", "PartitionStreams", "Pipeline"]
 
 
 class Pipeline:
-    """The recipes of one spec. Cheap to build; nothing is opened until iteration."""
+    """The recipes of one spec (or of its partition ``partition``). Cheap to build; nothing is opened until iteration."""
 
-    def __init__(self, spec: Spec | Mapping[str, Any] | str, *, tokenizer: Tokenizer | None = None) -> None:
+    def __init__(self, spec: Spec | Mapping[str, Any] | str, *, tokenizer: Tokenizer | None = None,
+                 partition: int | None = None) -> None:
         self.spec = Spec.load(spec)  # type: ignore[arg-type]
         self._tokenizer = tokenizer
+        k = self.spec.partitions
+        if partition is not None and not 0 <= partition < k:
+            raise SpecError(f"partition {partition} is not in [0, partitions={k})")
+        self.partition = partition
+        #: The seed of this pipeline: the spec's, or its partition's (seed, partition).
+        self.seed = self.spec.seed if partition is None else partition_seed(self.spec.seed, partition, k)
+
+    @property
+    def composed(self) -> bool:
+        """Whether :meth:`batches` composes partitions (``partitions`` > 1 and no partition chosen)."""
+        return self.partition is None and self.spec.partitions > 1
 
     @cached_property
     def sources(self) -> list[FileSource]:
         s = self.spec
         endless = s.mix.stopping == "cycle" or s.epochs is None
+        part, k = (0, 1) if self.partition is None else (self.partition, s.partitions)
         return [
-            FileSource(src, i, seed=s.seed, shuffle_splits=bool(s.shuffle and s.shuffle.shards),
-                       epochs=None if endless else s.epochs, on_error=s.on_error, reject_limit=s.reject_limit)
+            FileSource(src, i, seed=self.seed, shuffle_splits=bool(s.shuffle and s.shuffle.shards),
+                       epochs=None if endless else s.epochs, on_error=s.on_error, reject_limit=s.reject_limit,
+                       partition=part, partitions=k)
             for i, src in enumerate(s.sources)
         ]
 
     @cached_property
     def mixture(self) -> Mixture:
         s = self.spec
-        return Mixture(self.sources, [x.weight for x in s.sources], seed=s.seed, stopping=s.mix.stopping, epochs=s.epochs)
+        return Mixture(self.sources, [x.weight for x in s.sources], seed=self.seed, stopping=s.mix.stopping, epochs=s.epochs)
 
     def fetch(self, keys: Sequence[Key]) -> Mapping[Key, dict[str, Any]]:
         """Re-read records by key (what a corpus tool joining outputs to inputs needs)."""
@@ -76,7 +97,7 @@ class Pipeline:
         """Records after reading, mixing, transforms and shuffling."""
         s = self.spec
         if s.shuffle and s.shuffle.buffer > 1:
-            return ShuffleBuffer(self.transformed(), s.shuffle.buffer, seed=s.seed)
+            return ShuffleBuffer(self.transformed(), s.shuffle.buffer, seed=self.seed)
         return self.transformed()
 
     @cached_property
@@ -95,7 +116,7 @@ class Pipeline:
     @cached_property
     def task(self) -> Task:
         cls = task_class(self.spec.task.kind)
-        return cls(self.spec.task.options, TaskContext(self.tokenizer, self.spec.seed, records=OnePass(self.spec)))
+        return cls(self.spec.task.options, TaskContext(self.tokenizer, self.seed, records=OnePass(self.spec)))
 
     @property
     def workers(self) -> int:
@@ -121,11 +142,26 @@ class Pipeline:
         mapped.locate = self.mixture.locate
         return self.task.stream(mapped)
 
-    def batches(self) -> Batcher:
-        """Global batches (the last may be short)."""
+    def batches(self) -> Batcher | Composed:
+        """Global batches (the last may be short); a partition's batches when ``partition`` is set."""
         b = self.spec.batching
-        ctx = BatchContext(batch_size=b.batch_size, task=self.task, seed=self.spec.seed)
+        if self.composed:
+            return Composed(PartitionStreams(self.spec, self._tokenizer), self.spec.partitions, b.batch_size,
+                            self.spec.parallel, self.task.pad_values)
+        rows = b.batch_size if self.partition is None else quotas(b.batch_size, self.spec.partitions)[self.partition]
+        ctx = BatchContext(batch_size=rows, task=self.task, seed=self.seed)
         return batcher_class(b.strategy)(self.examples(), b.options, ctx)
+
+
+@dataclass(frozen=True)
+class PartitionStreams:
+    """Partition ``p``'s batches of a spec, as a picklable factory (what a placement runs, anywhere)."""
+
+    spec: Spec
+    tokenizer: Tokenizer | None = None
+
+    def __call__(self, p: int) -> Batcher | Composed:
+        return Pipeline(self.spec, tokenizer=self.tokenizer, partition=p).batches()
 
 
 @dataclass(frozen=True)
@@ -138,7 +174,7 @@ class OnePass:
     spec: Spec
 
     def __call__(self) -> Iterator[Record]:
-        one = Pipeline(self.spec.replace(epochs=1, shuffle=None, mix=MixSpec()))
+        one = Pipeline(self.spec.replace(epochs=1, shuffle=None, mix=MixSpec(), partitions=1))
         it = iter(one.transformed())
         try:
             yield from it
@@ -185,7 +221,8 @@ class GlobalStreamIterator(DatasetIterator[tuple[int, Batch, State]]):
         self.done = False
         # The tokenizer's background backend check (``auto``) waits until this stream's first batch
         # is out, so it never takes the cores the first batch waits for.
-        encoder = getattr(gs.pipeline.tokenizer, "encoder", None)
+        # (Partitions hold their own, where they run: the composing process never encodes.)
+        encoder = getattr(gs.pipeline.tokenizer, "encoder", None) if not gs.pipeline.composed else None
         self._held: Any = encoder if hasattr(encoder, "hold") else None
         self._out = False
         self._state: State | None = None  # the state after the last step, built once per step

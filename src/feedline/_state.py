@@ -34,7 +34,7 @@ from feedline._core.report import FILTERED, sum_rejected
 from feedline.errors import StateError
 
 __all__ = ["MAX_DEPTH", "MAX_NODES", "STATE_VERSION", "check_state", "epochs_in", "filtered_in", "find_rejected", "make_state",
-           "mixture_shares", "parse_state_json", "state_json"]
+           "mixture_shares", "parse_state_json", "partitions_in", "state_json"]
 
 STATE_VERSION = 1
 MAX_DEPTH = 64            # real states nest about 7 levels deep
@@ -52,11 +52,12 @@ def state_json(spec_hash: str, global_state: Mapping[str, Any], world_size: int)
     return json.dumps(make_state(spec_hash, global_state, world_size), separators=(",", ":"))
 
 
-def check_state(state: Any, spec_hash: str | tuple[str, ...]) -> dict[str, Any]:
+def check_state(state: Any, spec_hash: str | tuple[str, ...], partitions: int | None = None) -> dict[str, Any]:
     """Validate a resume state against the spec; returns the global stream state.
 
     ``spec_hash`` is the spec's hash, or the hashes its states may carry
     (:meth:`~feedline._spec.spec.Spec.accepted_hashes`, the current one first).
+    ``partitions`` (the spec's) names the cause when a state of another spec holds another number.
 
     Raises:
         StateError: malformed, another version, or saved under another spec.
@@ -70,6 +71,12 @@ def check_state(state: Any, spec_hash: str | tuple[str, ...]) -> dict[str, Any]:
         raise StateError(f"resume state has version {version!r}; this feedline reads version {STATE_VERSION}")
     accepted = (spec_hash,) if isinstance(spec_hash, str) else tuple(spec_hash)
     if state.get("spec_hash") not in accepted:
+        saved = partitions_in(state.get("pipeline"))
+        if partitions is not None and saved != partitions:
+            raise StateError(
+                f"resume state was saved with partitions: {saved} but this spec has partitions: {partitions}; another "
+                f"number of partitions is another stream (like another seed): resume with partitions: {saved}, or start afresh"
+            )
         raise StateError(
             f"resume state was saved under spec {state.get('spec_hash')!r} but this spec hashes to {accepted[0]!r}; "
             "resume with the same spec (seed, sources, task and batching must match; paths are compared "
@@ -147,6 +154,13 @@ def filtered_in(state: Any) -> int:
         3
     """
     return sum_rejected(state).get(FILTERED, 0)
+
+
+def partitions_in(pipeline: Any) -> int:
+    """The number of partitions a global stream's pipeline state composes (1 without the composing stage)."""
+    if isinstance(pipeline, Mapping) and isinstance(pipeline.get("partitions"), list) and "carry" in pipeline:
+        return len(pipeline["partitions"])
+    return 1
 
 
 def find_rejected(state: Any, into: dict[str, int]) -> None:

@@ -85,8 +85,14 @@ class ArrowReader(Reader):
         except KeyError as e:
             raise SourceError(f"{path}: no column {e}; columns: must name existing columns") from e
 
+    def extent(self, split: Split) -> tuple[int, int]:
+        return split.start, self._table(split.path).num_rows if split.end is None else split.end
+
     def read(self, split: Split, position: int, line: int) -> Iterator[Item]:
-        yield from rows(self._table(split.path), position, split.path, self.spec.text)
+        table = self._table(split.path)
+        if split.end is not None and split.end < table.num_rows:  # a piece of the file (partitions)
+            table = table.slice(0, split.end)
+        yield from rows(table, position, split.path, self.spec.text)
 
     def fetch(self, path: str, positions: Sequence[int]) -> dict[int, dict[str, Any]]:
         table = self._table(path)

@@ -159,6 +159,9 @@ class FlatReader(Reader):
         step = max(1, self.spec.split_bytes // f.dtype.itemsize)
         return [Split(file, path, a, min(a + step, len(f))) for a in range(0, len(f), step)] or [Split(file, path, 0, 0)]
 
+    def extent(self, split: Split) -> tuple[int, int] | None:
+        return None if split.end is None else (split.start, split.end)
+
     def read(self, split: Split, position: int, line: int) -> Iterator[Item]:
         f = self.file(split.path)
         stop = len(f) if split.end is None else split.end

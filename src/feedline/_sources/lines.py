@@ -173,6 +173,12 @@ class LineReader(Reader):
             return [Split(file, path, size=size)]
         return [Split(file, path, s, min(s + step, size), size) for s in range(0, size, step)]
 
+    def extent(self, split: Split) -> tuple[int, int] | None:
+        """Byte ranges of a plain file cut anywhere (a record belongs to the piece holding its first byte)."""
+        if not self.splittable or split.size is None:
+            return None
+        return split.start, split.size if split.end is None else split.end
+
     def records(self, lines: Iterator[tuple[int, bytes]], path: str, line: int, known: bool,
                 end: int | None) -> Iterator[Item]:
         """Turn ``(position, raw)`` lines into items; lines starting at or after ``end`` are not read."""

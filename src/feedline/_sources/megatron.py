@@ -141,6 +141,9 @@ class MegatronReader(Reader):
         bounds = sorted({0, *(int(c) for c in cuts if 0 < c < n), n})
         return [Split(file, path, a, b) for a, b in itertools.pairwise(bounds)]
 
+    def extent(self, split: Split) -> tuple[int, int] | None:
+        return None if split.end is None else (split.start, split.end)
+
     def read(self, split: Split, position: int, line: int) -> Iterator[Item]:
         ix = self.index(split.path)
         end = len(ix) if split.end is None else min(split.end, len(ix))

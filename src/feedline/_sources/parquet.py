@@ -64,6 +64,9 @@ class ParquetReader(Reader):
     def splits(self, file: int, path: str) -> list[Split]:
         return row_group_splits(file, path)
 
+    def extent(self, split: Split) -> tuple[int, int] | None:
+        return None if split.end is None else (split.start, split.end)
+
     def _group(self, pf: Any, position: int) -> tuple[int, int]:
         """The row group holding ``position`` and the group's first row."""
         start = 0
@@ -83,6 +86,8 @@ class ParquetReader(Reader):
                 table = pf.read_row_group(g, columns=self._columns())
             except KeyError as e:
                 raise SourceError(f"{split.path}: no column {e}; check the source's columns:") from e
+            if end < first + table.num_rows:  # a piece of a row group (partitions)
+                table = table.slice(0, end - first)
             yield from rows(table, position - first, split.path, self.spec.text, first)
             position = first + table.num_rows
 

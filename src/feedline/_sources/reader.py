@@ -60,6 +60,11 @@ class Reader(ABC):
         """The splits of one file; one per file unless the format can do better."""
         return [Split(file, path)]
 
+    def extent(self, split: Split) -> tuple[int, int] | None:
+        """The ``[start, end)`` positions ``split`` may be cut in (a piece ``Split(start=a, end=b)``
+        reads the records starting in ``[a, b)``), or ``None`` where it cannot be cut."""
+        return None
+
     @abstractmethod
     def read(self, split: Split, position: int, line: int) -> Iterator[Item]:
         """Yield the items of ``split`` from ``position`` (whose line number is ``line``)."""

@@ -10,6 +10,10 @@ State (version 1)::
 
 The split order of epoch ``e`` is a permutation keyed by ``(seed, source index, e)`` when shard
 shuffling is on, else file order. Nothing else is random here.
+
+With ``partitions`` K > 1 the source reads partition ``partition``'s share of the splits
+(:func:`~feedline._sources.deal.deal`); a share that is empty, or that holds no record, is an
+exhausted source rather than an error (a small source need not feed every partition).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from feedline._core.record import Key, Record, Rejection
 from feedline._core.report import Rejections, nothing_delivered
 from feedline._core.rng import permutation
 from feedline._sources.arrow import saved_dataset_files
+from feedline._sources.deal import deal
 from feedline._sources.files import expand
 from feedline._sources.reader import Item, Reader, Split, detect_format, reader_class
 from feedline._spec import SourceSpec
@@ -65,8 +70,10 @@ class FileSource(Dataset[Record]):
     """The records of one source (index ``index`` in the spec) for ``epochs`` epochs (None: endless)."""
 
     def __init__(self, spec: SourceSpec, index: int, *, seed: int, shuffle_splits: bool,
-                 epochs: int | None, on_error: str = "skip", reject_limit: int = 0) -> None:
+                 epochs: int | None, on_error: str = "skip", reject_limit: int = 0,
+                 partition: int = 0, partitions: int = 1) -> None:
         self.spec = spec
+        self.partition, self.partitions = partition, partitions
         self.index = index
         self.seed = seed
         self.shuffle_splits = shuffle_splits
@@ -99,8 +106,16 @@ class FileSource(Dataset[Record]):
                     splits += self.reader.splits(i, f)
                 except SourceError:  # unreadable now: reading it later reports the rejection
                     splits.append(Split(i, f))
+            if self.partitions > 1:
+                splits = deal(splits, [self._extent(sp) for sp in splits], self.partitions)[self.partition]
             self._splits = splits
         return self._splits
+
+    def _extent(self, split: Split) -> tuple[int, int] | None:
+        try:
+            return self.reader.extent(split)
+        except SourceError:  # unreadable: dealt whole, and reading it reports the rejection
+            return None
 
     def order(self, epoch: int) -> list[int]:
         n = len(self.splits)
@@ -183,6 +198,8 @@ class FileSourceIterator(DatasetIterator[Record]):
                 return True
             if self._watch and self.src.epochs is not None:
                 self._check_nothing(at_end=True)
+            if self.src.partitions > 1 and self._delivered == 0 and self.epoch == 0 and not self.rejections.counts:
+                return False  # this partition's share holds no record: nothing to read, in any epoch
             if self.src.epochs is None and self._delivered == 0:
                 # Endless reading of a source that yields nothing would spin forever.
                 rejected = ", ".join(f"{k}: {v}" for k, v in sorted(self.rejections.counts.items())) or "none"

@@ -96,6 +96,11 @@ class TokensReader(Reader):
             return [Split(file, path)]
         return row_group_splits(file, path)
 
+    def extent(self, split: Split) -> tuple[int, int] | None:
+        if split.end is not None:
+            return split.start, split.end
+        return None if self._parquet(split.path) else (split.start, open_table(split.path).num_rows)
+
     def _blocks(self, path: str, position: int, end: int | None) -> Iterator[tuple[int, Any]]:
         """``(first row, table)`` blocks covering rows from ``position`` (to ``end``)."""
         if self._parquet(path):

@@ -4,6 +4,7 @@ from feedline._spec.sections import (
     BatchingSpec,
     EngineSpec,
     MixSpec,
+    ParallelSpec,
     ShuffleSpec,
     SourceSpec,
     TaskSpec,
@@ -13,5 +14,5 @@ from feedline._spec.sections import (
 )
 from feedline._spec.spec import NOT_HASHED, Registry, Spec, join_root, portable_path, read_spec_file, use_registry
 
-__all__ = ["NOT_HASHED", "BatchingSpec", "EngineSpec", "MixSpec", "Registry", "ShuffleSpec", "SourceSpec", "Spec", "TaskSpec",
+__all__ = ["NOT_HASHED", "BatchingSpec", "EngineSpec", "MixSpec", "ParallelSpec", "Registry", "ShuffleSpec", "SourceSpec", "Spec", "TaskSpec",
            "TokenizerSpec", "TokensSpec", "TransformSpec", "join_root", "portable_path", "read_spec_file", "use_registry"]

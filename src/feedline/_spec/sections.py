@@ -15,11 +15,12 @@ from typing import Any, Literal
 from feedline._core.callables import name_of
 from feedline.errors import SpecError
 
-__all__ = ["Backend", "BatchingSpec", "EngineSpec", "MixSpec", "OnError", "ShuffleSpec", "SourceSpec", "TaskSpec",
-           "TokenizerSpec", "TokensSpec", "TransformSpec"]
+__all__ = ["Backend", "BatchingSpec", "EngineSpec", "MixSpec", "OnError", "ParallelSpec", "Placement", "ShuffleSpec",
+           "SourceSpec", "TaskSpec", "TokenizerSpec", "TokensSpec", "TransformSpec"]
 
 OnError = Literal["skip", "raise"]
 Backend = Literal["auto", "hf", "fastokens", "wordcache", "sentencepiece"]
+Placement = Literal["auto", "threads", "processes", "ray"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -261,3 +262,36 @@ class EngineSpec:
     kind: Literal["local", "ray"] = "local"
     address: str = "auto"
     num_cpus: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelSpec:
+    """Where a spec's ``partitions`` run (never what they deliver: not hashed).
+
+    ``placement``: ``threads`` (one thread per partition, in this process), ``processes`` (spawned
+    worker processes, each owning some partitions), ``ray`` (one Ray actor per partition), or
+    ``auto`` (``processes`` when ``partitions > 1``). ``processes``: worker processes for
+    ``processes`` (0: one per partition, at most the cores). ``address``, ``num_cpus``: the Ray
+    cluster (``auto``: the one ``ray start`` runs here, else a local one) and the CPUs per actor.
+    ``prefetch``: batches each partition runs ahead of the composing stage.
+    """
+
+    placement: Placement = "auto"
+    processes: int = 0
+    address: str = "auto"
+    num_cpus: float = 1.0
+    prefetch: int = 4
+
+    def __post_init__(self) -> None:
+        if self.processes < 0:
+            raise SpecError(f"parallel.processes: {self.processes} must be >= 0 (0 = one per partition)")
+        if self.prefetch < 1:
+            raise SpecError(f"parallel.prefetch: {self.prefetch} must be >= 1")
+        if self.num_cpus <= 0:
+            raise SpecError(f"parallel.num_cpus: {self.num_cpus} must be > 0")
+
+    def resolve(self, partitions: int) -> str:
+        """The placement that runs ``partitions`` partitions (``auto``: processes when more than one)."""
+        if self.placement != "auto":
+            return self.placement
+        return "processes" if partitions > 1 else "threads"

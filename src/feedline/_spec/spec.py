@@ -38,6 +38,7 @@ from feedline._spec.sections import (
     EngineSpec,
     MixSpec,
     OnError,
+    ParallelSpec,
     ShuffleSpec,
     SourceSpec,
     TaskSpec,
@@ -47,7 +48,7 @@ from feedline._spec.sections import (
 )
 from feedline.errors import SpecError
 
-__all__ = ["BatchingSpec", "EngineSpec", "MixSpec", "Registry", "ShuffleSpec", "SourceSpec", "Spec", "TaskSpec", "TokenizerSpec",
+__all__ = ["BatchingSpec", "EngineSpec", "MixSpec", "ParallelSpec", "Registry", "ShuffleSpec", "SourceSpec", "Spec", "TaskSpec", "TokenizerSpec",
            "TokensSpec", "TransformSpec", "join_root", "portable_path", "use_registry"]
 
 # ---------------------------------------------------------------------- sections
@@ -182,6 +183,10 @@ def _engine(raw: Any, ctx: _Context) -> EngineSpec:
     return build(EngineSpec, {"kind": raw} if isinstance(raw, str) else raw, "engine")
 
 
+def _parallel(raw: Any, ctx: _Context) -> ParallelSpec:
+    return build(ParallelSpec, {"placement": raw} if isinstance(raw, str) else (raw or {}), "parallel")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Spec:
     """A validated pipeline description. Build it with :meth:`load`.
@@ -210,6 +215,10 @@ class Spec:
             paths are read from; default: the spec file's folder, or the working directory for a
             mapping. Not hashed: a state resumes with the corpus moved when ``root`` names the new place.
         engine: where per-record work runs: ``local`` threads or ``{kind: ray, address, num_cpus}``.
+        partitions: independent pipelines (K) that the splits are dealt to, each batching its
+            share of every step's rows; changes the stream like the seed (1: one pipeline).
+        parallel: where the partitions run: ``{placement: auto | threads | processes | ray,
+            processes, address, num_cpus, prefetch}`` or the placement alone; never changes a batch.
         workers: task threads (``0``: chosen from the cores).
         prefetch: batches prepared ahead of the consumer.
         streams: a service's other named streams (``validation: val.yaml`` or overrides of this spec).
@@ -233,6 +242,10 @@ class Spec:
     #: Where relative paths are read from; not hashed, so a moved corpus resumes (see hash()).
     root: str | None = field(default=None, metadata=NOT_HASHED)
     engine: EngineSpec = field(default=EngineSpec(), metadata={"section": _engine, **NOT_HASHED})
+    #: Independent pipelines the splits are dealt to, composed into each global step (changes the stream).
+    partitions: int = 1
+    #: Where the partitions run (threads, processes, Ray actors); never changes the batches.
+    parallel: ParallelSpec = field(default=ParallelSpec(), metadata={"section": _parallel, **NOT_HASHED})
     workers: int = field(default=0, metadata=NOT_HASHED)
     prefetch: int = field(default=4, metadata=NOT_HASHED)
     streams: Mapping[str, Any] | None = field(default=None, metadata=NOT_HASHED)
@@ -244,6 +257,11 @@ class Spec:
             raise SpecError("workers must be >= 0 (0 = automatic) and prefetch >= 1")
         if self.reject_limit < 0:
             raise SpecError(f"reject_limit: {self.reject_limit} must be >= 0 (0 turns the check off)")
+        if not isinstance(self.partitions, int) or isinstance(self.partitions, bool) or self.partitions < 1:
+            raise SpecError(f"partitions: {self.partitions!r} must be a positive integer (1 = one pipeline)")
+        if self.partitions > self.batching.batch_size:
+            raise SpecError(f"partitions: {self.partitions} exceeds batching.batch_size {self.batching.batch_size}; "
+                            "each partition gives at least one row of every step: lower partitions or raise batch_size")
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -367,6 +385,8 @@ class Spec:
                 s["path"] = portable_path(self.root, s["path"])
         if self.tokenizer and self.root and portable_path(self.root, self.tokenizer) != os.path.normpath(self.tokenizer):
             d["tokenizer"] = portable_path(self.root, self.tokenizer)  # resolved against root: hashed as written
+        if d.get("partitions") == 1:  # one partition is the stream from before partitions existed
+            d.pop("partitions")
         blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

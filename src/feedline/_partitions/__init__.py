@@ -1,0 +1,7 @@
+"""A partitioned global stream: K pipelines over dealt splits, composed step by step, placed anywhere.
+
+``compose.py`` (:class:`Composed`: the stage that builds each global step from the partitions),
+``placement.py`` (the :class:`Placement` interface, the registry of placements by name, and
+``threads``), ``processes.py`` + ``worker.py`` (spawned worker processes), ``rows.py`` (joining
+partition batches into one).
+"""

@@ -1,0 +1,147 @@
+"""The composing stage: each global step built from K partitions, in a fixed order.
+
+    partition 0: sources' share ─► mix ─► shuffle ─► task ─► batcher (q0 rows) ─┐
+    partition 1: ...                                                           ├─► Composed ─► GlobalStream
+    partition K-1: ...                                                         ─┘
+
+Each partition is the whole pipeline over its share of the splits, seeded by ``(seed, partition)``,
+batching ``q_p`` rows: ``batch_size // K``, plus one for the first ``batch_size % K`` partitions
+(so 10 rows over 3 partitions are 4, 3 and 3). The global row stream is, round after round, one
+batch of each partition that has not ended, in partition order; global batches are cut from it
+every ``batch_size`` rows. While every partition delivers full batches a step is exactly one
+round (rows of partition 0 first); after a partition ends, the others fill its rows in the same
+order, and the last global batch may be short (the remainder rule applies, as without partitions).
+
+State (the stage's own; under the global stream's ``pipeline``)::
+
+    {"partitions": [<partition 0's batcher state, or null before its first batch>, ...],
+     "ended": [false, ...],
+     "carry": [[p, <p's state before a batch>, rows of it already used], ...]}
+
+``carry`` is empty while every partition is full; after an end it names the rows a round gave
+beyond the step, rebuilt on restore by re-running that one batch. A state of another ``K`` is
+refused. Where partitions run (threads, processes, Ray actors) is the :class:`Placement`'s
+business and never changes a batch or a state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from feedline._batching.base import Batch
+from feedline._core.dataset import Dataset, DatasetIterator, State
+from feedline._core.deferred import materialize
+from feedline._partitions.placement import Make, Placement, placement_class, replay
+from feedline._partitions.rows import join_rows, row_count, take_rows
+from feedline._spec import ParallelSpec
+from feedline.errors import StateError
+
+__all__ = ["Composed", "ComposedIterator", "quotas"]
+
+
+def quotas(batch_size: int, k: int) -> list[int]:
+    """Rows of each partition's batches: ``batch_size`` dealt as evenly as possible, extras first.
+
+        >>> quotas(10, 3)
+        [4, 3, 3]
+    """
+    return [batch_size // k + (p < batch_size % k) for p in range(k)]
+
+
+class Composed(Dataset[Batch]):
+    """Global batches of ``batch_size`` rows from ``k`` partition streams (``make(p)``) run by a placement."""
+
+    def __init__(self, make: Make, k: int, batch_size: int, options: ParallelSpec, pad_values: Mapping[str, Any]) -> None:
+        self.make, self.k, self.batch_size = make, k, batch_size
+        self.options = options
+        self.placement = options.resolve(k)
+        self.pad_values = dict(pad_values)
+
+    def __iter__(self) -> ComposedIterator:
+        return ComposedIterator(self)
+
+
+class ComposedIterator(DatasetIterator[Batch]):
+    """Cursor over :class:`Composed` (see the module docstring for the rule and the state)."""
+
+    NAME = "partitions"
+    STATE_KEYS = ("partitions", "ended", "carry")
+
+    def __init__(self, ds: Composed) -> None:
+        self.ds = ds
+        self.runner: Placement = placement_class(ds.placement)(ds.make, ds.k, ds.options)
+        self.states: list[State | None] = [None] * ds.k  # each partition's state after its last batch taken
+        self.ended = [False] * ds.k
+        self.carry: list[list[Any]] = []   # [p, state before the batch, rows used]
+        self._carried: list[Batch] = []    # those batches
+
+    def __next__(self) -> Batch:
+        need = self.ds.batch_size
+        parts: list[Batch] = []
+        rows = 0
+        while rows < need:
+            if not self.carry:
+                if all(self.ended):
+                    break
+                self._round()
+                continue
+            entry, batch = self.carry[0], self._carried[0]
+            used, n = entry[2], row_count(batch)
+            m = min(n - used, need - rows)
+            parts.append(take_rows(batch, used, used + m) if (used, m) != (0, n) else batch)
+            rows += m
+            if used + m == n:
+                del self.carry[0], self._carried[0]
+            else:
+                entry[2] = used + m
+        if not rows:
+            raise StopIteration
+        return join_rows(parts, self.ds.pad_values)
+
+    def _round(self) -> None:
+        """One batch from every partition that has not ended, in partition order."""
+        for p in range(self.ds.k):
+            if self.ended[p]:
+                continue
+            got = self.runner.next(p)
+            if got is None:
+                self.ended[p] = True
+                continue
+            batch, state = got
+            if row_count(batch):
+                self.carry.append([p, self.states[p], 0])
+                self._carried.append(batch)
+            self.states[p] = state
+
+    # ----------------------------------------------------------------- state
+    def get_state(self) -> State:
+        return materialize(self.snapshot())  # type: ignore[no-any-return]
+
+    def snapshot(self) -> State:
+        return self.own_state()
+
+    def own_state(self) -> State:
+        return {"partitions": list(self.states), "ended": list(self.ended), "carry": [list(c) for c in self.carry]}
+
+    def restore(self, own: Mapping[str, Any]) -> None:
+        states, k = own["partitions"], self.ds.k
+        if not isinstance(states, list) or len(states) != k:
+            n = len(states) if isinstance(states, list) else "no"
+            raise StateError(f"partitions: this state holds {n} partition states but the spec has partitions: {k}; "
+                             f"another number of partitions is another stream: resume with partitions: {n}")
+        ended = [bool(e) for e in own["ended"]]
+        carry = [[int(p), before, int(used)] for p, before, used in own["carry"]]
+        if len(ended) != k or any(not 0 <= c[0] < k for c in carry):
+            raise StateError(f"partitions: malformed state (ended {own['ended']!r:.60}, carry partitions "
+                             f"{[c[0] for c in carry]}) for partitions: {k}")
+        self.runner.set_states([None if s is None else dict(s) for s in states])
+        self.states, self.ended = list(states), ended
+        self.carry = carry
+        self._carried = [replay(self.ds.make, p, before) for p, before, _ in carry]
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        self.restore({k: state[k] for k in self.STATE_KEYS})
+
+    def release(self) -> None:
+        self.runner.close()

@@ -1,0 +1,108 @@
+"""Where partitions run: the :class:`Placement` interface, the registry by name, and ``threads``.
+
+A placement runs ``K`` partition streams (each a recipe of batches, built by a picklable factory
+``make(p)``) and hands the composing stage each partition's next batch with the state after it.
+Placement is never identity: every placement hands out the same batches and states, because each
+partition is the same deterministic stream wherever it runs. Placements register by name
+(:func:`register_placement`); ``threads`` and ``processes`` are feedline's own, ``ray`` is
+installed by the package root (it lives with the Ray helpers, above this layer).
+
+    >>> sorted(PLACEMENTS)[:2]                          # doctest: +SKIP
+    ['processes', 'ray']
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from feedline._batching.base import Batch
+from feedline._core.dataset import Dataset, DatasetIterator, State
+from feedline._core.options import close_match
+from feedline._core.prefetch import Prefetch
+from feedline._spec import ParallelSpec
+from feedline.errors import SpecError
+
+__all__ = ["PLACEMENTS", "Make", "Placement", "ThreadPlacement", "placement_class", "register_placement"]
+
+#: A picklable factory of partition ``p``'s stream of batches.
+Make = Callable[[int], Dataset[Batch]]
+
+
+class Placement(ABC):
+    """Runs partitions ``0..k-1`` of ``make``; see the module docstring.
+
+    ``states`` hold each partition's position (``None``: its start); :meth:`next` returns the
+    partition's next batch and the state after it (``None`` at its end).
+    """
+
+    def __init__(self, make: Make, k: int, options: ParallelSpec) -> None:
+        self.make, self.k, self.options = make, k, options
+
+    @abstractmethod
+    def next(self, p: int) -> tuple[Batch, State] | None:
+        """Partition ``p``'s next batch and its state after it; ``None`` when it has ended."""
+
+    @abstractmethod
+    def set_states(self, states: list[State | None]) -> None:
+        """Position every partition at its state (``None``: its start); nothing prefetched survives."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop everything this placement started. Idempotent; using it again restarts."""
+
+
+class ThreadPlacement(Placement):
+    """Each partition on its own thread in this process (a :class:`Prefetch` over its stream)."""
+
+    def __init__(self, make: Make, k: int, options: ParallelSpec) -> None:
+        super().__init__(make, k, options)
+        self._stages = [self._stage(p) for p in range(k)]
+
+    def _stage(self, p: int) -> Prefetch:
+        return Prefetch(lambda: iter(self.make(p)), self.options.prefetch, name=f"feedline-partition-{p}")
+
+    def next(self, p: int) -> tuple[Batch, State] | None:
+        return next(self._stages[p], None)
+
+    def set_states(self, states: list[State | None]) -> None:
+        for p, (stage, state) in enumerate(zip(self._stages, states, strict=True)):
+            if state is None:
+                stage.close()
+                self._stages[p] = self._stage(p)
+            else:
+                stage.set_state(state)
+
+    def close(self) -> None:
+        for stage in self._stages:
+            stage.close()
+
+
+PLACEMENTS: dict[str, Callable[[Make, int, ParallelSpec], Placement]] = {"threads": ThreadPlacement}
+
+
+def register_placement(name: str, factory: Callable[[Make, int, ParallelSpec], Placement]) -> None:
+    """Make ``parallel: {placement: name}`` run partitions with ``factory(make, k, options)``."""
+    PLACEMENTS[name] = factory
+
+
+def placement_class(name: str) -> Callable[[Make, int, ParallelSpec], Placement]:
+    """The placement registered as ``name``."""
+    found = PLACEMENTS.get(name)
+    if found is None:
+        hint = " (the ray placement is installed by `import feedline`)" if name == "ray" else ""
+        raise SpecError(f"parallel.placement: {name!r} is not a placement{close_match(name, sorted(PLACEMENTS))}"
+                        f" (placements: {', '.join(sorted(PLACEMENTS))}){hint}")
+    return found
+
+
+def replay(make: Make, p: int, state: Mapping[str, Any] | None) -> Batch:
+    """Partition ``p``'s batch after ``state`` (``None``: its first), computed here (a restore's carried rows)."""
+    it: DatasetIterator[Batch] = iter(make(p))
+    try:
+        if state is not None:
+            it.set_state(state)
+        return next(it)
+    finally:
+        it.close()

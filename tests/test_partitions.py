@@ -1,0 +1,174 @@
+"""Partitions: dealing splits, the composing stage, its state and exact resume (threads placement).
+
+Placement tests (processes, Ray) are in tests/test_placements.py; both compare against the
+threads placement, which these tests check against the rule in feedline/_partitions/compose.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from feedline import Loader, Spec, StateError
+from feedline._partitions.compose import quotas
+from feedline._pipeline import GlobalStream, Pipeline
+from feedline._sources.deal import deal, partition_seed
+from feedline._sources.reader import Split
+from feedline.testing import assert_batches_equal, assert_resumes_exactly, assert_stage_resumes, collect, make_corpus
+
+
+def spec(corpus: str, tok: str, k: int, **kw: Any) -> dict[str, Any]:
+    return {"sources": [corpus], "tokenizer": tok, "task": {"kind": "clm", "max_length": 48},
+            "batching": {"strategy": "pack", "batch_size": 5, "window": 16, "first_window": 4},
+            "partitions": k, "parallel": "threads", **kw}
+
+
+# ----------------------------------------------------------------------- dealing
+def test_one_cuttable_split_feeds_every_partition_in_equal_pieces() -> None:
+    parts = deal([Split(0, "a", 0, 100, 100)], [(0, 100)], 3)
+    assert [[(s.start, s.end) for s in p] for p in parts] == [[(0, 33)], [(33, 66)], [(66, 100)]]
+    # several splits laid end to end: only the splits under a cut point are cut
+    parts = deal([Split(0, "a", 0, 60), Split(1, "b", 0, 40)], [(0, 60), (0, 40)], 2)
+    assert [[(s.file, s.start, s.end) for s in p] for p in parts] == [[(0, 0, 50)], [(0, 50, 60), (1, 0, 40)]]
+
+
+def test_splits_that_cannot_be_cut_are_dealt_whole_to_the_least_loaded() -> None:
+    splits = [Split(i, f"f{i}") for i in range(5)]
+    assert [[s.file for s in p] for p in deal(splits, [None] * 5, 2)] == [[0, 2, 4], [1, 3]]
+    assert deal(splits[:1], [None], 3) == [[splits[0]], [], []]
+    assert deal(splits, [None] * 5, 1) == [splits]
+    assert partition_seed(7, 0, 1) == 7 and partition_seed(7, 0, 2) != partition_seed(7, 1, 2)
+
+
+def test_quotas_deal_the_batch_rows_extras_first() -> None:
+    assert quotas(10, 3) == [4, 3, 3] and quotas(8, 2) == [4, 4] and sum(quotas(7, 7)) == 7
+
+
+def _keys(pipeline: Pipeline) -> list[tuple[int, int, int]]:
+    it = iter(pipeline.records())
+    try:
+        return [tuple(r.key) for r in it]  # type: ignore[misc]
+    finally:
+        it.close()
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_single_file_is_shared_by_every_partition_exactly_once(tmp_path: Path, small_tokenizer: str, fmt: str) -> None:
+    path = make_corpus(tmp_path, files=1, docs=90)[0]
+    if fmt == "parquet":  # one row group: cut in row ranges
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        rows = [json.loads(line) for line in Path(path).read_text().splitlines()]
+        path = str(tmp_path / "one.parquet")
+        pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=1000)
+    s = Spec.load(spec(path, small_tokenizer, 3))
+    whole = _keys(Pipeline(s.replace(partitions=1)))
+    shares = [_keys(Pipeline(s, partition=p)) for p in range(3)]
+    assert all(25 <= len(x) <= 35 for x in shares), [len(x) for x in shares]
+    assert sorted(k for x in shares for k in x) == sorted(whole) and len(whole) == 90
+
+
+def test_a_partition_without_a_share_of_a_small_gzip_source_is_not_an_error(tmp_path: Path, small_tokenizer: str) -> None:
+    gz = make_corpus(tmp_path / "gz", files=1, docs=30, fmt="jsonl.gz")[0]
+    plain = make_corpus(tmp_path / "plain", files=1, docs=30, seed=1)[0]
+    s = {**spec(plain, small_tokenizer, 2), "sources": [gz, plain]}
+    batches = collect(Loader(s))
+    assert len(batches) > 5
+
+
+# ----------------------------------------------------------------------- the stream
+def test_one_partition_is_the_stream_without_partitions(corpus: str, small_tokenizer: str) -> None:
+    plain = {k: v for k, v in spec(corpus, small_tokenizer, 1).items() if k not in ("partitions", "parallel")}
+    assert Spec.load(plain).hash() == Spec.load(spec(corpus, small_tokenizer, 1)).hash()
+    a, sa = collect(Loader(plain), with_states=True)
+    b, sb = collect(Loader(spec(corpus, small_tokenizer, 1)), with_states=True)
+    assert_batches_equal(a, b, "K=1")
+    assert sa == sb and "partitions" not in json.dumps(sb[0])
+
+
+def test_a_step_takes_each_partitions_batch_in_partition_order(corpus: str, small_tokenizer: str) -> None:
+    s = Spec.load(spec(corpus, small_tokenizer, 2, batching={"strategy": "pad", "batch_size": 5}))
+    got = collect(Loader(s))
+    parts = [collect(GlobalStreamRows(Pipeline(s, partition=p))) for p in range(2)]
+    assert [len(next(iter(b.values()))) for b in parts[0][:2]] == [3, 3] and len(parts[1][0]["input_ids"]) == 2
+    first = got[0]["input_ids"]
+    width = max(parts[0][0]["input_ids"].shape[1], parts[1][0]["input_ids"].shape[1])
+    assert first.shape == (5, width)
+    assert np.array_equal(first[:3, :parts[0][0]["input_ids"].shape[1]], parts[0][0]["input_ids"])
+    assert np.array_equal(first[3:, :parts[1][0]["input_ids"].shape[1]], parts[1][0]["input_ids"])
+    # every row of every partition is delivered once (drop applies only to the very last short batch)
+    rows = sum(len(b["input_ids"]) for p in parts for b in p)
+    assert len(got) == rows // 5
+
+
+class GlobalStreamRows:
+    """A partition's batches as an iterable (for the test above)."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.it = iter(pipeline.batches())
+
+    def __iter__(self) -> Any:
+        return self.it
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_the_composing_stage_resumes_exactly_from_every_state(corpus: str, small_tokenizer: str, k: int) -> None:
+    s = Spec.load(spec(corpus, small_tokenizer, k, epochs=1))
+    stage = Pipeline(s).batches()   # the composing stage, through its partitions' tails (carried rows)
+    assert type(stage).__name__ == "Composed"
+    assert assert_stage_resumes(stage, check=3, every=3) > 3
+
+
+def test_a_loader_resumes_exactly_with_partitions(corpus: str, small_tokenizer: str) -> None:
+    assert assert_resumes_exactly(spec(corpus, small_tokenizer, 3, shuffle={"buffer": 20}), every=4) > 3
+
+
+def test_elastic_resume_over_ranks_with_partitions(corpus: str, small_tokenizer: str) -> None:
+    s = spec(corpus, small_tokenizer, 2, batching={"strategy": "pack", "batch_size": 4, "window": 16})
+    whole = collect(Loader(s))
+    ranks = [Loader(s, r, 2) for r in range(2)]
+    for _ in range(3):
+        for r in ranks:
+            next(r)
+    state = ranks[1].state_dict()
+    rest = collect(Loader(s, 0, 1, state=state))
+    assert_batches_equal(whole[3:], rest, "elastic 2 -> 1")
+    for r in ranks:
+        r.close()
+
+
+def test_a_state_of_another_number_of_partitions_is_refused(corpus: str, small_tokenizer: str) -> None:
+    loader = Loader(spec(corpus, small_tokenizer, 2))
+    next(loader)
+    state = loader.state_dict()
+    loader.close()
+    with pytest.raises(StateError, match="partitions: 2 but this spec has partitions: 3"):
+        Loader(spec(corpus, small_tokenizer, 3), state=state)
+    with pytest.raises(StateError, match="partitions: 2 but this spec has partitions: 1"):
+        Loader(spec(corpus, small_tokenizer, 1), state=state)
+    it = iter(Pipeline(Spec.load(spec(corpus, small_tokenizer, 3))).batches())
+    with pytest.raises(StateError, match="holds 2 partition states but the spec has partitions: 3"):
+        it.set_state(state["pipeline"]["pipeline"] if "pipeline" in state["pipeline"] else state["pipeline"])
+    it.close()
+
+
+def test_partitions_must_not_exceed_the_batch_size(corpus: str, small_tokenizer: str) -> None:
+    from feedline import SpecError
+
+    with pytest.raises(SpecError, match="partitions: 6 exceeds batching.batch_size 5"):
+        Spec.load(spec(corpus, small_tokenizer, 6))
+    with pytest.raises(SpecError, match="parallel.placement"):
+        Spec.load(spec(corpus, small_tokenizer, 2, parallel="gpu"))
+
+
+def test_global_stream_state_nests_the_partitions(corpus: str, small_tokenizer: str) -> None:
+    it = iter(GlobalStream(Pipeline(spec(corpus, small_tokenizer, 2))))
+    next(it)
+    st = it.get_state()
+    it.close()
+    assert sorted(st["pipeline"]) == ["carry", "ended", "partitions"] and len(st["pipeline"]["partitions"]) == 2
