@@ -268,12 +268,14 @@ class EngineSpec:
 class ParallelSpec:
     """Where a spec's ``partitions`` run (never what they deliver: not hashed).
 
-    ``placement``: ``threads`` (one thread per partition, in this process), ``processes`` (spawned
-    worker processes, each owning some partitions), ``ray`` (one Ray actor per partition), or
-    ``auto`` (``processes`` when ``partitions > 1``). ``processes``: worker processes for
-    ``processes`` (0: one per partition, at most the cores). ``address``, ``num_cpus``: the Ray
-    cluster (``auto``: the one ``ray start`` runs here, else a local one) and the CPUs per actor.
-    ``prefetch``: batches each partition runs ahead of the composing stage.
+    Attributes:
+        placement: ``threads`` (one thread per partition, in this process), ``processes`` (spawned
+            worker processes, each owning some partitions), ``ray`` (one Ray actor per partition),
+            or ``auto`` (``processes`` when ``partitions > 1``, else ``threads``).
+        processes: worker processes for ``processes`` (0: one per partition, at most the cores).
+        address: the Ray cluster for ``ray`` (``auto``: the one this machine belongs to, else a local one).
+        num_cpus: CPUs each Ray actor reserves.
+        prefetch: batches each partition runs ahead of the composing stage.
     """
 
     placement: Placement = "auto"
