@@ -9,7 +9,7 @@
 from feedline import _spec
 from feedline._batching.registry import batcher_class as _batcher_class
 from feedline._core.record import Example, Record, Rejection
-from feedline._hf_datasets import load_dataset
+from feedline._hf_datasets import interleave_datasets, load_dataset
 from feedline._loader import Loader
 from feedline._pipeline import Pipeline
 from feedline._records import records
@@ -62,6 +62,7 @@ __all__ = [
     "TransformError",
     "TransportError",
     "TransportTimeout",
+    "interleave_datasets",
     "load_dataset",
     "load_tokenizer",
     "records",

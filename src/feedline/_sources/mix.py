@@ -9,6 +9,8 @@ rules (``mix.stopping``):
 - ``first_exhausted``: the mixture ends as soon as any source is exhausted.
 - ``cycle``: sources restart as needed so proportions follow the weights; the mixture ends when
   every source has completed its epochs at least once.
+- ``concat``: the sources one after another, in spec order (weights are ignored): a list of
+  files read as ``datasets`` reads ``data_files``.
 
 State: ``{"step": i, "active": [bool...], "done": [bool...], "sources": [state...],
 "counts": [records delivered per source]}``.
@@ -78,6 +80,8 @@ class MixtureIterator(DatasetIterator[Record]):
         self.counts = [0] * n
 
     def _pick(self) -> int:
+        if self.mix.stopping == "concat":
+            return self.active.index(True)
         total = sum(w for w, a in zip(self.mix.weights, self.active, strict=True) if a)
         u = uniform(self.mix.seed, _SALT, self.step) * total
         last = 0
@@ -111,6 +115,16 @@ class MixtureIterator(DatasetIterator[Record]):
 
     def take(self, n: int) -> list[Record]:
         """One source (outside ``cycle``) passes its records straight through: many at a time."""
+        if self.mix.stopping == "concat" and any(self.active):
+            i = self.active.index(True)
+            out = self.its[i].take(n)
+            self.step += len(out)
+            self.counts[i] += len(out)
+            if len(out) < n:  # source i is exhausted; the next source continues the chunk
+                self.step += 1
+                self.active[i] = False
+                out += self.take(n - len(out))
+            return out
         if len(self.its) > 1 or self.mix.stopping == "cycle" or not self.active[0]:
             return super().take(n)
         out = self.its[0].take(n)

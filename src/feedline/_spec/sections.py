@@ -139,13 +139,15 @@ class MixSpec:
     ``stopping``: ``all_exhausted`` (each source read once per epoch; weights set the
     interleaving), ``first_exhausted`` (the epoch ends when any source runs out), or ``cycle``
     (sources restart as needed so proportions follow the weights; the epoch ends when the
-    largest-weight-adjusted source has been read once).
+    largest-weight-adjusted source has been read once), or ``concat`` (the sources one after
+    another in spec order, weights ignored).
 
     Attributes:
-        stopping: when an epoch of the mixture ends: ``all_exhausted``, ``first_exhausted`` or ``cycle``.
+        stopping: when an epoch of the mixture ends: ``all_exhausted``, ``first_exhausted``, ``cycle``
+            or ``concat``.
     """
 
-    stopping: Literal["all_exhausted", "first_exhausted", "cycle"] = "all_exhausted"
+    stopping: Literal["all_exhausted", "first_exhausted", "cycle", "concat"] = "all_exhausted"
 
 
 @dataclass(frozen=True, kw_only=True)
