@@ -104,12 +104,14 @@ def test_url_source_delivers_every_record_across_a_drop(server: str) -> None:
     assert [r["text"] for r in recs] == [json.loads(x)["text"] for x in body.splitlines()]
 
 
-def test_url_404_is_a_counted_rejection_and_other_files_are_read(server: str) -> None:
+def test_url_404_stops_the_run_unless_on_unreadable_skip(server: str) -> None:
     _Handler.files["/ok.jsonl"] = _corpus(10)
     spec = {"sources": [{"path": f"{server}/missing.jsonl"}, {"path": f"{server}/ok.jsonl"}]}
-    assert len(list(records(spec))) == 10
+    with pytest.raises(SourceError, match=r"missing\.jsonl.*on_unreadable: skip"):
+        list(records(spec))  # half the data is not lost quietly
+    assert len(list(records({**spec, "on_unreadable": "skip"}))) == 10  # counted, the other file read
     with pytest.raises(RecordError, match=r"missing\.jsonl.*unreadable"):
-        list(records({**spec, "on_error": "raise"}))
+        list(records({**spec, "on_unreadable": "skip", "on_error": "raise"}))
 
 
 def test_open_url_gives_up_after_retries(server: str) -> None:

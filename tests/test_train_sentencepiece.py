@@ -81,3 +81,14 @@ def test_cli_trains_a_sentencepiece_model(botchan: Path, tmp_path: Path) -> None
     assert r.returncode == 0, r.stderr
     sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "c" / "tokenizer.model"))
     assert sp.decode(sp.encode(SENTENCE)) == SENTENCE
+
+
+def test_a_vocabulary_the_corpus_cannot_fill_is_reported(botchan: Path, tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "feedline", "train-tokenizer", str(botchan), "-o", str(tmp_path / "s"),
+                        "--format", "sentencepiece", "--kind", "bpe", "--vocab-size", "32000"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    got = spm.SentencePieceProcessor(model_file=str(tmp_path / "s" / "tokenizer.model")).get_piece_size()
+    assert got < 32000
+    assert f"{got} pieces; only {got} of the 32000 asked" in r.stdout  # not a silent 25,415 for 32,000
+    assert "not the 32000 asked" in r.stderr  # the library's warning, for callers of train_sentencepiece

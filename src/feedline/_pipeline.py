@@ -74,6 +74,7 @@ class Pipeline:
         return [
             FileSource(src, i, seed=self.seed, shuffle_splits=bool(s.shuffle and s.shuffle.shards),
                        epochs=None if endless else s.epochs, on_error=s.on_error, reject_limit=s.reject_limit,
+                       on_unreadable=s.on_unreadable,
                        partition=part, partitions=k)
             for i, src in enumerate(s.sources)
         ]
@@ -259,6 +260,12 @@ class GlobalStreamIterator(DatasetIterator[tuple[int, Batch, State]]):
                 batch = batch.expand()
             full = complete_batch(batch, b.batch_size, self.gs.world_size, b.remainder, p.task.pad_values)
             if full is None:
+                if self.step == 0:  # the only batch: dropping it would end the stream empty, silently
+                    rows = len(next(iter(batch.values())))
+                    raise SpecError(
+                        f"the stream holds {rows} rows, fewer than batching.batch_size={b.batch_size}, and "
+                        "batching.remainder: drop dropped them all (0 batches); lower batch_size, or set "
+                        "remainder: keep (a short batch) or pad (empty rows up to batch_size)")
                 continue
             self.step += 1
             self._out = True

@@ -49,7 +49,7 @@ class Batcher(Dataset[Batch]):
 
             raise SpecError(
                 f"batching.strategy: {self.strategy!r} puts several examples in one row, which task {task.kind!r} "
-                "does not allow (its rows carry per-example labels or keys); use strategy 'pad' or 'bucket'"
+                "does not allow (its rows carry per-example labels or keys); use strategy 'pad'"
             )
         self.parent = parent
         self.options = options

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from feedline._state import find_rejected, mixture_shares
+from feedline.errors import TransportError
 
 __all__ = ["LATENCY_BUCKETS", "LatencyHistogram", "MetricsEndpoint", "Rate", "SnapshotCollector", "StreamCounters",
            "find_rejected", "mixture_shares", "render_prometheus"]
@@ -229,7 +230,11 @@ class MetricsEndpoint:
                  window: int | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SnapshotCollector(snapshot, window))  # type: ignore[arg-type]
-        self.httpd, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        try:
+            self.httpd, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as e:
+            raise TransportError(f"--metrics-port {port}: cannot listen on {host}:{port} ({e.strerror or e}); "
+                                 "choose another port, or 0 for any free one") from e
         self.port = int(self.httpd.server_address[1])
 
     def close(self) -> None:

@@ -72,6 +72,9 @@ class MixtureIterator(DatasetIterator[Record]):
 
     def __init__(self, mix: Mixture) -> None:
         self.mix = mix
+        # List every source and tell its format now: a wrong path or an unknown extension fails
+        # before the other sources are read for minutes.
+        _readers = [source.reader for source in mix.sources]
         self.its: list[FileSourceIterator] = [iter(s) for s in mix.sources]
         n = len(self.its)
         self.step = 0

@@ -71,7 +71,7 @@ class FileSource(Dataset[Record]):
 
     def __init__(self, spec: SourceSpec, index: int, *, seed: int, shuffle_splits: bool,
                  epochs: int | None, on_error: str = "skip", reject_limit: int = 0,
-                 partition: int = 0, partitions: int = 1) -> None:
+                 on_unreadable: str = "skip", partition: int = 0, partitions: int = 1) -> None:
         self.spec = spec
         self.partition, self.partitions = partition, partitions
         self.index = index
@@ -80,6 +80,7 @@ class FileSource(Dataset[Record]):
         self.epochs = epochs
         self.on_error = on_error
         self.reject_limit = reject_limit
+        self.on_unreadable = on_unreadable  # "raise": a file that cannot be read stops the stream
         self._files: list[str] | None = None
         self._reader: Reader | None = None
         self._splits: list[Split] | None = None
@@ -285,6 +286,10 @@ class FileSourceIterator(DatasetIterator[Record]):
             # rejection; the other files are still read.
             sp = self.src.splits[self._order[self.split]]  # type: ignore[index]
             self.close()
+            if self.src.on_unreadable == "raise":
+                raise SourceError(f"{e}; the run stops rather than train on part of the data: fix the path or its "
+                                  "permissions, or set on_unreadable: skip to count such files as 'unreadable' "
+                                  "and read the others") from e
             self.rejections.add(Rejection(sp.path, None, "unreadable", str(e).removeprefix(f"{sp.path}: ")))
             return None
 

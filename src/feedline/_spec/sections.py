@@ -237,8 +237,8 @@ class BatchingSpec:
             (several documents per row, best fit) or ``concat`` (documents end to end, cut into rows).
         batch_size: global rows per step, over all ranks (each rank gets ``batch_size / world_size``).
         remainder: the last short batch: ``drop`` it, ``pad`` it with empty rows to ``batch_size``,
-            or ``keep`` it (padded only to a multiple of the world size). A stream whose only batch
-            would be dropped raises instead of ending empty.
+            or ``keep`` it (padded only to a multiple of the world size); ``infer`` keeps it unless
+            told otherwise. A stream whose only batch would be dropped raises instead of ending empty.
     """
 
     strategy: str = "pad"

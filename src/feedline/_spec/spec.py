@@ -28,7 +28,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from feedline._core.callables import importable
 from feedline._core.options import build, close_match, to_plain
@@ -209,6 +209,9 @@ class Spec:
             before the shuffle buffer; see the ``transforms[]`` section.
         shuffle: ``{buffer, shards}``, a buffer size, ``true`` (the defaults) or ``null``/``false`` (off).
         on_error: a malformed record is counted and skipped (``skip``) or stops the run (``raise``).
+        on_unreadable: a file, URL or dataset that cannot be opened or read (missing, permission
+            denied, 404, hub unreachable) stops the run with its reason (``raise``), or is counted as
+            ``unreadable`` while the other files are read (``skip``).
         reject_limit: records all rejected at a fresh start before the run stops with an error
             naming the likely fix (0 turns the early stop off; counting goes on).
         root: the folder (or URL prefix, ``s3://bucket/corpus``) that relative source and tokenizer
@@ -237,6 +240,8 @@ class Spec:
     transforms: tuple[TransformSpec, ...] = field(default=(), metadata={"section": _transforms})
     shuffle: ShuffleSpec | None = field(default=None, metadata={"section": _shuffle})
     on_error: OnError = "skip"
+    #: A file or dataset that cannot be read stops the run (``raise``) or is counted (``skip``).
+    on_unreadable: Literal["raise", "skip"] = field(default="raise", metadata=NOT_HASHED)
     #: Records all rejected at a fresh start before a SourceError (0: off); never changes batches.
     reject_limit: int = field(default=1000, metadata=NOT_HASHED)
     #: Where relative paths are read from; not hashed, so a moved corpus resumes (see hash()).
@@ -326,7 +331,18 @@ class Spec:
                 values[f.name] = data[f.name]
         spec = build(cls, values, "spec")
         task_cls = ctx.registry.task(spec.task.kind)
+        batching = data.get("batching")
+        default_remainder = getattr(task_cls, "default_remainder", None)
+        if default_remainder and not (isinstance(batching, Mapping) and "remainder" in batching):
+            spec = dataclasses.replace(spec, batching=dataclasses.replace(spec.batching, remainder=default_remainder))
         check = getattr(task_cls, "check_spec", None)
+        if getattr(ctx.registry.batcher(spec.batching.strategy), "joins_examples", False) \
+                and not getattr(task_cls, "packable", True):
+            fits = [s for s in ("pad", "bucket") if _accepts(check, spec, s)]
+            raise SpecError(
+                f"batching.strategy: {spec.batching.strategy!r} puts several examples in one row, which task "
+                f"{spec.task.kind!r} does not allow (its rows carry per-example labels or keys); use strategy "
+                + " or ".join(repr(s) for s in fits))
         if check is not None:
             check(spec)
         return spec
@@ -393,6 +409,17 @@ class Spec:
     def replace(self, **changes: Any) -> Spec:
         """A copy with some top-level fields changed."""
         return dataclasses.replace(self, **changes)
+
+
+def _accepts(check: Callable[[Spec], None] | None, spec: Spec, strategy: str) -> bool:
+    """Whether a task's ``check_spec`` accepts ``spec`` batched by ``strategy`` (its common keys kept)."""
+    if check is None:
+        return True
+    try:
+        check(dataclasses.replace(spec, batching=dataclasses.replace(spec.batching, strategy=strategy)))
+    except SpecError:
+        return False
+    return True
 
 
 # Source options whose default value is left out of the hash (see Spec.hash).

@@ -88,6 +88,8 @@ class Task(ABC):
     target_fields: ClassVar[frozenset[str]] = frozenset()
     #: Whether rows of this task may be packed several to a row.
     packable: ClassVar[bool] = True
+    #: The ``batching.remainder`` this task uses when the spec names none (``None``: the spec's default).
+    default_remainder: ClassVar[str | None] = None
     #: Whether the task takes pre-tokenized records (``{"input_ids": int32 array}``, from the
     #: ``tokens``/``megatron``/``flat`` formats) as well as text.
     accepts_tokens: ClassVar[bool] = False

@@ -62,6 +62,8 @@ class Infer(Task):
     Options = InferOptions
     vector_fields = frozenset({"key"})
     packable = False
+    #: Every record once: the last short batch is kept unless the spec says ``remainder: pad``.
+    default_remainder: ClassVar[str] = "keep"
     extra_pad_values: ClassVar[dict[str, Any]] = {"key": -1}
 
     @classmethod

@@ -26,6 +26,7 @@ see docs/tokenizers.md for the measurements.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -36,6 +37,8 @@ from feedline._tools.progress import enabled, track
 from feedline.errors import MissingDependency, SourceError, SpecError
 
 __all__ = ["SPM_FAMILIES", "train_sentencepiece"]
+
+_log = logging.getLogger("feedline")
 
 SPM_FAMILIES: dict[str, dict[str, Any]] = {
     "unigram": {"file": "spiece", "pad_id": 0, "eos_id": 1, "unk_id": 2, "bos_id": -1, "pad_piece": "<pad>",
@@ -138,6 +141,10 @@ def train_sentencepiece(inputs: Sequence[str], output: str, *, kind: str = "unig
     model = Path(prefix + ".model")
     if n_sentinels:
         _append_sentinels(model, n_sentinels)
+    got = piece_count(model)
+    if got < vocab_size:
+        _log.warning("%s holds %d pieces, not the %d asked: the corpus has too few distinct pieces for that "
+                     "vocabulary (train on more text, or ask for --vocab-size %d)", model, got, vocab_size, got)
     config: dict[str, Any] = dict(family["config"])
     if n_sentinels:
         config["additional_special_tokens"] = [f"<extra_id_{i}>" for i in range(n_sentinels)]
@@ -148,6 +155,13 @@ def train_sentencepiece(inputs: Sequence[str], output: str, *, kind: str = "unig
     with open(os.path.join(output, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2)
     return model
+
+
+def piece_count(model: str | os.PathLike[str]) -> int:
+    """The number of pieces (ids) in a SentencePiece ``.model``, sentinels included."""
+    import sentencepiece as spm
+
+    return int(spm.SentencePieceProcessor(model_file=str(model)).get_piece_size())
 
 
 def _append_sentinels(model: Path, n: int) -> None:

@@ -54,8 +54,13 @@ def _render(tok: Any, ids: np.ndarray, loss: np.ndarray | None, color: bool) -> 
     return "".join(parts)
 
 
-def describe_batch(batch: dict[str, np.ndarray], tok: Any, rows: int, pad_id: int, color: bool) -> dict[str, Any]:
-    """Shapes, dtypes and decoded rows of one batch."""
+def describe_batch(batch: dict[str, np.ndarray], tok: Any, rows: int, pad_id: int, color: bool, *,
+                   label_names: list[str] | None = None) -> dict[str, Any]:
+    """Shapes, dtypes and decoded rows of one batch.
+
+    ``label_names`` marks ``labels`` as a multi-hot vector per row (multi-label classification):
+    each row shows the names of its labels, not tokens.
+    """
     ids = batch.get("input_ids")
     labels = batch.get("labels")
     mask = batch.get("attention_mask")
@@ -72,7 +77,10 @@ def describe_batch(batch: dict[str, np.ndarray], tok: Any, rows: int, pad_id: in
             row["text"] = _render(tok, row_ids, loss, color)
         else:
             row["text"] = tok.decode(row_ids)
-            if labels is not None and labels.ndim == 2:
+            if labels is not None and label_names is not None:
+                on = np.flatnonzero(labels[r] > 0.5).tolist()
+                row["labels"] = [label_names[i] if i < len(label_names) else i for i in on]
+            elif labels is not None and labels.ndim == 2:
                 lab = labels[r][labels[r] != -100]
                 row["loss_tokens"] = int(lab.size)
                 row["target"] = tok.decode(lab[lab >= 0])
@@ -92,10 +100,12 @@ def run(args: argparse.Namespace) -> int:
     color = sys.stdout.isatty() if args.color is None else args.color
     loader = Loader(spec, rank=args.rank, world_size=args.world_size, prefetch=1)
     tok = loader.pipeline.tokenizer
+    task = loader.pipeline.task
+    names = list(getattr(task, "vocab", {})) if "labels" in getattr(task, "vector_fields", ()) else None
     report = []
     try:
         for i, batch in enumerate(loader):
-            report.append(describe_batch(batch, tok, args.rows, loader.pipeline.task.pad_values["input_ids"], color))
+            report.append(describe_batch(batch, tok, args.rows, task.pad_values["input_ids"], color, label_names=names))
             if i + 1 >= args.batches:
                 break
     finally:

@@ -37,7 +37,10 @@ def fetch_stats(address: str, keys: str | None = None, timeout: float = 5.0) -> 
         sock.connect(address)
         sock.send(pack("stats"))
         if not sock.poll(int(timeout * 1000)):
-            raise TransportTimeout(f"no answer from {address} within {timeout:.0f}s; is 'feedline serve' running there?")
+            hint = ("is 'feedline serve' running there, with these keys?" if keys else
+                    "is 'feedline serve' running there? A server started with --keys answers only clients "
+                    "that pass --keys DIR (or set FEEDLINE_KEYS)")
+            raise TransportTimeout(f"no answer from {address} within {timeout:.0f}s; {hint}")
         h = unpack_header(sock.recv())
         if h["op"] == "error":
             raise error_from_header(h)

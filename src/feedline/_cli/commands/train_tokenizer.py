@@ -45,7 +45,11 @@ def run(args: argparse.Namespace) -> int:
         model = train_sentencepiece(args.inputs, args.output, kind=args.kind, vocab_size=args.vocab_size,
                                     lowercase=bool(args.lowercase), sentinels=args.sentinels, text_field=args.text,
                                     tokenizer_json=args.tokenizer_json)
-        print(f"wrote {model} and {model.with_suffix('.vocab')} ({args.kind}, sentencepiece)")
+        from feedline._tools.train_sentencepiece import piece_count
+
+        got = piece_count(model)
+        short = "" if got >= args.vocab_size else f"; only {got} of the {args.vocab_size} asked: the corpus is too small"
+        print(f"wrote {model} and {model.with_suffix('.vocab')} ({args.kind}, sentencepiece, {got} pieces{short})")
         return 0
     if args.tokenizer_json:
         raise SpecError("--tokenizer-json is for --format sentencepiece (the tokenizers format is tokenizer.json)")
