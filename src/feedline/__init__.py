@@ -11,6 +11,8 @@ from feedline._batching.registry import batcher_class as _batcher_class
 from feedline._core.record import Example, Record, Rejection
 from feedline._hf_datasets import interleave_datasets, load_dataset
 from feedline._loader import Loader
+from feedline._partitions.placement import register_placement as _register_placement
+from feedline._partitions.processes import ProcessPlacement as _ProcessPlacement
 from feedline._pipeline import Pipeline
 from feedline._records import records
 from feedline._spec import Spec
@@ -35,6 +37,8 @@ from feedline.errors import (
 
 # The composition root: the spec finds tasks and batchers through registries handed to it here.
 _spec.use_registry(_spec.Registry(task=_task_class, batcher=_batcher_class))
+# ... and the composing stage finds where partitions run by name (threads is the stage's own).
+_register_placement("processes", _ProcessPlacement)
 
 __version__ = "0.1.0"
 

@@ -4,11 +4,12 @@ A placement runs ``K`` partition streams (each a recipe of batches, built by a p
 ``make(p)``) and hands the composing stage each partition's next batch with the state after it.
 Placement is never identity: every placement hands out the same batches and states, because each
 partition is the same deterministic stream wherever it runs. Placements register by name
-(:func:`register_placement`); ``threads`` and ``processes`` are feedline's own, ``ray`` is
-installed by the package root (it lives with the Ray helpers, above this layer).
+(:func:`register_placement`): ``threads`` is this module's own; the package root installs
+``processes`` (:mod:`feedline._partitions.processes`) and ``ray`` (with the Ray helpers), the way
+it installs the task and batcher registries.
 
-    >>> sorted(PLACEMENTS)[:2]                          # doctest: +SKIP
-    ['processes', 'ray']
+    >>> import feedline; sorted(PLACEMENTS)            # doctest: +SKIP
+    ['processes', 'ray', 'threads']
 """
 
 from __future__ import annotations

@@ -1,0 +1,128 @@
+"""Placement is not identity: the same partitions give the same batches and states on threads,
+in worker processes and on Ray actors; processes survive a killed worker and never outlive the parent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from feedline import Loader, Spec
+from feedline._pipeline import Pipeline
+from feedline.testing import assert_batches_equal, assert_resumes_exactly, assert_stage_resumes, collect
+
+
+def spec(corpus: str, tok: str, k: int, placement: str, **kw: Any) -> dict[str, Any]:
+    return {"sources": [corpus], "tokenizer": tok, "task": {"kind": "clm", "max_length": 48},
+            "batching": {"strategy": "pack", "batch_size": 5, "window": 16, "first_window": 4}, "shuffle": {"buffer": 16},
+            "partitions": k, "parallel": {"placement": placement, "prefetch": 2}, **kw}
+
+
+def runner(loader: Any) -> Any:
+    """The placement under a loader: Prefetch -> RankSlice -> GlobalStream -> Composed."""
+    stage = loader._stage
+    stage.start()
+    while stage._parent is None:
+        time.sleep(0.01)
+    return stage._parent.parent.parent.runner
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (not yet reaped by a dead parent's init) is gone for our purpose
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_processes_give_the_batches_and_states_of_threads(corpus: str, small_tokenizer: str, k: int) -> None:
+    a, sa = collect(Loader(spec(corpus, small_tokenizer, k, "threads")), with_states=True)
+    b, sb = collect(Loader(spec(corpus, small_tokenizer, k, "processes", parallel={"placement": "processes", "processes": 2})),
+                    with_states=True)
+    assert len(a) > 10
+    assert_batches_equal(a, b, f"K={k} threads vs processes")
+    assert sa == sb
+
+
+def test_auto_is_processes_for_several_partitions(corpus: str, small_tokenizer: str) -> None:
+    s = Spec.load({**spec(corpus, small_tokenizer, 2, "auto")})
+    assert s.parallel.resolve(2) == "processes" and s.parallel.resolve(1) == "threads"
+    loader = Loader(s)
+    next(loader)
+    assert type(runner(loader)).__name__ == "ProcessPlacement"
+    loader.close()
+
+
+@pytest.mark.slow
+def test_processes_resume_exactly(corpus: str, small_tokenizer: str) -> None:
+    s = spec(corpus, small_tokenizer, 2, "processes", epochs=1)
+    assert assert_resumes_exactly(s, every=8, check=3, limit=16) >= 3   # (the tail's carried rows: test_partitions)
+    assert assert_stage_resumes(Pipeline(s).batches(), max_steps=6, check=2, every=3) >= 3
+
+
+def test_a_killed_worker_is_restarted_from_its_partitions_states(corpus: str, small_tokenizer: str) -> None:
+    s = spec(corpus, small_tokenizer, 3, "processes", parallel={"placement": "processes", "processes": 3})
+    want = collect(Loader(spec(corpus, small_tokenizer, 3, "threads")))
+    loader = Loader(s)
+    got = [dict(next(loader)) for _ in range(4)]
+    placement = runner(loader)
+    victim = placement.pids()[1]
+    os.kill(victim, signal.SIGKILL)
+    got += collect(loader)
+    assert placement.restarts[1] >= 1 and victim not in placement.pids()
+    assert_batches_equal(want, got, "after a killed worker")
+    loader.close()
+    assert placement.pids() == []
+
+
+CHILD = textwrap.dedent("""
+    import sys, time
+    import feedline
+
+    if __name__ == "__main__":
+        loader = feedline.Loader(eval(sys.argv[1]))
+        next(loader)
+        stage = loader._stage
+        print(" ".join(str(p) for p in stage._parent.parent.parent.runner.pids()), flush=True)
+        try:
+            time.sleep(120)
+        except KeyboardInterrupt:
+            loader.close()
+            print("interrupted", flush=True)
+""")
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT])
+def test_no_worker_outlives_its_parent(corpus: str, small_tokenizer: str, tmp_path: Path, how: int) -> None:
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    s = spec(corpus, small_tokenizer, 2, "processes", epochs=None)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    child = subprocess.Popen([sys.executable, str(script), repr(s)], stdout=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True)
+    try:
+        assert child.stdout is not None
+        pids = [int(p) for p in child.stdout.readline().split()]
+        assert len(pids) == 2 and all(alive(p) for p in pids)
+        os.killpg(child.pid, how) if how == signal.SIGINT else os.kill(child.pid, how)  # Ctrl-C reaches the group
+        child.wait(timeout=30)
+        deadline = time.monotonic() + 15
+        while any(alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in pids if alive(p)], "worker processes outlived their parent"
+        if how == signal.SIGINT:
+            assert child.returncode == 0 and "interrupted" in child.stdout.read()
+    finally:
+        if child.poll() is None:
+            child.kill()
