@@ -167,3 +167,75 @@ def test_a_server_settles_the_auto_backend_before_it_listens(tmp_path: Path, mon
             assert encoder.start is not None and not check._VERDICTS
     finally:
         server.close()
+
+
+# ----------------------------------------------------------------------------- shared mode holds what it must
+@pytest.fixture()
+def long_lease(spec: dict[str, Any]) -> Any:
+    """A dispatcher whose leases never run out during a test (``now`` stays below 600)."""
+    from feedline._pipeline import GlobalStream
+
+    streams = load_streams(spec)
+    it = iter(GlobalStream(streams["train"], 1))
+    initial = {"train": it.get_state()}
+    it.close()
+    transport = InProcTransport()
+    d = Dispatcher(streams, ServerOptions(window=2, lease=600.0), transport, initial=initial)
+    yield d, transport
+    d.close()
+
+
+def _consume(d: Dispatcher, t: InProcTransport, ident: bytes, limit: int, *, ack: bool = True) -> list[int]:
+    """Steps ``ident`` receives (acking each, with one credit back) until ``limit`` or 2 s without one."""
+    steps: list[int] = []
+    quiet = time.monotonic() + 2.0
+    while len(steps) < limit and time.monotonic() < quiet:
+        d.dispatch(1.0)
+        for h, _ in t.take(ident):
+            if h["op"] == "batch":
+                steps.append(h["step"])
+                quiet = time.monotonic() + 2.0
+                if ack:
+                    d.receive(ident, [pack("credit", n=1, step=h["step"])], now=1.0)
+            elif h["op"] == "end":
+                return steps
+        time.sleep(0.002)
+    return steps
+
+
+def _live_batches() -> int:
+    import gc
+
+    from feedline._service.producer import Produced
+
+    gc.collect()
+    return sum(isinstance(o, Produced) for o in gc.get_objects())
+
+
+def test_an_acked_batch_is_released_at_its_ack_not_at_its_lease_end(long_lease: Any) -> None:
+    d, t = long_lease
+    d.receive(b"a", _hello(mode="shared", prefetch=2), now=0.0)
+    d.receive(b"a", [pack("credit", n=2)], now=0.0)
+    steps = _consume(d, t, b"a", 1000)
+    q = d.queues["train"]
+    assert len(steps) >= 12 and steps == sorted(steps)
+    # every batch was acked within its 600 s lease: none of them may still be held
+    assert q.watermark >= len(steps) - 2 and len(q.marks) <= 1
+    assert q.holding <= q.budget and len(q.leases) <= 2 * q.live + 64
+    assert _live_batches() <= q.budget + 4, "acked batches are still referenced"   # + the producer's depth
+
+
+def test_a_stuck_shared_consumer_holds_its_batches_not_the_window(long_lease: Any) -> None:
+    d, t = long_lease   # window 2, leases of 600 s that never run out here
+    d.receive(b"stuck", _hello(mode="shared", prefetch=2), now=0.0)
+    d.receive(b"stuck", [pack("credit", n=2)], now=0.0)
+    held = [h["step"] for h, _ in _until(d, t, b"stuck", "batch") if h["op"] == "batch"]
+    held += [h["step"] for h, _ in t.take(b"stuck") if h["op"] == "batch"]
+    d.receive(b"fast", _hello(mode="shared", prefetch=1), now=0.0)
+    d.receive(b"fast", [pack("credit", n=1)], now=0.0)
+    got = _consume(d, t, b"fast", 1000)
+    q = d.queues["train"]
+    # the healthy consumer gets every batch but the stuck one's, without waiting for a lease to end
+    assert q.ended_at is not None, f"the healthy consumer stalled after {len(got)} batches (stuck holds {held})"
+    assert sorted(got + held) == list(range(1, q.ended_at + 1))
+    assert q.watermark < min(held) and q.holding == len(held) and len(q.marks) <= 2

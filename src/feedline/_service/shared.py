@@ -6,11 +6,17 @@ client holds unacked are re-delivered to others, oldest first, when it disappear
 timeout, or a new connection of its process) or when their lease runs out (a consumer that is
 alive but stuck). Delivery is therefore at-least-once: a batch whose lease expired may be
 processed twice, by its slow first consumer and by the next one. A late ack of an expired lease
-is ignored.
+counts while the batch still waits for re-delivery, and is ignored once it was re-sent.
 
 The resume state handed out with each batch is the *watermark*: the state after the highest step
 ``h`` such that steps ``1..h`` are all acked. Restarting a shared stream from it re-delivers the
 batches after ``h`` that were already acked (at-least-once across a server restart).
+
+Memory is bounded by the batches *outstanding* (produced and not acked: queued or in flight), at
+most ``window`` plus the members' prefetch: an acked batch is released at its ack, whatever its
+lease, and of the acked steps above the watermark only the states the watermark may stop at are
+kept (the last acked step of each run, one per gap). A batch stuck with one consumer therefore
+holds one slot of the window, not the window: the others go on at full speed until its lease ends.
 """
 
 from __future__ import annotations
@@ -37,9 +43,11 @@ __all__ = ["Lease", "SharedQueue"]
 
 @dataclass(eq=False, slots=True)
 class Lease:
-    """One batch in flight to one client, until ``deadline`` (monotonic seconds)."""
+    """One batch in flight to one client, until ``deadline`` (monotonic seconds); ``item`` is
+    ``None`` once the lease is over (acked, expired, given back or released)."""
 
-    item: Produced
+    step: int
+    item: Produced | None
     client: bytes
     deadline: float
 
@@ -66,14 +74,16 @@ class SharedQueue:
         self.redeliver: deque[Produced] = deque()
         self.inflight: dict[bytes, dict[int, Lease]] = {}
         self.leases: deque[Lease] = deque()   # in the order taken, so deadlines are ascending
-        self.held: dict[int, Produced] = {}   # produced and not yet below the watermark
-        self.acked: set[int] = set()          # acked steps above the watermark
+        self.live = 0                         # leases not over (the rest of ``leases`` is compacted away)
+        self.outstanding: dict[int, Produced] = {}   # produced and not acked: queued or in flight
+        self.marks: dict[int, bytes | str] = {}      # states of acked steps the watermark may stop at
+        self.last = self.watermark            # the last step produced
         self.ended_at: int | None = None
         self.error: BaseException | None = None
         self.stall_reason: str | None = None   # a shared queue never stalls on a peer
         self.redelivered = 0
         self.lease_expired = 0
-        self.budget = window     # batches held at most: window + the members' prefetch
+        self.budget = window     # outstanding batches at most: window + the members' prefetch
         self.idle_since = time.monotonic()
         self.producer.start()
 
@@ -82,17 +92,18 @@ class SharedQueue:
         self.budget += client.prefetch
 
     def pump(self, now: float) -> None:
-        """Expire leases, then produce while fewer than ``budget`` batches are held."""
+        """Expire leases, then produce while fewer than ``budget`` batches are outstanding."""
         for ident, n in self.expire(now).items():
             log.warning("stream %r: client %s held %d batches unacked for over %gs (lease); re-queued for others",
                         self.stream, ident.hex(), n, self.lease)
-        while self.ended_at is None and self.error is None and len(self.held) < self.budget:
+        while self.ended_at is None and self.error is None and len(self.outstanding) < self.budget:
             item = self.producer.poll()
             if item is None:
                 return
             if isinstance(item, Produced):
                 self.fresh.append(item)
-                self.held[item.step] = item
+                self.outstanding[item.step] = item
+                self.last = item.step
             elif isinstance(item, End):
                 self.ended_at = item.step
             else:
@@ -103,11 +114,12 @@ class SharedQueue:
         queue = self.redeliver if self.redeliver else self.fresh
         if queue:
             item = queue.popleft()
-            lease = Lease(item, client.ident, now + self.lease)
+            lease = Lease(item.step, item, client.ident, now + self.lease)
             self.inflight.setdefault(client.ident, {})[item.step] = lease
             self.leases.append(lease)
+            self.live += 1
             return item
-        if self.ended_at is not None and not any(self.inflight.values()):
+        if self.ended_at is not None and not self.live:
             return End(self.ended_at)
         return None
 
@@ -122,42 +134,70 @@ class SharedQueue:
 
     def giveback(self, client: Client, item: Produced) -> None:
         """Undo a :meth:`take` whose send failed."""
-        self.inflight.get(client.ident, {}).pop(item.step, None)
+        lease = self.inflight.get(client.ident, {}).pop(item.step, None)
+        if lease is not None:
+            self._over(lease)
         self.redeliver.appendleft(item)
 
     def expire(self, now: float) -> dict[bytes, int]:
         """Re-queue (oldest first) the batches whose lease ran out; returns how many, per client."""
-        expired: list[Lease] = []
+        expired: list[Produced] = []
+        counts: dict[bytes, int] = {}
         while self.leases and self.leases[0].deadline <= now:
             lease = self.leases.popleft()
-            held = self.inflight.get(lease.client, {})
-            if held.get(lease.item.step) is lease:
-                del held[lease.item.step]
-                expired.append(lease)
-        for lease in sorted(expired, key=lambda x: x.item.step, reverse=True):
-            self.redeliver.appendleft(lease.item)
+            if lease.item is None:
+                continue   # over already
+            del self.inflight[lease.client][lease.step]
+            expired.append(lease.item)
+            counts[lease.client] = counts.get(lease.client, 0) + 1
+            self._over(lease)
+        for item in sorted(expired, key=lambda x: x.step, reverse=True):
+            self.redeliver.appendleft(item)
         self.lease_expired += len(expired)
         self.redelivered += len(expired)
-        counts: dict[bytes, int] = {}
-        for lease in expired:
-            counts[lease.client] = counts.get(lease.client, 0) + 1
         return counts
 
     def ack(self, client: Client, step: int) -> None:
-        if self.inflight.get(client.ident, {}).pop(step, None) is None:
-            return   # not in flight to this client (its lease expired): the re-delivery's ack counts
-        self.acked.add(step)
-        while self.watermark + 1 in self.acked:
-            self.watermark += 1
-            self.acked.discard(self.watermark)
-            item = self.held.pop(self.watermark)
-            self.watermark_wire = item.state_wire
+        """``client`` consumed ``step``: release the batch now and move the watermark.
+
+        A late ack (its lease expired) still counts while the batch waits for re-delivery (nobody
+        else has it, so nobody processes it twice); once re-sent, the new holder's ack counts.
+        """
+        lease = self.inflight.get(client.ident, {}).pop(step, None)
+        if lease is not None:
+            item = lease.item
+            self._over(lease)
+        else:
+            waiting = [i for i, x in enumerate(self.redeliver) if x.step == step]
+            if not waiting:
+                return
+            item = self.redeliver[waiting[0]]
+            del self.redeliver[waiting[0]]
+        assert item is not None
+        del self.outstanding[step]
+        self.marks.pop(step - 1, None)   # its successor is acked: the watermark never stops there
+        if step == self.last or step + 1 in self.outstanding:
+            self.marks[step] = item.state_wire
+        if step == self.watermark + 1:
+            low = min(self.outstanding, default=self.last + 1) - 1
+            self.watermark, self.watermark_wire = low, self.marks.pop(low)
+            for s in [s for s in self.marks if s < low]:
+                del self.marks[s]
+
+    def _over(self, lease: Lease) -> None:
+        """A lease ended (its batch acked, re-queued or given back): drop its reference now."""
+        lease.item = None
+        self.live -= 1
+        if len(self.leases) > 2 * self.live + 64:   # amortised: the deque never grows with throughput x lease
+            self.leases = deque(x for x in self.leases if x.item is not None)
 
     def release(self, client: Client) -> int:
         """Put a departed client's unacked batches back at the front of the queue; returns how many."""
         self.budget -= client.prefetch
-        items = sorted((lease.item for lease in self.inflight.pop(client.ident, {}).values()),
-                       key=lambda p: p.step, reverse=True)
+        leases = self.inflight.pop(client.ident, {}).values()
+        items = sorted((lease.item for lease in leases if lease.item is not None), key=lambda p: p.step, reverse=True)
+        for lease in leases:
+            self._over(lease)
         for item in items:
             self.redeliver.appendleft(item)
         self.redelivered += len(items)
@@ -175,10 +215,16 @@ class SharedQueue:
 
     @property
     def produced(self) -> int:
-        return max(self.held, default=self.watermark)
+        return self.last
+
+    @property
+    def holding(self) -> int:
+        """Batches this queue references: every outstanding one, none acked."""
+        return len(self.outstanding)
 
     def close(self) -> None:
         self.producer.close()
         self.fresh.clear()
         self.redeliver.clear()
         self.leases.clear()
+        self.outstanding.clear()
