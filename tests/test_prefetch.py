@@ -138,3 +138,58 @@ def test_poll_never_blocks_and_wake_is_called_per_element() -> None:
 def test_depth_must_be_positive() -> None:
     with pytest.raises(FeedlineError, match="depth 0"):
         Prefetch(Counter(1), depth=0)
+
+
+class Slow(Counter):
+    """A counter whose element ``block_at`` takes until ``release`` is set (or 5 s)."""
+
+    def __init__(self, n: int, block_at: int, release: threading.Event, inside: threading.Event) -> None:
+        super().__init__(n)
+        self.block_at, self.release, self.inside = block_at, release, inside
+        self.threads: set[str] = set()
+
+    def __next__(self) -> int:
+        self.threads.add(threading.current_thread().name)
+        if self.i == self.block_at:
+            self.inside.set()
+            self.release.wait(5)
+        return super().__next__()
+
+
+def test_a_detached_stop_never_waits_for_a_busy_thread_nor_reuses_its_parent() -> None:
+    import time
+
+    release, inside = threading.Event(), threading.Event()
+    made: list[Slow] = []
+
+    def factory() -> Slow:
+        made.append(Slow(10, block_at=2 if not made else -1, release=release, inside=inside))
+        return made[-1]
+
+    it = Prefetch(factory, 1, detach=True)
+    assert next(it)[0] == 0
+    assert inside.wait(5)   # the thread holds element 1 in the queue and is inside the parent for element 2
+    t0 = time.monotonic()
+    it.set_state({"i": 1})
+    assert time.monotonic() - t0 < 0.5, "set_state waited for the thread"
+    assert [next(it)[0] for _ in range(3)] == [1, 2, 3]   # from a fresh parent, while the old one is busy
+    assert len(made) == 2 and made[0].closed == 0 and len(made[1].threads) == 1
+    t0 = time.monotonic()
+    it.close()
+    assert time.monotonic() - t0 < 0.5 and made[1].closed == 1
+    release.set()   # the old thread leaves its parent: only then is that parent closed
+    deadline = time.monotonic() + 5
+    while made[0].closed == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert made[0].closed == 1 and made[0].i == 3   # it finished its one element and stopped
+
+
+def test_without_detach_a_stop_still_joins_the_thread() -> None:
+    release, inside = threading.Event(), threading.Event()
+    parent = Slow(10, block_at=2, release=release, inside=inside)
+    it = Prefetch(parent, 1, detach=True)   # not a factory: nothing to rebuild, so it must wait
+    assert next(it)[0] == 0 and inside.wait(5)
+    threading.Timer(0.2, release.set).start()
+    it.set_state({"i": 5})
+    assert not it.running and [next(it)[0] for _ in range(2)] == [5, 6]
+    it.close()

@@ -239,3 +239,43 @@ def test_a_stuck_shared_consumer_holds_its_batches_not_the_window(long_lease: An
     assert q.ended_at is not None, f"the healthy consumer stalled after {len(got)} batches (stuck holds {held})"
     assert sorted(got + held) == list(range(1, q.ended_at + 1))
     assert q.watermark < min(held) and q.holding == len(held) and len(q.marks) <= 2
+
+
+def test_rewinding_a_cursor_never_waits_for_a_step_in_progress(spec: dict[str, Any],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hello that rewinds a cursor runs on the event loop: it must not wait for the producer thread."""
+    import threading
+
+    from feedline._service import producer as producer_mod
+    from feedline._service.ranked import RankedCursor
+
+    inside, release, calls = threading.Event(), threading.Event(), [0]
+    original = producer_mod._CompactSteps.__next__
+
+    def slow_next(self: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 3:   # the first producer's third step takes until released
+            inside.set()
+            release.wait(10)
+        return original(self)
+
+    monkeypatch.setattr(producer_mod._CompactSteps, "__next__", slow_next)
+    streams = load_streams(spec)
+    cursor = RankedCursor("train", streams["train"], 1, None, window=4, wake=lambda: None)
+    try:
+        assert inside.wait(30)
+        t0 = time.monotonic()
+        cursor.rewind(None)
+        stalled = time.monotonic() - t0
+        deadline = time.monotonic() + 30
+        while cursor.produced < 1:
+            assert time.monotonic() < deadline
+            cursor.pump()
+            time.sleep(0.01)
+        first = cursor.buffer[0]
+        assert stalled < 0.5, f"the rewind blocked the event loop for {stalled:.1f}s"
+        assert first.step == 1
+        assert_batches_equal([next(iter(feedline.Loader(spec)))], [first.slices[0]], "first step after a rewind")
+    finally:
+        release.set()
+        cursor.close()

@@ -20,12 +20,19 @@ runs on the thread after each element (conversion, serialisation) and is not par
 ``wake`` is called when a put finds the queue empty, so an event loop polling with :meth:`poll`
 never spins (a loop that is woken must then take everything ready, as it does not hear of the rest).
 
+Stopping (:meth:`Prefetch.set_state`, :meth:`Prefetch.close`) joins the thread, which may be in
+the middle of producing an element. With ``detach=True`` (an event loop's stages: the service's
+producers) it never waits: a thread still inside its parent is left to finish in the background,
+where its parent is closed after it, and the next start builds a fresh parent from the factory
+(a parent an old thread may still be inside is never reused).
+
 State: exactly the parent's state (a prefetch stage adds no fields of its own), so a state
 saved with or without prefetching resumes either way.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable, Mapping
@@ -36,6 +43,9 @@ from feedline._core.deferred import materialize
 from feedline.errors import FeedlineError
 
 __all__ = ["Prefetch"]
+
+log = logging.getLogger("feedline")
+_REAP_AFTER = 600.0   # seconds a detached thread may take to leave its parent before the parent is left open
 
 _END = object()
 
@@ -58,10 +68,12 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         map: applied to each element on the thread.
         wake: called when an element (or the end, or an error) is queued into an empty queue.
         name: the thread's name.
+        detach: never join a busy thread on the caller's thread (needs a factory parent).
     """
 
     def __init__(self, parent: Any, depth: int, *, map: Callable[[Any], Any] | None = None,
-                 wake: Callable[[], None] | None = None, name: str = "feedline-prefetch") -> None:
+                 wake: Callable[[], None] | None = None, name: str = "feedline-prefetch",
+                 detach: bool = False) -> None:
         if depth < 1:
             raise FeedlineError(f"prefetch depth {depth} must be >= 1")
         if callable(parent) and not hasattr(parent, "get_state"):
@@ -71,6 +83,7 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
             self._factory, self._parent = None, parent
         self.depth = depth
         self.name = name
+        self.detach = detach and self._factory is not None
         self._map = map
         self._wake = wake
         self._state: State | None = None   # state after the last element handed out (a snapshot)
@@ -209,9 +222,13 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
                 self._queue.get_nowait()
         except queue.Empty:
             pass
+        self._rewind = self._state is not None
+        if self.detach and t.is_alive() and t is not threading.current_thread():
+            parent, self._parent = self._parent, None   # the next start builds a fresh one
+            threading.Thread(target=_reap, args=(t, parent), name=f"{self.name}-reaper", daemon=True).start()
+            return
         if t is not threading.current_thread():
             t.join(timeout=30)
-        self._rewind = self._state is not None
         if discard and self._factory is not None and self._parent is not None:
             parent, self._parent = self._parent, None  # after an error, start over from a fresh parent
             parent.close()
@@ -239,6 +256,8 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
                 except StopIteration:
                     self._put(q, stop, _END)
                     return
+                if stop.is_set():   # halted while producing: the element is nobody's
+                    return
                 self.pulled += 1
                 state = snapshot()
                 if fn is not None:
@@ -247,3 +266,16 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
                     return
         except BaseException as e:  # forwarded to the consumer
             self._put(q, stop, _Failed(e))
+
+
+def _reap(thread: threading.Thread, parent: Any) -> None:
+    """Wait (off the caller's thread) for a halted thread to leave ``parent``, then close it."""
+    thread.join(timeout=_REAP_AFTER)
+    if thread.is_alive():
+        log.warning("%s: still producing %gs after it was stopped; its iterator is left open", thread.name, _REAP_AFTER)
+        return
+    if parent is not None:
+        try:
+            parent.close()
+        except Exception as e:  # nobody waits for this close: say what failed
+            log.warning("%s: closing its iterator after a stop failed: %s", thread.name, e)

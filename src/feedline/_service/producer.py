@@ -72,7 +72,7 @@ class Producer:
         self.start_state = dict(start) if start is not None else None
         self.spec_hash = pipeline.spec.hash()
         self._stage = Prefetch(lambda: _CompactSteps(iter(GlobalStream(pipeline, world_size))), max(1, depth),
-                               map=self._produce, wake=wake, name=name)
+                               map=self._produce, wake=wake, name=name, detach=True)
         if start is not None:
             self._stage.set_state(start)
         first = start if start is not None else initial
@@ -106,7 +106,8 @@ class Producer:
         return None if item is None else item[0]  # type: ignore[no-any-return]
 
     def close(self) -> None:
-        """Stop the thread (it exits at its next step boundary) and close the stream. Idempotent."""
+        """Stop the thread and close the stream, without waiting for a step in progress (the event
+        loop calls this): a thread inside a step finishes it in the background. Idempotent."""
         self._stage.close()
 
     def _produce(self, element: tuple[int, Batch | CompactBatch, dict[str, Any]]) -> Produced:
