@@ -7,6 +7,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +96,45 @@ def rows(batch: dict[str, np.ndarray]) -> list[bytes]:
     return sorted(b"".join(np.ascontiguousarray(batch[k][i]).tobytes() for k in sorted(batch)) for i in range(n))
 
 
+
+
+# ----------------------------------------------------------------------------- the HTTP gateway
+HTTP_FAST = ["--heartbeat", "0.2", "--timeout", "1.5"]
+
+
+def start_http(spec_path: str, *args: str, stderr: Any = subprocess.DEVNULL,
+               preexec_fn: Any = None) -> tuple[subprocess.Popen[str], str]:
+    """``feedline serve SPEC --http 127.0.0.1:0 ARGS``; returns the process and the base URL."""
+    proc = subprocess.Popen([sys.executable, "-m", "feedline", "serve", spec_path, *HTTP_FAST, *args],
+                            stdout=subprocess.PIPE, stderr=stderr, text=True, preexec_fn=preexec_fn)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith(READY_PREFIX):
+            proc.address = line[len(READY_PREFIX):].strip()  # type: ignore[attr-defined]
+        if "HTTP on " in line:
+            return proc, line.split("HTTP on ", 1)[1].split("/ ", 1)[0]
+    proc.kill()
+    proc.stdout.close()
+    raise AssertionError(f"no HTTP endpoint (exit {proc.wait()})")
+
+
+def stop_http(proc: subprocess.Popen[str]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def http_get(url: str, accept: str = "application/json", token: str | None = None,
+             timeout: float = 60) -> tuple[int, dict[str, str], bytes]:
+    req = urllib.request.Request(url, headers={"Accept": accept, **({"Authorization": f"Bearer {token}"}
+                                                                   if token else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()

@@ -6,8 +6,6 @@ import json
 import subprocess
 import sys
 import threading
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -19,44 +17,11 @@ import feedline
 from feedline._service.http_options import HttpOptions, parse_http_bind
 from feedline.errors import SpecError
 from feedline.testing import collect
-from service_helpers import make_spec, tokenizer_path, write_spec
+from service_helpers import http_get as get
+from service_helpers import make_spec, start_http, tokenizer_path, write_spec
+from service_helpers import stop_http as stop
 
-FAST = ["--heartbeat", "0.2", "--timeout", "1.5"]
 pytestmark = pytest.mark.timeout(120)
-
-
-def start_http(spec_path: str, *args: str) -> tuple[subprocess.Popen[str], str]:
-    """``feedline serve SPEC --http 127.0.0.1:0 ARGS``; returns the process and the base URL."""
-    proc = subprocess.Popen([sys.executable, "-m", "feedline", "serve", spec_path, *FAST, *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if "HTTP on " in line:
-            return proc, line.split("HTTP on ", 1)[1].split("/ ", 1)[0]
-    proc.kill()
-    proc.stdout.close()
-    raise AssertionError(f"no HTTP endpoint (exit {proc.wait()})")
-
-
-def stop(proc: subprocess.Popen[str]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()
-
-
-def get(url: str, accept: str = "application/json", token: str | None = None) -> tuple[int, dict[str, str], bytes]:
-    req = urllib.request.Request(url, headers={"Accept": accept, **({"Authorization": f"Bearer {token}"}
-                                                                   if token else {})})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, dict(r.headers), r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), e.read()
 
 
 def from_msgpack(body: bytes) -> dict[str, Any]:

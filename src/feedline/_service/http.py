@@ -18,11 +18,12 @@ Encodings (``Accept``): ``application/json`` gives arrays as nested lists;
 per row, ``null`` for fill rows) and ``texts`` (the records' text, re-read by key).
 
 Delivery: each batch goes to exactly one GET, whatever the concurrency (one thread per stream
-takes batches in order). A batch is *acked* to the server once its response has been written to
-the socket; a response that cannot be written (the client hung up) puts the batch back at the
-front for the next GET. Batches taken but not acked stay in flight to the gateway, so if the
-whole process dies they are re-delivered by the server's successor from the watermark, exactly
-as for any shared-mode client. HTTP itself has no ack: a response written to the socket but lost
+takes batches in order) and however long the pauses between GETs (a feed gives what it holds
+back to the server before its lease could run out: :mod:`.http_feed`). A batch is *acked* to the
+server once its response has been written to the socket; a response that cannot be written (the
+client hung up) puts the batch back at the front for the next GET. Batches taken but not acked
+stay in flight to the gateway, so if the whole process dies they are re-delivered by the
+server's successor from the watermark (or from ``serve --state``), as for any shared-mode client. HTTP itself has no ack: a response written to the socket but lost
 before the client read it is not re-sent.
 
 Security: a bind outside loopback needs a bearer token (``--http-token-file``); every route but
@@ -35,12 +36,9 @@ import asyncio
 import hmac
 import json
 import logging
-import secrets
 import threading
-from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import Future
 from typing import Any
 
 import msgpack
@@ -48,9 +46,8 @@ import numpy as np
 
 from feedline._pipeline import Pipeline
 from feedline._service.auth import ClientKeys
-from feedline._service.connection import Connection, Delivered, Ended, Failed, Item, Welcome
+from feedline._service.http_feed import Delivery, StreamFeed
 from feedline._service.http_options import HttpOptions
-from feedline._service.protocol import PROTOCOL_VERSION, state_as_json
 from feedline.errors import FeedlineError, SpecError, TransportError
 
 __all__ = ["Delivery", "HttpGateway", "StreamFeed"]
@@ -61,109 +58,6 @@ JSON = "application/json"
 MSGPACK = "application/x-msgpack"
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """One batch taken from the server: its step, the state JSON after it, and its arrays."""
-
-    step: int
-    state_json: str
-    arrays: Mapping[str, np.ndarray]
-
-
-class StreamFeed:
-    """One stream's shared-mode connection to the server: ``take`` a batch, ``ack`` or ``giveback`` it.
-
-    :meth:`take` and :meth:`state` run on :attr:`executor`'s single thread, which serialises
-    concurrent requests: no batch is taken twice. :meth:`ack` and :meth:`giveback` may come from
-    any thread (the connection's caller socket is guarded by a lock).
-    """
-
-    def __init__(self, address: str, stream: str, *, keys: ClientKeys | None, prefetch: int, timeout: float) -> None:
-        self.address, self.stream = address, stream
-        self.keys, self.prefetch, self.timeout = keys, prefetch, timeout
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"feedline-http-{stream}")
-        self.state_json: str | None = None
-        self.ended_at: int | None = None
-        self.served = 0
-        self.returned = 0
-        self._conn: Connection | None = None
-        self._redo: deque[Delivery] = deque()
-        self._lock = threading.Lock()
-
-    def _connect(self) -> Connection:
-        with self._lock:
-            return self._connect_locked()
-
-    def _connect_locked(self) -> Connection:
-        if self._conn is None:
-            hello = {"v": PROTOCOL_VERSION, "stream": self.stream, "mode": "shared", "rank": 0, "world_size": 1,
-                     "prefetch": self.prefetch, "session": secrets.token_hex(8), "spec_hash": None}
-            self._conn = Connection(self.address, hello=hello, resume=None, prefetch=self.prefetch, keys=self.keys,
-                                    timeout=self.timeout, reconnect=max(60.0, self.timeout), max_message=1 << 30)
-            self._conn.start()
-        return self._conn
-
-    def _next_item(self) -> Item | None:
-        """The connection's next item, or ``None`` after a short wait (so given-back batches are seen)."""
-        return self._connect().next_item(timeout=0.05)
-
-    def take(self) -> Delivery | None:
-        """The next batch (a given-back one first), or ``None`` once the stream has ended."""
-        while True:
-            if self._redo:
-                return self._redo.popleft()
-            if self.ended_at is not None:
-                return None
-            item = self._next_item()
-            if item is None:
-                continue
-            if isinstance(item, Welcome):
-                self.state_json = self.state_json or state_as_json(item.state)
-            elif isinstance(item, Delivered):
-                self.state_json = state_as_json(item.state)
-                return Delivery(item.step, self.state_json, item.arrays)
-            elif isinstance(item, Ended):
-                self.ended_at = int(item.step or 0)
-            else:
-                raise item.error
-
-    def ack(self, step: int) -> None:
-        """The batch of ``step`` was written to its client: ack it (and ask the server for another).
-
-        Safe from any thread (while :meth:`take` waits for the credit this grants).
-        """
-        with self._lock:
-            self.served += 1
-            if self._conn is not None:
-                self._conn.consumed(step)
-
-    def giveback(self, delivery: Delivery) -> None:
-        """A batch whose response could not be written: the next ``take`` returns it. Any thread."""
-        self.returned += 1
-        self._redo.appendleft(delivery)
-
-    def state(self) -> str:
-        """The stream's state JSON (the watermark after the last batch received)."""
-        while self.state_json is None:
-            item = self._next_item()
-            if item is None:
-                continue
-            if isinstance(item, Welcome):
-                self.state_json = state_as_json(item.state)
-            elif isinstance(item, Failed):
-                raise item.error
-            else:  # cannot happen: the welcome comes first
-                raise TransportError(f"expected a welcome from the server, got {type(item).__name__}")
-        return self.state_json
-
-    def close(self) -> None:
-        """Say bye without acking what is held (the server re-queues it). Idempotent."""
-        with self._lock:
-            conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
-
-
 class HttpGateway:
     """Serves the streams' batches over HTTP (see the module docstring).
 
@@ -172,11 +66,14 @@ class HttpGateway:
     """
 
     def __init__(self, address: str, streams: Mapping[str, Pipeline], options: HttpOptions, *,
-                 keys: ClientKeys | None = None, stats: Callable[[], Mapping[str, Any]] | None = None) -> None:
+                 keys: ClientKeys | None = None, stats: Callable[[], Mapping[str, Any]] | None = None,
+                 lease: float = 60.0) -> None:
         self.options = options
         self.streams = dict(streams)
-        self.feeds = {name: StreamFeed(address, name, keys=keys, prefetch=options.prefetch, timeout=options.timeout)
-                      for name in self.streams}
+        self.feeds = {name: StreamFeed(address, name, keys=keys, prefetch=options.prefetch, timeout=options.timeout,
+                                       hold=lease / 2) for name in self.streams}
+        self._check_every = min(1.0, lease / 8)
+        self._checks: dict[str, Future[bool]] = {}
         self._stats = stats or dict
         self._token = options.token.encode() if options.token else None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -216,6 +113,7 @@ class HttpGateway:
         host, port = runner.addresses[0][:2]
         self._loop, self._runner = loop, runner
         self._thread = threading.Thread(target=loop.run_forever, name="feedline-http", daemon=True)
+        loop.call_soon_threadsafe(self._release_stale)
         self._thread.start()
         self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
         return self.url
@@ -247,6 +145,16 @@ class HttpGateway:
         for feed in self.feeds.values():
             feed.executor.submit(feed.close).result(timeout=10)
             feed.executor.shutdown(wait=True)
+
+    def _release_stale(self) -> None:
+        """On the loop, every ``lease / 8`` s (at most 1 s): each idle feed gives back what it held too long."""
+        if self._closed or self._loop is None:
+            return
+        for name, feed in self.feeds.items():
+            pending = self._checks.get(name)
+            if pending is None or pending.done():   # one at a time, however long a take waits
+                self._checks[name] = feed.executor.submit(feed.release_stale)
+        self._loop.call_later(self._check_every, self._release_stale)
 
     def __enter__(self) -> HttpGateway:
         self.start()

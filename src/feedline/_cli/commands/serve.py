@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     gateway = None
     if http is not None:
         keys = ClientKeys.load(args.keys) if args.keys else None
-        gateway = HttpGateway(address, streams, http, keys=keys, stats=lambda: server.snapshot)
+        gateway = HttpGateway(address, streams, http, keys=keys, stats=lambda: server.snapshot, lease=options.lease)
         try:
             url = gateway.start()
         except BaseException:

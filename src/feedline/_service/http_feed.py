@@ -1,0 +1,170 @@
+"""One stream's shared-mode connection from the HTTP gateway to its server: :class:`StreamFeed`.
+
+    feed = StreamFeed(address, "train", keys=None, prefetch=4, timeout=30.0, hold=30.0)
+    d = feed.take()            # on feed.executor's one thread: the next batch (None once ended)
+    feed.ack(d.step)           # its response was written: ack it (grants the next credit)
+    feed.giveback(d)           # or: it could not be written, the next take returns it
+    feed.release_stale()       # periodically: give back to the server what no GET took in time
+
+The gateway holds up to ``prefetch`` batches it has not served, each leased to it by the server.
+Lease time runs while no client asks, so a feed never holds one longer than ``hold`` seconds
+(half the server's lease): once its oldest credit is that old and no batch is being served, it
+says bye (the server re-queues what it held, in order) and the next GET reconnects. Each step
+therefore goes to exactly one GET however long the pauses between GETs.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from feedline._service.auth import ClientKeys
+from feedline._service.connection import Connection, Delivered, Ended, Failed, Item, Welcome
+from feedline._service.protocol import PROTOCOL_VERSION, state_as_json
+from feedline.errors import TransportError
+
+__all__ = ["Delivery", "StreamFeed"]
+
+log = logging.getLogger("feedline.service.http")
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One batch taken from the server: its step, the state JSON after it, and its arrays."""
+
+    step: int
+    state_json: str
+    arrays: Mapping[str, np.ndarray]
+
+
+class StreamFeed:
+    """One stream's shared-mode connection to the server: ``take`` a batch, ``ack`` or ``giveback`` it.
+
+    :meth:`take`, :meth:`state` and :meth:`release_stale` run on :attr:`executor`'s single thread,
+    which serialises them: no batch is taken twice. :meth:`ack` and :meth:`giveback` may come from
+    any thread (the connection's caller socket is guarded by a lock).
+    """
+
+    def __init__(self, address: str, stream: str, *, keys: ClientKeys | None, prefetch: int, timeout: float,
+                 hold: float = 30.0) -> None:
+        self.address, self.stream = address, stream
+        self.keys, self.prefetch, self.timeout, self.hold = keys, prefetch, timeout, hold
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"feedline-http-{stream}")
+        self.state_json: str | None = None
+        self.ended_at: int | None = None
+        self.served = 0
+        self.returned = 0
+        self.released = 0   # times the held batches went back to the server after a pause
+        self._conn: Connection | None = None
+        self._redo: deque[Delivery] = deque()
+        self._granted: deque[float] = deque()   # when each credit not yet used was granted, oldest first
+        self._serving = 0                        # taken and neither acked nor given back
+        self._lock = threading.Lock()
+
+    def _connect(self) -> Connection:
+        with self._lock:
+            if self._conn is None:
+                hello = {"v": PROTOCOL_VERSION, "stream": self.stream, "mode": "shared", "rank": 0, "world_size": 1,
+                         "prefetch": self.prefetch, "session": secrets.token_hex(8), "spec_hash": None}
+                self._conn = Connection(self.address, hello=hello, resume=None, prefetch=self.prefetch,
+                                        keys=self.keys, timeout=self.timeout, reconnect=max(60.0, self.timeout),
+                                        max_message=1 << 30)
+                self._granted = deque([time.monotonic()] * self.prefetch)
+                self._conn.start()
+            return self._conn
+
+    def _next_item(self) -> Item | None:
+        """The connection's next item, or ``None`` after a short wait (so given-back batches are seen)."""
+        return self._connect().next_item(timeout=0.05)
+
+    def take(self) -> Delivery | None:
+        """The next batch (a given-back one first), or ``None`` once the stream has ended."""
+        while True:
+            if self._redo:
+                with self._lock:
+                    self._serving += 1
+                    return self._redo.popleft()
+            if self.ended_at is not None:
+                return None
+            item = self._next_item()
+            if item is None:
+                continue
+            if isinstance(item, Welcome):
+                self.state_json = self.state_json or state_as_json(item.state)
+            elif isinstance(item, Delivered):
+                self.state_json = state_as_json(item.state)
+                with self._lock:
+                    self._serving += 1
+                    if self._granted:
+                        self._granted.popleft()
+                return Delivery(item.step, self.state_json, item.arrays)
+            elif isinstance(item, Ended):
+                self.ended_at = int(item.step or 0)
+            else:
+                raise item.error
+
+    def ack(self, step: int) -> None:
+        """The batch of ``step`` was written to its client: ack it (and ask the server for another).
+
+        Safe from any thread (while :meth:`take` waits for the credit this grants).
+        """
+        with self._lock:
+            self.served += 1
+            self._serving -= 1
+            if self._conn is not None:
+                self._conn.consumed(step)
+                self._granted.append(time.monotonic())
+
+    def giveback(self, delivery: Delivery) -> None:
+        """A batch whose response could not be written: the next ``take`` returns it. Any thread."""
+        with self._lock:
+            self.returned += 1
+            self._serving -= 1
+            self._redo.appendleft(delivery)
+
+    def release_stale(self) -> bool:
+        """Give every held batch back to the server when the oldest may have waited ``hold`` seconds
+        for a GET (its lease would run out here, and the server would send it again); returns
+        whether it did. Runs on :attr:`executor`, between takes."""
+        with self._lock:
+            conn = self._conn
+            if conn is None or self._serving or not self._granted or self.ended_at is not None \
+                    or time.monotonic() - self._granted[0] < self.hold:
+                return False
+            self._conn = None
+            self._redo.clear()   # in flight to the closed connection: the server re-queues them
+            self._granted.clear()
+            self.released += 1
+        conn.close()
+        log.info("stream %r: no GET for %.0fs; the gateway's held batches went back to the server", self.stream,
+                 self.hold)
+        return True
+
+    def state(self) -> str:
+        """The stream's state JSON (the watermark after the last batch received)."""
+        while self.state_json is None:
+            item = self._next_item()
+            if item is None:
+                continue
+            if isinstance(item, Welcome):
+                self.state_json = state_as_json(item.state)
+            elif isinstance(item, Failed):
+                raise item.error
+            else:  # cannot happen: the welcome comes first
+                raise TransportError(f"expected a welcome from the server, got {type(item).__name__}")
+        return self.state_json
+
+    def close(self) -> None:
+        """Say bye without acking what is held (the server re-queues it). Idempotent."""
+        with self._lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
