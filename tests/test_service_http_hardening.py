@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,3 +46,143 @@ def test_a_pause_longer_than_the_lease_repeats_no_batch(env: dict[str, Any]) -> 
     steps = first + rest
     assert steps == list(range(1, len(steps) + 1)), f"repeated or lost: {steps}"
     assert len(steps) >= 8 and stats["server"]["streams"]["train"]["shared"]["lease_expired"] == 0
+
+
+def _file_step(path: Path) -> int | None:
+    try:
+        return int(json.loads(path.read_text())["streams"]["train"]["step"])
+    except FileNotFoundError:
+        return None
+
+
+@pytest.mark.slow
+def test_kill_9_and_restart_with_state_continues_after_the_acked_step(env: dict[str, Any], tmp_path: Path) -> None:
+    import feedline
+    from feedline.testing import collect
+
+    ref = collect(feedline.Loader(env["spec"]))
+    state = tmp_path / "serve-state.json"
+    proc, url = start_http(env["path"], "--http", "127.0.0.1:0", "--state", str(state))
+    try:
+        assert _steps(url, 5) == [1, 2, 3, 4, 5]
+        deadline = time.monotonic() + 10
+        while _file_step(state) != 5:   # the acks of the written responses reach the file
+            assert time.monotonic() < deadline, f"the state file says step {_file_step(state)}, not 5"
+            time.sleep(0.02)
+    finally:
+        proc.kill()   # kill -9: no drain, no bye
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert not list(tmp_path.glob(".*tmp")), "a temporary state file was left behind"
+    proc, url = start_http(env["path"], "--http", "127.0.0.1:0", "--state", str(state))
+    try:
+        status, headers, body = http_get(f"{url}/?stream=train")
+        assert status == 200 and headers["X-Feedline-Step"] == "6"
+        got = json.loads(body)
+        for k, v in ref[5].items():
+            assert got[k] == v.tolist(), k
+        rest = _steps(url)
+    finally:
+        stop_http(proc)
+    assert [6, *rest] == list(range(6, len(ref) + 1))
+    assert _file_step(state) == len(ref)
+
+
+def test_a_state_file_is_checked_against_the_streams(env: dict[str, Any], tmp_path: Path) -> None:
+    from feedline._service.statefile import StateFile
+    from feedline._service.streams import load_streams
+    from feedline.errors import SpecError, StateError
+
+    h = load_streams(env["spec"])["train"].spec.hash()
+    f = StateFile(tmp_path / "s.json", {"train": h})
+    assert f.load() == {}
+    f.save({"train": json.dumps({"version": 1, "spec_hash": h, "step": 3, "world_size": 1, "pipeline": {}})})
+    assert json.loads((tmp_path / "s.json").read_text())["streams"]["train"]["step"] == 3
+    assert [p.name for p in tmp_path.iterdir()] == ["s.json"]
+    with pytest.raises(StateError, match="s.json.*saved under spec"):
+        StateFile(tmp_path / "s.json", {"train": "0123"}).load()
+    with pytest.raises(StateError, match="stream 'train'.*does not serve"):
+        StateFile(tmp_path / "s.json", {"val": h}).load()
+    (tmp_path / "s.json").write_text('{"feedline_server_state": 1, "streams": {"train": {"step": NaN}}}')
+    with pytest.raises(StateError, match="s.json"):
+        f.load()
+    (tmp_path / "s.json").write_text("[1, 2]")
+    with pytest.raises(SpecError, match="not a feedline state file"):
+        f.load()
+
+
+def _low_fd_limit() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))   # the hard limit too: serve cannot raise it
+
+
+@pytest.mark.slow
+def test_slow_and_idle_sockets_starve_neither_authorized_gets_nor_zeromq_trainers(env: dict[str, Any],
+                                                                                   tmp_path: Path) -> None:
+    import socket
+    import threading
+
+    import numpy as np
+
+    import feedline
+
+    token = "s3cret-token-0123456789"
+    (tmp_path / "token").write_text(token)
+    err = (tmp_path / "stderr").open("w")
+    proc, url = start_http(env["path"], "--http", "127.0.0.1:0", "--http-token-file", str(tmp_path / "token"),
+                           "--http-header-timeout", "3", stderr=err, preexec_fn=_low_fd_limit)
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    hostile: list[socket.socket] = []
+    try:
+        for i in range(300):   # more than the server's 256 descriptors: silent, half-headers, no token
+            s = socket.create_connection((host, int(port)), timeout=5)
+            if i % 3 == 1:
+                s.sendall(b"GET /?stream=train HTTP/1.1\r\nHost: x\r\n")
+            elif i % 3 == 2:
+                s.sendall(b"GET /?stream=train HTTP/1.1\r\nHost: x\r\n\r\n")
+            hostile.append(s)
+        got: list[int] = []
+
+        def train() -> None:
+            with feedline.Loader(proc.address, timeout=10, reconnect=10) as loader:   # type: ignore[attr-defined]
+                for b in loader:
+                    got.append(int(np.asarray(b["input_ids"]).shape[0]))
+                    if len(got) == 3:
+                        return
+
+        trainer = threading.Thread(target=train, daemon=True)
+        trainer.start()
+        t0 = time.monotonic()
+        assert _steps(url, 3, token=token, timeout=10) == [1, 2, 3]
+        get_s = time.monotonic() - t0
+        trainer.join(20)
+        assert len(got) == 3, "the ZeroMQ trainer starved"
+        assert http_get(f"{url}/?stream=train", timeout=10)[0] == 401   # and a token is still needed
+        stats = json.loads(http_get(f"{url}/stats", token=token, timeout=10)[2])["http"]["connections"]
+    finally:
+        for s in hostile:
+            s.close()
+        stop_http(proc)
+        err.close()
+    assert get_s < 10 and stats["max"] == 64 and stats["open"] <= 64
+    assert stats["evicted"] + stats["timed_out"] + stats["unauthorized"] >= 300 - 64 and stats["unauthorized"] >= 50
+    assert (tmp_path / "stderr").stat().st_size < 64 << 10, "the server logged without bound"
+
+
+def test_a_flood_of_one_message_is_logged_a_few_times_then_counted() -> None:
+    import logging
+
+    from feedline._service.lograte import RateLimit
+
+    now = [0.0]
+    f = RateLimit(burst=3, period=10.0, clock=lambda: now[0])
+    rec = [logging.LogRecord("asyncio", logging.ERROR, "x", 1, "accept failed: %s", ("EMFILE",), None)
+           for _ in range(1000)]
+    assert sum(f.filter(r) for r in rec) == 3 and f.suppressed == 997
+    now[0] = 11.0
+    later = logging.LogRecord("asyncio", logging.ERROR, "x", 1, "accept failed: %s", ("EMFILE",), None)
+    assert f.filter(later) and "997 similar messages suppressed" in later.getMessage()
+    other = logging.LogRecord("asyncio", logging.ERROR, "x", 1, "another message", (), None)
+    assert f.filter(other)

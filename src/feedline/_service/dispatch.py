@@ -65,11 +65,14 @@ class Dispatcher:
         initial: each stream's start state (computed once by the server).
         wake: called by producer threads after each produced step.
         stats: builds the snapshot a ``stats`` request is answered with (the server's).
+        resume: start states of the streams' shared-mode queues (``serve --state``), used by the
+            first queue of each stream unless its first hello names a state.
     """
 
     def __init__(self, streams: Mapping[str, Pipeline], options: ServerOptions, transport: Transport, *,
                  initial: Mapping[str, dict[str, Any]], wake: Callable[[], None] = lambda: None,
-                 stats: Callable[[], dict[str, Any]] | None = None) -> None:
+                 stats: Callable[[], dict[str, Any]] | None = None,
+                 resume: Mapping[str, dict[str, Any]] | None = None) -> None:
         if not streams:
             raise SpecError("a server needs at least one stream")
         self.streams = dict(streams)
@@ -86,6 +89,7 @@ class Dispatcher:
         self.malformed = 0
         self.internal_errors = 0
         self.stats = stats or (lambda: {})
+        self.resume = dict(resume or {})
 
     # ---------------------------------------------------------------- inbound
     def receive(self, ident: bytes, frames: Sequence[Any], now: float | None = None) -> None:
@@ -173,6 +177,8 @@ class Dispatcher:
         if q is None or (q.ended_at is not None and not q.in_flight and not self.members(q)):
             if q is not None:
                 q.close()
+            saved = self.resume.pop(name, None)
+            start = start if start is not None else saved
             q = SharedQueue(name, self.streams[name], start, window=self.options.window, wake=self.wake,
                             initial=self.initial[name], lease=self.options.lease)
             self.queues[name] = q

@@ -33,6 +33,7 @@ Security: a bind outside loopback needs a bearer token (``--http-token-file``); 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import logging
@@ -47,6 +48,7 @@ import numpy as np
 from feedline._pipeline import Pipeline
 from feedline._service.auth import ClientKeys
 from feedline._service.http_feed import Delivery, StreamFeed
+from feedline._service.http_guard import ConnectionGuard
 from feedline._service.http_options import HttpOptions
 from feedline.errors import FeedlineError, SpecError, TransportError
 
@@ -78,6 +80,8 @@ class HttpGateway:
         self._token = options.token.encode() if options.token else None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: Any = None
+        self._server: asyncio.AbstractServer | None = None
+        self.guard: ConnectionGuard | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
         self._close_lock = threading.Lock()
@@ -100,18 +104,23 @@ class HttpGateway:
         app.router.add_get("/state", self._state)
         app.router.add_get("/stats", self._stats_route)
         app.router.add_get("/healthz", self._healthz)
+        o = self.options
         loop = asyncio.new_event_loop()
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=o.header_timeout)
         loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, self.options.host, self.options.port, reuse_address=True)
+        cap = connection_cap(o.max_connections)
+        assert runner.server is not None
+        self.guard = ConnectionGuard(runner.server, token=self._token, max_connections=cap,
+                                     max_pending=min(o.max_pending, cap - 1), header_timeout=o.header_timeout)
         try:
-            loop.run_until_complete(site.start())
+            server = loop.run_until_complete(loop.create_server(self.guard, o.host, o.port, reuse_address=True,
+                                                                backlog=1024))
         except OSError as e:
             loop.run_until_complete(runner.cleanup())
             loop.close()
-            raise SpecError(f"cannot listen for HTTP on {self.options.host}:{self.options.port}: {e.strerror}") from e
-        host, port = runner.addresses[0][:2]
-        self._loop, self._runner = loop, runner
+            raise SpecError(f"cannot listen for HTTP on {o.host}:{o.port}: {e.strerror}") from e
+        host, port = server.sockets[0].getsockname()[:2]
+        self._loop, self._runner, self._server = loop, runner, server
         self._thread = threading.Thread(target=loop.run_forever, name="feedline-http", daemon=True)
         loop.call_soon_threadsafe(self._release_stale)
         self._thread.start()
@@ -134,7 +143,7 @@ class HttpGateway:
 
     def _close(self) -> None:
         if self._loop is not None and self._thread is not None:
-            fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+            fut = asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
             try:
                 fut.result(timeout=10)
             except Exception as e:  # a stuck request: shut down anyway
@@ -145,6 +154,14 @@ class HttpGateway:
         for feed in self.feeds.values():
             feed.executor.submit(feed.close).result(timeout=10)
             feed.executor.shutdown(wait=True)
+
+    async def _shutdown(self) -> None:
+        """Stop listening, close pending connections, then let aiohttp finish the admitted ones."""
+        if self._server is not None:
+            self._server.close()
+        if self.guard is not None:
+            self.guard.close_pending()
+        await self._runner.cleanup()
 
     def _release_stale(self) -> None:
         """On the loop, every ``lease / 8`` s (at most 1 s): each idle feed gives back what it held too long."""
@@ -271,7 +288,10 @@ class HttpGateway:
     async def _stats_route(self, request: Any) -> Any:
         from aiohttp import web
 
+        guard = self.guard
         http = {"requests": self.requests, "unauthorized": self.unauthorized,
+                "connections": {"open": guard.open, "pending": len(guard.pending), "max": guard.max_connections,
+                                **dataclasses.asdict(guard.counters)} if guard is not None else {},
                 "streams": {n: {"served": f.served, "returned": f.returned, "ended_at": f.ended_at}
                             for n, f in self.feeds.items()}}
         return _json_response(web, 200, {"http": http, "server": self._stats()})
@@ -296,3 +316,19 @@ def _giveback_later(feed: StreamFeed, fut: Any) -> None:
 
 def _json_response(web: Any, status: int, body: Any, headers: Mapping[str, str] | None = None) -> Any:
     return web.Response(status=status, text=json.dumps(body), content_type=JSON, headers=headers)
+
+
+def connection_cap(wanted: int) -> int:
+    """``wanted``, or a quarter of the process's file-descriptor limit when that is smaller (the rest is
+    left to ZeroMQ clients, files and threads)."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):   # not on this platform
+        return wanted
+    if soft == resource.RLIM_INFINITY or soft // 4 >= wanted:
+        return wanted
+    cap = max(2, soft // 4)
+    log.warning("HTTP: at most %d connections (a quarter of the file-descriptor limit %d), not %d", cap, soft, wanted)
+    return cap

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,12 @@ class HttpOptions:
         token: the bearer token; required outside loopback.
         prefetch: batches each stream keeps in flight from the server.
         timeout: seconds of server silence before the gateway's connection reconnects.
+        max_connections: open HTTP connections at most (lowered to a quarter of the process's
+            file-descriptor limit when that is smaller); see :mod:`.http_guard`.
+        max_pending: connections at most that have not yet sent complete, authorized headers;
+            a new one evicts the oldest.
+        header_timeout: seconds a connection has to send its request headers; an admitted one
+            idle for this long between requests (keep-alive) is closed too.
 
         >>> HttpOptions(host="0.0.0.0", port=8080)
         Traceback (most recent call last):
@@ -32,8 +39,16 @@ class HttpOptions:
     token: str | None = None
     prefetch: int = 4
     timeout: float = 30.0
+    max_connections: int = 512
+    max_pending: int = 64
+    header_timeout: float = 10.0
 
     def __post_init__(self) -> None:
+        if self.max_connections < 2 or not 1 <= self.max_pending < self.max_connections:
+            raise SpecError(f"HTTP max_connections ({self.max_connections}) must be >= 2 and max_pending "
+                            f"({self.max_pending}) in [1, max_connections)")
+        if not (math.isfinite(self.header_timeout) and self.header_timeout > 0):
+            raise SpecError(f"HTTP header_timeout ({self.header_timeout}s) must be a finite number > 0")
         if not 0 <= self.port < 65536:
             raise SpecError(f"HTTP port {self.port} is not in [0, 65535]")
         if self.prefetch < 1:

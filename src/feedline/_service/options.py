@@ -41,6 +41,8 @@ class ServerOptions:
             refused unless ``metrics_insecure``.
         metrics_insecure: allow an unauthenticated metrics endpoint off loopback for a keyed service.
         progress: print a one-line progress display on standard error when it is a terminal.
+        state_file: resume each stream's shared-mode queue from this file and keep it current at
+            each acked step (written atomically); see :mod:`.statefile`.
     """
 
     bind: str = "tcp://127.0.0.1:5555"
@@ -59,6 +61,7 @@ class ServerOptions:
     metrics_host: str = "127.0.0.1"
     metrics_insecure: bool = False
     progress: bool = False
+    state_file: str | None = None
 
     def __post_init__(self) -> None:
         if self.window < 1 or self.max_prefetch < 1 or self.max_cursors < 1:

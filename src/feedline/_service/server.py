@@ -30,11 +30,12 @@ from feedline._pipeline import GlobalStream, Pipeline
 from feedline._service.dispatch import Dispatcher
 from feedline._service.metrics import MetricsEndpoint
 from feedline._service.options import ServerOptions
+from feedline._service.statefile import StateFile
 from feedline._service.stats import progress_line, snapshot
 from feedline._service.transport import RouterTransport
 from feedline._sources.files import codec_of, size_of
 from feedline._tokenize.backends import START_AFTER_CHARS
-from feedline.errors import SpecError
+from feedline.errors import FeedlineError, SpecError
 
 __all__ = ["Server", "ServerOptions"]
 
@@ -62,6 +63,9 @@ class Server:
         self._ctx: zmq.Context[Any] | None = None
         self._auth: Any = None
         self._metrics: MetricsEndpoint | None = None
+        self._statefile = StateFile(self.options.state_file, self.hashes) if self.options.state_file else None
+        self._saved: dict[str, tuple[int, int]] = {}   # stream -> (queue id, watermark) last written
+        self._save_failed_at = -1e9
 
     # ------------------------------------------------------------------ setup
     def bind(self) -> str:
@@ -69,6 +73,9 @@ class Server:
         if self.address is not None:
             return self.address
         o = self.options
+        resume = self._statefile.load() if self._statefile is not None else {}
+        for name, state in resume.items():
+            log.info("stream %r: shared mode resumes after step %d (%s)", name, state["step"], o.state_file)
         initial: dict[str, dict[str, Any]] = {}
         for name, pipeline in self.streams.items():
             initial[name] = GlobalStream(pipeline, 1).initial_state()
@@ -95,7 +102,7 @@ class Server:
             raise SpecError(f"cannot bind {o.bind}: {e}") from e
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.dispatcher = Dispatcher(self.streams, o, RouterTransport(self._sock), initial=initial, wake=self.wake,
-                                     stats=self.stats)
+                                     stats=self.stats, resume=resume)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -154,6 +161,8 @@ class Server:
                     self._receive()
                 if deadline is None:
                     d.dispatch()
+                if self._statefile is not None:
+                    self._save_state()
                 if now >= next_tick:
                     next_tick = now + 1.0
                     d.tick(now)
@@ -173,6 +182,25 @@ class Server:
                 self.unauthenticated += 1   # no ZAP user id: never answered, not even stats
                 continue
             self.dispatcher.receive(frames[0].bytes, frames[1:])
+
+    def _save_state(self) -> None:
+        """Rewrite the ``--state`` file when a stream's watermark moved (at most once per loop turn)."""
+        assert self.dispatcher is not None and self._statefile is not None
+        moved = {name: q.watermark_wire for name, q in self.dispatcher.queues.items()
+                 if self._saved.get(name) != (id(q), q.watermark)}
+        if not moved:
+            return
+        try:
+            self._statefile.save(moved)
+        except FeedlineError as e:   # a full disk must not stop the service: say so, once a minute
+            now = time.monotonic()
+            if now - self._save_failed_at >= 60:
+                self._save_failed_at = now
+                log.error("%s; serving on, but a restart would resume from the last state written", e)
+            return
+        for name, q in self.dispatcher.queues.items():
+            if name in moved:
+                self._saved[name] = (id(q), q.watermark)
 
     def _refresh(self) -> None:
         self.snapshot = self.stats()

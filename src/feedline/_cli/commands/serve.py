@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -17,6 +18,7 @@ from feedline._service.auth import ClientKeys, ServerKeys
 from feedline._service.http import HttpGateway
 from feedline._service.http_options import HttpOptions, parse_http_bind, read_token
 from feedline._service.launch import READY_PREFIX
+from feedline._service.lograte import limit_log_rate
 from feedline._service.server import Server, ServerOptions
 from feedline._service.streams import load_streams, parse_stream_option
 from feedline._spec import Spec, read_spec_file
@@ -32,7 +34,11 @@ EXAMPLE = ("feedline serve train.yaml --bind tcp://127.0.0.1:5555 --stream valid
 
 # Every simple ServerOptions field is a flag (--bind, --window, --timeout, ...), generated with its
 # default and help from the dataclass; these are the ones the command sets itself.
-_OWN = frozenset({"bind", "keys", "progress"})
+# where a flood of connections or messages could log without bound (each record is created there)
+_FLOODABLE = ("asyncio", "aiohttp.server", "aiohttp.web", "aiohttp.access", "aiohttp.internal", "feedline",
+              "feedline.service", "feedline.service.http", "feedline.service.auth", "zmq.auth")
+_HTTP_DEFAULTS = {f.name: f.default for f in dataclasses.fields(HttpOptions)}
+_OWN = frozenset({"bind", "keys", "progress", "state_file"})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,9 +50,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also answer GET / with the next batch over HTTP (shared mode; see docs/service.md)")
     parser.add_argument("--http-token-file", metavar="FILE",
                         help="bearer token clients must send (required for --http outside loopback)")
+    parser.add_argument("--http-max-connections", type=int, default=_HTTP_DEFAULTS['max_connections'], metavar="N",
+                        help="open HTTP connections at most (default: %(default)s, or a quarter of the "
+                             "file-descriptor limit when smaller); a new one evicts the oldest pending one")
+    parser.add_argument("--http-max-pending", type=int, default=_HTTP_DEFAULTS['max_pending'], metavar="N",
+                        help="HTTP connections at most that have not sent complete, authorized headers yet "
+                             "(default: %(default)s); a new one evicts the oldest")
+    parser.add_argument("--http-header-timeout", type=float, default=_HTTP_DEFAULTS['header_timeout'], metavar="S",
+                        help="seconds an HTTP connection has to send its headers, and may stay idle between "
+                             "requests (default: %(default)s)")
     parser.add_argument("--stream", action="append", default=[], metavar="NAME=SPEC",
                         help="serve another named stream from a spec file (repeatable), e.g. validation=val.yaml")
     parser.add_argument("--keys", metavar="DIR", help="CurveZMQ keys from 'feedline keys generate DIR'")
+    parser.add_argument("--state", metavar="FILE",
+                        help="resume shared mode (and so --http) from FILE when it exists, and keep FILE current at "
+                             "each acked step (rewritten atomically): a restart with the same --state continues "
+                             "after the last acked step")
     parser.add_argument("--stop-with-stdin", action="store_true",
                         help="stop (draining, as on SIGTERM) when standard input ends: a parent holding the pipe "
                              "takes the server with it however it exits (feedline.service.serve_process uses this)")
@@ -65,15 +84,19 @@ def run(args: argparse.Namespace) -> int:
     if args.http:
         host, port = parse_http_bind(args.http)
         token = read_token(args.http_token_file) if args.http_token_file else None
-        http = HttpOptions(host=host, port=port, token=token)
+        http = HttpOptions(host=host, port=port, token=token, max_connections=args.http_max_connections,
+                           max_pending=args.http_max_pending, header_timeout=args.http_header_timeout)
     elif args.http_token_file:
         raise SpecError("--http-token-file is only used with --http HOST:PORT")
     bind = args.bind or ("tcp://127.0.0.1:0" if http is not None else DEFAULT_BIND)
     streams = load_streams(spec, extra)  # type: ignore[arg-type]
     options = options_from_args(ServerOptions, args, skip=_OWN, bind=bind,
-                                keys=ServerKeys.load(args.keys) if args.keys else None, progress=True)
+                                keys=ServerKeys.load(args.keys) if args.keys else None, progress=True,
+                                state_file=args.state)
     server = Server(streams, options)
     logging.getLogger("feedline").setLevel(min(logging.getLogger().level, logging.INFO))
+    limit_log_rate(_FLOODABLE)
+    raise_fd_limit()
     address = server.bind()
     gateway = None
     if http is not None:
@@ -116,6 +139,20 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write("\n")
     print("feedline serve: stopped", flush=True)
     return 0
+
+
+def raise_fd_limit() -> None:
+    """Raise this process's soft limit on open files to its hard limit (clients each hold one)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY:
+            hard = 1 << 20
+        if soft != resource.RLIM_INFINITY and soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, OSError, ValueError) as e:   # not on this platform, or not allowed: keep the limit
+        logging.getLogger("feedline.service").info("could not raise the open-file limit: %s", e)
 
 
 def _stop_at_end_of_stdin(stop: Callable[[], None]) -> None:

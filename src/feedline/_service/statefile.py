@@ -1,0 +1,98 @@
+"""``feedline serve --state FILE``: the service's resume file, kept current at each acked step.
+
+    >>> f = StateFile("serve-state.json", {"train": spec_hash})     # doctest: +SKIP
+    >>> f.load()              # {"train": <global state>} ({} when the file does not exist yet)  # doctest: +SKIP
+    >>> f.save({"train": q.watermark_wire})                          # doctest: +SKIP
+
+The file holds each stream's shared-mode watermark (the state after the last step such that it
+and every step before it were acked) as the state JSON a client would resume from::
+
+    {"feedline_server_state": 1, "streams": {"train": {"version": 1, "spec_hash": ..., "step": 46, ...}}}
+
+Each save writes a temporary file beside it and renames it over the old one, so the file is
+always whole: a ``kill -9`` at any moment leaves the previous or the new state, never a part
+(no ``fsync``: a power loss may lose the last renames). A file holding a single state (what
+``GET /state`` answers) is accepted too, for the stream whose spec it was saved under.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from feedline._service.protocol import state_as_json
+from feedline._state import check_state, parse_state_json
+from feedline.errors import SpecError, StateError
+
+__all__ = ["StateFile"]
+
+FORMAT = 1
+
+
+class StateFile:
+    """One server's resume file; see the module docstring."""
+
+    def __init__(self, path: str | os.PathLike[str], hashes: Mapping[str, str]) -> None:
+        self.path = Path(path)
+        self.hashes = dict(hashes)
+        self.states: dict[str, str] = {}   # stream -> state JSON, as last saved or loaded
+        self.saves = 0
+
+    def load(self) -> dict[str, dict[str, Any]]:
+        """Each stream's start state from the file (none for a stream it does not name; ``{}`` when
+        the file does not exist).
+
+        Raises:
+            SpecError: the file cannot be read or is not a state file.
+            StateError: a state in it is malformed or was saved under another spec.
+        """
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {}
+        except OSError as e:
+            raise SpecError(f"{self.path}: cannot read the --state file ({e.strerror})") from e
+        try:
+            doc = parse_state_json(text)
+        except StateError as e:
+            raise StateError(f"{self.path}: {e}; delete the file to start the streams over") from None
+        if isinstance(doc, dict) and doc.get("feedline_server_state") == FORMAT and isinstance(doc.get("streams"), dict):
+            raw = doc["streams"]
+        elif isinstance(doc, dict) and "spec_hash" in doc:   # one state, as GET /state gives it
+            raw = {n: doc for n, h in self.hashes.items() if h == doc.get("spec_hash")}
+            if not raw:
+                raise StateError(f"{self.path}: its state was saved under spec {doc.get('spec_hash')!r}, which no "
+                                 f"stream of this server has ({', '.join(f'{n}: {h}' for n, h in self.hashes.items())}); "
+                                 "serve the spec it was saved for, or delete the file to start over")
+        else:
+            raise SpecError(f"{self.path}: not a feedline state file (expected "
+                            f'{{"feedline_server_state": {FORMAT}, "streams": {{...}}}} or one state from GET /state)')
+        out: dict[str, dict[str, Any]] = {}
+        for name, state in raw.items():
+            if name not in self.hashes:
+                raise StateError(f"{self.path}: holds a state for stream {name!r}, which this server does not serve "
+                                 f"(it serves {', '.join(sorted(self.hashes))}); serve that stream too, or delete "
+                                 "the file to start over")
+            try:
+                out[name] = check_state(state, self.hashes[name])
+            except StateError as e:
+                raise StateError(f"{self.path}: stream {name!r}: {e}") from None
+            self.states[name] = json.dumps(state, separators=(",", ":"))
+        return out
+
+    def save(self, wires: Mapping[str, bytes | str]) -> None:
+        """Record these streams' states (as batch headers carry them) and rewrite the file atomically."""
+        for name, wire in wires.items():
+            self.states[name] = state_as_json(wire)
+        body = ",".join(f"{json.dumps(n)}:{s}" for n, s in sorted(self.states.items()))
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(f'{{"feedline_server_state":{FORMAT},"streams":{{{body}}}}}\n', encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise SpecError(f"{self.path}: cannot write the --state file ({e.strerror})") from e
+        self.saves += 1
