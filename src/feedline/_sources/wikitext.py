@@ -10,9 +10,12 @@
 What goes, in order: comments; elements whose content is not prose (``<ref>``,
 ``<references/>``, ``<gallery>``, ``<math>``, ``<table>``, ... see ``DROP_TAGS``); templates
 ``{{...}}`` and parameters ``{{{...}}}`` (nested, by bracket depth); tables ``{| ... |}``
-(nested); file/image/media, category and interlanguage links (with their captions); other
+(nested); file/image/media, category, template and interlanguage links (with their captions),
+in any language (:class:`~feedline._sources.wikins.LinkRules`: the dump's namespace names, a
+built-in table of aliases, media file names and image options such as ``мини``); other
 HTML tags (their content stays: ``<blockquote>``, ``<span>``, ``<small>``, ...); bold/italic
-quotes, heading ``=`` marks, list markers, behaviour switches (``__TOC__``). Links keep their
+quotes, heading ``=`` marks, list markers, behaviour switches (``__TOC__``, ``__СЪДЪРЖАНИЕ__``,
+``__目次__``: any ``__WORD__`` without lowercase letters). Links keep their
 label (``[[Paris|city]]`` -> ``city``, ``[[bus]]es`` -> ``buses``), external links theirs;
 entities are decoded; runs of blank lines collapse to one.
 
@@ -25,6 +28,8 @@ from __future__ import annotations
 
 import html
 import re
+
+from feedline._sources.wikins import IMAGE_OPTIONS, LinkRules
 
 __all__ = ["DROP_TAGS", "RESIDUE_PATTERNS", "markup_residue", "wikitext_to_text"]
 
@@ -43,21 +48,18 @@ _PARAM = re.compile(r"\{\{\{[^{}]*\}\}\}")  # template parameters {{{1|default}}
 _BRACES = re.compile(r"\{\{|\}\}")
 _TABLE = re.compile(r"^[ \t]*(\{\||\|\})", re.MULTILINE)
 _LINK = re.compile(r"\[\[((?:[^\[\]]|\[(?!\[)|\](?!\]))*)\]\]")  # innermost: single brackets allowed inside
-_HIDDEN_LINK = re.compile(
-    r"^\s*(?:file|image|media|category|datei|bild|fichier|imagen|archivo|kategorie|catégorie|categoría)\s*:"
-    r"|^\s*[a-z]{2,3}(?:-[a-z0-9]+)*\s*:(?!\s)",  # interlanguage: [[de:Paris]], [[zh-min-nan:...]]
-    re.IGNORECASE)
 _EXT_LINK = re.compile(r"\[(?:https?:|ftp:|mailto:|//)[^\s\]]*[ \t]*([^\]\n]*)\]")
 _QUOTES = re.compile(r"'{2,}")
 _HEADING = re.compile(r"^[ \t]*(=+)[ \t]*(.*?)[ \t]*\1[ \t]*$", re.MULTILINE)
 _BR = re.compile(r"<\s*br\s*/?\s*>", re.IGNORECASE)
 _TAG = re.compile(r"<\s*/?\s*[a-zA-Z][a-zA-Z0-9]*\b[^<>]*>")
-_MAGIC = re.compile(r"__[A-Z]{3,}__")
+_MAGIC = re.compile(r"__([^\W_]{2,})__")
 _LIST = re.compile(r"^[ \t]*[*#:;]+[ \t]*", re.MULTILINE)
 _RULE = re.compile(r"^[ \t]*-{4,}[ \t]*$", re.MULTILINE)
 _SPACES = re.compile(r"[ \t\u00a0]+")
 _SPACE_PUNCT = re.compile(r" +([,.;:!?)])")
 _BLANKS = re.compile(r"\n\s*\n(\s*\n)+")
+_OPTIONS = "|".join(map(re.escape, sorted(IMAGE_OPTIONS)))
 
 # What must not survive cleaning, by kind (the test lists them): references, templates, tables,
 # files/images/galleries, categories, interlanguage links, HTML tags, bold/italic quotes,
@@ -69,11 +71,13 @@ RESIDUE_PATTERNS: dict[str, re.Pattern[str]] = {
     "''": re.compile(r"''"),
     "<ref>": re.compile(r"<\s*/?\s*(ref|references)\b", re.IGNORECASE),
     "<tag>": re.compile(r"<\s*/?\s*[a-zA-Z][a-zA-Z0-9]*\b[^<>\n]{0,200}>"),
-    "file:": re.compile(r"\b(File|Image|Media|Category):\S", re.IGNORECASE),
-    "thumb|": re.compile(r"\|\s*(thumb|thumbnail|frameless|upright|left|right|center)\s*\||\b\d+px\b"),
+    "file:": re.compile(r"\b(File|Image|Media|Category|Файл|Картинка|Изображение|Категория|Категорія|Datei|Bild"
+                        r"|Kategorie|Fichier|Catégorie|Archivo|Categoría|Categoria|ファイル|画像|カテゴリ|Category):\S",
+                        re.IGNORECASE),
+    "thumb|": re.compile(rf"(?:^|\|)\s*(?:{_OPTIONS})\s*\||\b\d+\s*(?:px|пкс|ピクセル)\b", re.IGNORECASE | re.MULTILINE),
     "interlanguage": re.compile(r"^[a-z]{2,3}(-[a-z0-9]+)*:\S", re.MULTILINE),
     "&entity;": re.compile(r"&(lt|gt|amp|quot|nbsp|ndash|mdash|#\d+|#x[0-9a-fA-F]+);"),
-    "==": re.compile(r"^=+.*=+\s*$", re.MULTILINE), "__SWITCH__": re.compile(r"__[A-Z]{3,}__"),
+    "==": re.compile(r"^=+.*=+\s*$", re.MULTILINE), "__SWITCH__": re.compile(r"__[^\W_a-z]{2,}__"),
 }
 
 
@@ -82,8 +86,10 @@ def markup_residue(text: str) -> dict[str, int]:
     return {name: len(p.findall(text)) for name, p in RESIDUE_PATTERNS.items()}
 
 
-def wikitext_to_text(source: str) -> str:
-    """Plain text of a wikitext page (see the module docstring for what is removed)."""
+def wikitext_to_text(source: str, rules: LinkRules | None = None) -> str:
+    """Plain text of a wikitext page (see the module docstring for what is removed); ``rules``
+    say which links are not prose (default: every language of the built-in table)."""
+    rules = rules or LinkRules.of()
     s = _COMMENT.sub("", source)
     s = _DROP_EMPTY.sub("", s)
     s = _DROP_PAIRED.sub("", s)
@@ -91,13 +97,13 @@ def wikitext_to_text(source: str) -> str:
     s = _PARAM.sub("", s)
     s = _remove_nested(s, _BRACES)
     s = _remove_nested(s, _TABLE)
-    s = _links(s)
+    s = _links(s, rules)
     s = _EXT_LINK.sub(lambda m: m.group(1), s)
     s = _QUOTES.sub("", s)
     s = _HEADING.sub(lambda m: m.group(2), s)
     s = _BR.sub("\n", s)
     s = _TAG.sub("", s)
-    s = _MAGIC.sub("", s)
+    s = _MAGIC.sub(_switch, s)
     s = _RULE.sub("", s)
     s = _LIST.sub("", s)
     s = html.unescape(s)
@@ -135,20 +141,30 @@ def _remove_nested(s: str, tokens: re.Pattern[str]) -> str:
     return "".join(out)
 
 
-def _link_text(m: re.Match[str]) -> str:
+def _switch(m: re.Match[str]) -> str:
+    """A behaviour switch goes (``__NOTOC__``, ``__БЕЗСЪДЪРЖАНИЕ__``); ``__init__`` stays."""
+    return m.group(0) if any(c.islower() for c in m.group(1)) else ""
+
+
+def _link_text(m: re.Match[str], rules: LinkRules) -> str:
     inner = m.group(1)
     target, bar, label = inner.partition("|")
-    if _HIDDEN_LINK.match(target):
+    visible = target.lstrip().startswith(":")  # [[:Category:X]] is a link to the category page
+    if not visible and rules.hidden(target, label):
         return ""
     if bar:
         return label if label.strip() else re.sub(r"\s*\(.*\)\s*$", "", target).split(":", 1)[-1]
-    return target.lstrip(":").strip()
+    target = target.strip().lstrip(":")
+    return target.split(":", 1)[1] if visible and rules.hidden(target) else target.strip()
 
 
-def _links(s: str) -> str:
+def _links(s: str, rules: LinkRules) -> str:
     """Wikilinks innermost first (a file caption's links before the file link)."""
+    def text(m: re.Match[str]) -> str:
+        return _link_text(m, rules)
+
     while True:
-        new = _LINK.sub(_link_text, s)
+        new = _LINK.sub(text, s)
         if new == s:
             return new
         s = new

@@ -1,17 +1,23 @@
-"""MediaWiki XML export dumps (``*pages-articles*.xml.bz2``, multistream too), streamed.
+"""MediaWiki XML export dumps (``*pages-articles*.xml.bz2``, multistream too), streamed, in any language.
 
-    sources: [{path: "enwiki-latest-pages-articles-multistream.xml.bz2"}]     # format detected
+    sources: [{path: "bgwiki-latest-pages-articles-multistream.xml.bz2"}]     # format detected
 
-Dumps put ``<page>`` and ``</page>`` on lines of their own, so pages are found line by line and
-each page element is parsed on its own: memory holds one page, a page's position is the offset
-of its ``<page>`` line (re-readable by seeking in an uncompressed dump), and a large
-uncompressed dump splits into byte ranges like any line-based file. ``bz2`` multistream dumps
-are concatenated streams, which the decompressor reads through.
+Pages are found by an XML parser over the byte stream (:class:`~feedline._sources.wikipages.PageStream`,
+expat), so any well-formed dump is read whatever its line layout (one long line too); each page
+element is then parsed on its own: memory holds one page, a page's position is the offset of its
+``<page>`` tag (moved back to its line's start over leading spaces), re-readable by seeking in an
+uncompressed dump, and a large uncompressed dump splits into byte ranges that each start at the
+first ``<page`` tag positioned in them. ``bz2`` multistream dumps are concatenated streams, which
+the decompressor reads through.
 
 Articles only by default (``namespaces: [0]``), redirects skipped. A record is
 ``{"text": <clean plain text>, "title": ..., "id": <page id>}``; the wikitext is cleaned with
-:func:`~feedline._sources.wikitext.wikitext_to_text`. A page whose XML cannot be parsed is
-rejected as ``bad_xml``; one with no text left after cleaning as ``empty``.
+:func:`~feedline._sources.wikitext.wikitext_to_text`, whose link rules
+(:class:`~feedline._sources.wikins.LinkRules`) take the dump's own namespace names from its
+``<siteinfo><namespaces>`` (``Файл``, ``Категория``) on top of a built-in table of names and
+aliases in the most common languages. A page whose XML cannot be parsed is rejected as
+``bad_xml`` (reading goes on at the next ``<page`` tag), one cut off by the end of the dump as
+``truncated``, one with no text left after cleaning as ``empty``.
 
 Cleaning runs off the reader's thread, on a shared process pool (:class:`PageParser`, one
 process per CPU, ``FEEDLINE_PARSE_WORKERS`` to change it), in groups of pages whose results come
@@ -29,16 +35,19 @@ import multiprocessing as mp
 import os
 import threading
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from feedline._core.record import Rejection
-from feedline._sources.lines import LineReader, _locate
-from feedline._sources.reader import Item
+from feedline._sources.files import codec_of, is_url, size_of
+from feedline._sources.lines import LineReader, _broken, _is_broken, _locate, _shrank, _shrunk, open_decoded
+from feedline._sources.reader import Item, Reader, Split
+from feedline._sources.wikins import LinkRules, siteinfo_names
+from feedline._sources.wikipages import LOOKBACK, PageStream, first_page, siteinfo
 from feedline._sources.wikitext import wikitext_to_text
-from feedline.errors import SpecError
+from feedline.errors import SourceError, SpecError
 
-__all__ = ["PageParser", "WikiXmlReader", "page_record", "parse_workers"]
+__all__ = ["PageParser", "WikiXmlReader", "dump_names", "page_record", "parse_workers"]
 
 log = logging.getLogger("feedline.sources")
 
@@ -50,8 +59,14 @@ def _child(el: ET.Element, name: str) -> ET.Element | None:
     return None
 
 
-def page_record(xml: bytes, path: str, line: int | None, namespaces: tuple[int, ...]) -> dict[str, Any] | Rejection | None:
-    """The record of one ``<page>...</page>`` element; ``None`` for pages that are filtered out."""
+#: A dump's namespace names: (those of the hidden namespaces, all), from its siteinfo.
+Names = tuple[tuple[str, ...], tuple[str, ...]]
+
+
+def page_record(xml: bytes, path: str, line: int | None, namespaces: tuple[int, ...],
+                names: Names = ((), ())) -> dict[str, Any] | Rejection | None:
+    """The record of one ``<page>...</page>`` element; ``None`` for pages that are filtered out.
+    ``names`` are the dump's namespace names (:func:`dump_names`)."""
     try:
         page = ET.fromstring(xml)
     except ET.ParseError as e:
@@ -66,7 +81,7 @@ def page_record(xml: bytes, path: str, line: int | None, namespaces: tuple[int, 
     rev = _child(page, "revision")
     text_el = _child(rev, "text") if rev is not None else None
     title = title_el.text if title_el is not None else None
-    text = wikitext_to_text(text_el.text or "") if text_el is not None else ""
+    text = wikitext_to_text(text_el.text or "", LinkRules.of(*names)) if text_el is not None else ""
     if not text:
         return Rejection(path, line, "empty", f"page {title!r} has no text after removing markup")
     return {"text": text, "title": title, "id": id_el.text if id_el is not None else None}
@@ -77,35 +92,105 @@ class WikiXmlReader(LineReader):
 
     name = "wikixml"
 
-    def records(self, lines: Iterator[tuple[int, bytes]], path: str, line: int, known: bool,
-                end: int | None) -> Iterator[Item]:
-        parser = PageParser(path, known, self.spec.namespaces)
+    def read_batches(self, split: Split, position: int, line: int) -> None:
+        return None  # pages, not lines: always :meth:`read`
+
+    def read(self, split: Split, position: int, line: int) -> Iterator[Item]:
+        path, known = split.path, split.start == 0
+        parser = PageParser(path, known, self.spec.namespaces, dump_names(path))
+        last, last_line = position, line
         try:
-            page: list[bytes] | None = None
-            start = first = 0
-            for pos, raw in lines:
-                line += 1
-                tag = raw.strip()
-                if page is None:
-                    if tag.startswith(b"<page>") or tag == b"<page":
-                        if end is not None and pos >= end:
-                            break
-                        page, start, first = [raw], pos, line
-                        if tag.endswith(b"</page>") and len(tag) > 6:
-                            page = None
-                            yield from parser.push(start, pos + len(raw), line, first, raw)
-                    continue
-                page.append(raw)
-                if tag.endswith(b"</page>"):
-                    yield from parser.push(start, pos + len(raw), line, first, b"".join(page))
-                    page = None
-            else:
-                if page is not None:
-                    parser.ready(start, start, line, Rejection(path, first if known else None, "truncated",
-                                                               "the dump ends inside a <page>"))
-            yield from parser.flush()
+            f, seekable = open_decoded(path)
+            with f:
+                if position == split.start and position > 0:  # a split: from its first page
+                    found = first_page(f, position) if seekable else position
+                    if found is None or (split.end is not None and found >= split.end):
+                        return
+                    position = last = found
+                before = _before(f, seekable, position)
+                if position == 0 or before.endswith(b"\n"):
+                    line += 1  # `line` is the line before `position` (the last record's); this one starts a line
+                stream = PageStream(f, position, before, limit=self.max_bytes, end=split.end)
+                for page in stream:
+                    first, end_line = line + page.first, line + page.last
+                    if page.error is None:
+                        yield from parser.push(page.start, page.stop, end_line, first, page.xml)
+                    else:
+                        kind, _, detail = page.error.partition(": ")
+                        parser.ready(page.start, page.stop, end_line,
+                                     Rejection(path, first if known else None, kind, detail))
+                    last, last_line = page.stop, end_line
+                yield from parser.flush()
+            if stream.eof_at is not None and _shrank(path, stream.eof_at, split):
+                yield stream.eof_at, stream.eof_at, last_line, _shrunk(path, stream.eof_at, split)
+        except SourceError:
+            raise
+        except Exception as e:
+            if not _is_broken(e):
+                raise
+            yield from parser.flush()  # every page read whole before the break
+            yield last, last, last_line, _broken(path, last, e)
         finally:
             parser.close()
+
+    def fetch(self, path: str, positions: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """Seek to each position of a plain local dump; one forward pass otherwise."""
+        if codec_of(path) is not None or is_url(path):
+            return Reader.fetch(self, path, positions)
+        found: dict[int, dict[str, Any]] = {}
+        for p in sorted(set(positions)):
+            items = self.read(Split(-1, path, 0, None), p, 0)
+            try:
+                item = next(items, None)
+            finally:
+                items.close()  # type: ignore[attr-defined]
+            if item is None or item[0] != p or isinstance(item[3], Rejection):
+                raise SourceError(f"{path}: no page at byte {p}; the dump changed since the state was saved")
+            found[p] = item[3]
+        return found
+
+
+def _before(f: Any, seekable: bool, position: int) -> bytes:
+    """The (up to ``LOOKBACK + 1``) bytes before ``position``; leaves ``f`` at ``position``."""
+    lo = max(0, position - LOOKBACK - 1)
+    if seekable:
+        f.seek(lo)
+    else:
+        while lo > 0:
+            got = f.read(min(lo, 1 << 20))
+            if not got:
+                break
+            lo -= len(got)
+    before = f.read(position - max(0, position - LOOKBACK - 1)) if position else b""
+    return bytes(before)
+
+
+_names_lock = threading.Lock()
+_names: collections.OrderedDict[tuple[str, int | None], Names] = collections.OrderedDict()
+
+
+def dump_names(path: str) -> Names:
+    """The namespace names of a dump's ``<siteinfo>`` (read from its head once per file and size)."""
+    key = (path, size_of(path) if not is_url(path) else None)
+    with _names_lock:
+        if key in _names:
+            return _names[key]
+    try:
+        f, _seekable = open_decoded(path)
+        with f:
+            info = siteinfo(f)
+    except Exception as e:
+        if not _is_broken(e):
+            raise
+        return (), ()
+    names = siteinfo_names(info.namespaces)
+    if info.namespaces:
+        log.debug("wikixml %s: %s, %d namespaces from siteinfo", path, info.dbname or "?", len(info.namespaces))
+    with _names_lock:
+        _names[key] = names
+        while len(_names) > 64:
+            _names.popitem(last=False)
+    return names
 
 
 def parse_workers() -> int:
@@ -168,9 +253,9 @@ def _warm() -> None:
     """Run once per worker: importing this module is the start-up cost."""
 
 
-def _parse_group(pages: list[bytes], path: str, lines: list[int | None],
-                 namespaces: tuple[int, ...]) -> list[dict[str, Any] | Rejection | None]:
-    return [page_record(xml, path, ln, namespaces) for xml, ln in zip(pages, lines, strict=True)]
+def _parse_group(pages: list[bytes], path: str, lines: list[int | None], namespaces: tuple[int, ...],
+                 names: Names = ((), ())) -> list[dict[str, Any] | Rejection | None]:
+    return [page_record(xml, path, ln, namespaces, names) for xml, ln in zip(pages, lines, strict=True)]
 
 
 class PageParser:
@@ -189,8 +274,8 @@ class PageParser:
     GROUP = 8
     POOL_AFTER = 256
 
-    def __init__(self, path: str, known: bool, namespaces: tuple[int, ...]) -> None:
-        self.path, self.known, self.namespaces = path, known, namespaces
+    def __init__(self, path: str, known: bool, namespaces: tuple[int, ...], names: Names = ((), ())) -> None:
+        self.path, self.known, self.namespaces, self.names = path, known, namespaces, names
         self.workers = parse_workers()
         self.pool = _shared_pool(self.workers, start=False) if self.workers > 1 else None
         self.cleaned = 0  # pages cleaned in this thread
@@ -227,10 +312,10 @@ class PageParser:
             self.pool = _shared_pool(self.workers)
         ex = self.pool.ready() if self.pool is not None else None
         if ex is not None:
-            handle: Any = ex.submit(_parse_group, pages, self.path, firsts, self.namespaces)
+            handle: Any = ex.submit(_parse_group, pages, self.path, firsts, self.namespaces, self.names)
             self.pooled += 1
         else:
-            handle = _parse_group(pages, self.path, firsts, self.namespaces)
+            handle = _parse_group(pages, self.path, firsts, self.namespaces, self.names)
             self.cleaned += len(pages)
         self.queue.append((where, handle))
 
