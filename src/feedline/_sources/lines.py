@@ -29,7 +29,7 @@ from feedline._sources.files import DecodingStream, codec_of, is_url, open_binar
 from feedline._sources.reader import Item, Reader, Split
 from feedline.errors import SourceError
 
-__all__ = ["BOM", "MISS", "LineReader", "Oversized", "iter_lines", "open_decoded"]
+__all__ = ["BOM", "MISS", "LineReader", "Oversized", "is_broken", "iter_lines", "open_decoded"]
 
 #: What :meth:`LineReader.fast_parser` returns for a line it leaves to :meth:`LineReader.parse`.
 MISS: Any = object()
@@ -42,7 +42,7 @@ _UTF16 = {codecs.BOM_UTF16_LE: "utf-16-le", codecs.BOM_UTF16_BE: "utf-16-be"}
 _BROKEN: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error, ValueError)
 
 
-def _is_broken(e: BaseException) -> bool:
+def is_broken(e: BaseException) -> bool:
     return isinstance(e, _BROKEN) or type(e).__name__ == "ZstdError"
 
 
@@ -298,7 +298,7 @@ class LineReader(Reader):
         except SourceError:
             raise
         except Exception as e:
-            if not _is_broken(e):
+            if not is_broken(e):
                 raise
             yield [(last_start, last_start, last_line, _broken(path, last_start, e))]
 
@@ -323,7 +323,7 @@ class LineReader(Reader):
         except SourceError:
             raise
         except Exception as e:
-            if not _is_broken(e):
+            if not is_broken(e):
                 raise
             where = last[0] if last[0] >= 0 else position
             yield where, where, last[1], _broken(split.path, where, e)

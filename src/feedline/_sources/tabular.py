@@ -20,14 +20,16 @@ on the line after it, so the good rows below are kept.
 
 from __future__ import annotations
 
+import bisect
 import csv
 import itertools
 from collections.abc import Iterator
 from typing import Any
 
 from feedline._core.record import Rejection
+from feedline._sources.csv_types import CHUNK_ROWS, ColumnKinds, convert, pandas_names
 from feedline._sources.jsonl import text_record
-from feedline._sources.lines import LineReader, Oversized, iter_lines, line_size
+from feedline._sources.lines import LineReader, Oversized, is_broken, iter_lines, line_size
 from feedline._sources.reader import Item, Split
 from feedline.errors import SourceError
 
@@ -110,7 +112,9 @@ class CsvReader(LineReader):
             lines.close()  # type: ignore[attr-defined]
         if first is None:
             return None, 0
-        return (list(self.spec.columns) if self.spec.columns else [c.strip() for c in first]), cursor.end
+        if self.spec.columns:
+            return list(self.spec.columns), cursor.end
+        return (pandas_names(first) if self.spec.infer_types else [c.strip() for c in first]), cursor.end
 
     def read(self, split: Split, position: int, line: int) -> Iterator[Item]:
         columns, data_start = self._header(split.path)
@@ -122,7 +126,57 @@ class CsvReader(LineReader):
 
     def records(self, lines: Iterator[tuple[int, bytes]], path: str, line: int, known: bool,
                 end: int | None) -> Iterator[Item]:
+        text = self.spec.text
+        if not self.spec.infer_types:
+            for start, nxt, ln, rec in self._rows(lines, path, line):
+                yield start, nxt, ln, text_record(rec, text, path, ln) if type(rec) is dict else rec
+            return
+        starts, kinds = self._chunk_kinds(path)
+        for start, nxt, ln, rec in self._rows(lines, path, line):
+            if type(rec) is dict:
+                chunk = kinds[max(0, bisect.bisect_right(starts, start) - 1)] if kinds else []
+                rec = text_record({k: convert(v, kind) for (k, v), kind in zip(rec.items(), chunk, strict=True)},
+                                  text, path, ln)
+            yield start, nxt, ln, rec
+
+    def _chunk_kinds(self, path: str) -> tuple[list[int], list[list[str]]]:
+        """``infer_types``: where each chunk of :data:`CHUNK_ROWS` rows starts, and its column types.
+
+        One pass over the file before its first row (cached per file): a row's types are those of
+        its chunk, so any row, read from the start or after a resume, gets the same values.
+        """
+        cache: dict[str, tuple[list[int], list[list[str]]]] = self.__dict__.setdefault("_kinds", {})
+        if path in cache:
+            return cache[path]
+        columns, data_start = self._header(path)
+        width = len(columns or ())
+        starts: list[int] = []
+        kinds: list[list[str]] = []
+        acc = ColumnKinds(width)
+        lines = iter_lines(path, data_start, max_bytes=self.max_bytes)
+        try:
+            for n, (start, _nxt, _ln, rec) in enumerate(self._rows(lines, path, 1 if self.spec.header else 0)):
+                if n % CHUNK_ROWS == 0:
+                    if starts:
+                        kinds.append(acc.kinds())
+                        acc = ColumnKinds(width)
+                    starts.append(start)
+                if type(rec) is dict:
+                    acc.add(list(rec.values()))
+        except Exception as e:  # a broken stream: the rows before the break are typed; reading reports it
+            if isinstance(e, SourceError) or not is_broken(e):
+                raise
+        finally:
+            lines.close()  # type: ignore[attr-defined]
+        if starts:
+            kinds.append(acc.kinds())
+        cache[path] = starts, kinds
+        return starts, kinds
+
+    def _rows(self, lines: Iterator[tuple[int, bytes]], path: str, line: int) -> Iterator[Item]:
+        """Rows as ``{column: cell}`` (cells as written) or rejections."""
         columns, _ = self._header(path)
+        infer = self.spec.infer_types
         first = next(lines, None)
         if first is None or columns is None:
             return
@@ -146,7 +200,7 @@ class CsvReader(LineReader):
             if bad is None and row is not None and multi and cursor.eof:
                 bad = Rejection(path, start_line, "unbalanced_quote",
                                 f"a quoted field opened here is still open at the end of the file ({len(cursor.taken)} lines)")
-            if bad is None and row is not None and multi and len(row) != len(columns):
+            if bad is None and row is not None and multi and (len(row) > len(columns) if infer else len(row) != len(columns)):
                 bad = Rejection(path, start_line, "bad_row",
                                 f"{len(row)} fields over {len(cursor.taken)} lines, expected {len(columns)}; "
                                 "an unbalanced quote on this line?")
@@ -163,6 +217,8 @@ class CsvReader(LineReader):
                 return
             if not row or row == [""]:
                 continue
+            if infer and len(cursor.taken) == 1 and not cursor.taken[0][1].strip():
+                continue  # a line of blanks is no row for pandas
             yield start, cursor.end, cursor.line, self._record(row, columns, path, start_line)
 
     @staticmethod
@@ -180,14 +236,18 @@ class CsvReader(LineReader):
         return Rejection(path, line, "bad_csv", f'{e}: a closing quote must end the field; write a quote inside a quoted field twice ("")')
 
     def _record(self, row: list[str], columns: list[str], path: str, line: int) -> dict[str, Any] | Rejection:
-        if len(row) != len(columns):
+        """The row as ``{column: cell}``; with ``infer_types`` a short row's missing cells are ``None``."""
+        cells: list[str | None] = list(row)
+        if len(row) < len(columns) and self.spec.infer_types:
+            cells += [None] * (len(columns) - len(row))
+        elif len(row) != len(columns):
             return Rejection(path, line, "bad_row", f"{len(row)} fields, expected {len(columns)} ({', '.join(columns)})")
         try:
             for v in row:
                 v.encode("utf-8")
         except UnicodeEncodeError as e:
             return Rejection(path, line, "bad_utf8", str(e))
-        return text_record(dict(zip(columns, row, strict=True)), self.spec.text, path, line)
+        return dict(zip(columns, cells, strict=True))
 
 
 def _chain(first: tuple[int, bytes], rest: Iterator[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:

@@ -3,7 +3,10 @@
     sources: [{path: "books/*.txt.gz", unit: paragraph}]
     sources: [{path: "wiki_sentences.txt", format: bert}]
 
-``unit: line`` (default) makes each non-blank line a record. ``unit: paragraph`` makes each run
+``unit: line`` (default) makes each non-blank line a record; with ``keep_blank`` every line is one,
+blank ones too (``""``), and a lone ``\\r`` ends a line as ``\\n`` does: the rows of ``datasets``'
+text builder (Python's universal newlines). A line's pieces between lone ``\\r``s are records at
+their own byte offsets (a resume can start inside the line). ``unit: paragraph`` makes each run
 of non-blank lines a record (its lines joined by ``"\\n"``). ``unit: file`` makes the whole file
 one record (position 0). The ``bert`` format has one sentence per line and a blank line between
 documents; a record is ``{"text": "<sentences joined by a space>", "sentences": [...]}``, which
@@ -78,6 +81,13 @@ class _BlockReader(LineReader):
         return super().read(split, position, line)
 
 
+def _line_starts_at(path: str, position: int) -> bool:
+    """Whether a line of a plain file starts at ``position`` (the byte before it ends a line)."""
+    with open(path, "rb") as f:
+        f.seek(position - 1)
+        return f.read(1) == b"\n"
+
+
 def _block_start(path: str, start: int) -> int:
     """The first offset ``>= start`` where a block begins: a non-blank line after a blank one.
 
@@ -124,12 +134,43 @@ class TextReader(_BlockReader):
                 end: int | None) -> Iterator[Item]:
         if self.spec.unit == "paragraph":
             return super().records(lines, path, line, known, end)
+        if self.spec.keep_blank:
+            return self._every_line(lines, path, line, known, end)
         return LineReader.records(self, lines, path, line, known, end)
+
+    def _every_line(self, lines: Iterator[tuple[int, bytes]], path: str, line: int, known: bool,
+                    end: int | None) -> Iterator[Item]:
+        """``keep_blank``: each line a record, split at lone ``\\r`` too; pieces keep their byte offsets."""
+        for pos, raw in lines:
+            if end is not None and pos >= end:
+                return
+            line += 1
+            size = line_size(raw)
+            if isinstance(raw, Oversized):
+                yield pos, pos + size, line, _locate(self.too_large(path, line if known else None, size), pos, known)
+                continue
+            body = raw[:-1] if raw.endswith(b"\n") else raw
+            if body.endswith(b"\r"):
+                body = body[:-1]
+            at = pos
+            pieces = body.split(b"\r")  # (a byte never inside a UTF-8 sequence)
+            for i, piece in enumerate(pieces):
+                nxt = pos + size if i == len(pieces) - 1 else at + len(piece) + 1
+                try:
+                    rec: dict[str, Any] | Rejection = {"text": piece.decode("utf-8")}
+                except UnicodeDecodeError as e:
+                    rec = _locate(Rejection(path, line if known else None, "bad_utf8", str(e)), at, known)
+                yield at, nxt, line, rec
+                at = nxt
 
     def read(self, split: Split, position: int, line: int) -> Iterator[Item]:
         if self.spec.unit == "file":
             return self._whole(split, position)
         if self.spec.unit == "line":
+            if self.spec.keep_blank and split.end is not None and position >= split.end \
+                    and not _line_starts_at(split.path, position):
+                # resuming inside a line that began in this split: read the rest of that line only
+                split = Split(split.file, split.path, split.start, position + 1, split.size)
             return LineReader.read(self, split, position, line)
         return super().read(split, position, line)
 

@@ -81,10 +81,16 @@ class SourceSpec:
         weight: relative weight in a mixture.
         name: a label for reports; defaults to the path.
         unit: for ``text``: one record per ``line``, ``paragraph`` (blank-line separated) or ``file``.
+        keep_blank: for ``text`` with ``unit: line``: every line is a record, blank and
+            whitespace-only ones too, and a line ends at LF, CRLF or a lone CR: the rows
+            of ``datasets``' text builder (default: blank lines are not records).
         columns: for ``csv``/``tsv`` without a header: the column names; for ``parquet``,
             ``arrow`` and ``hf``: the columns to read (projection; all when unset).
         delimiter: for ``csv``: the field separator (``tsv`` uses a tab).
         header: for ``csv``/``tsv``: whether the first row names the columns.
+        infer_types: for ``csv``/``tsv``: int, float and bool columns become numbers and booleans and
+            missing values (empty cells, ``NA``, ``null``...) ``None``, inferred per 10,000 rows as
+            ``datasets``' csv builder (pandas) does; header names kept as written (default: strings).
         namespaces: for ``cirrus``/``wikixml``: the page namespaces to keep (0 = articles).
         split_bytes: uncompressed files larger than this are read as several byte-range splits.
         max_record_bytes: a record (line, CSV row, JSON document) larger than this is rejected
@@ -101,9 +107,11 @@ class SourceSpec:
     weight: float = 1.0
     name: str | None = None
     unit: Literal["line", "paragraph", "file"] = "line"
+    keep_blank: bool = False
     columns: tuple[str, ...] | None = None
     delimiter: str | None = None
     header: bool = True
+    infer_types: bool = False
     namespaces: tuple[int, ...] = (0,)
     split_bytes: int = 64 << 20
     max_record_bytes: int = 32 << 20
@@ -126,6 +134,8 @@ class SourceSpec:
             raise SpecError(f"split_bytes: {self.split_bytes} must be at least 65536")
         if self.max_record_bytes < 1:
             raise SpecError(f"max_record_bytes: {self.max_record_bytes} must be >= 1")
+        if self.keep_blank and self.unit != "line":
+            raise SpecError(f"keep_blank: true keeps blank lines as records of unit: line, not unit: {self.unit}")
 
     @property
     def label(self) -> str:

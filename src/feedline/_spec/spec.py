@@ -423,7 +423,7 @@ def _accepts(check: Callable[[Spec], None] | None, spec: Spec, strategy: str) ->
 
 
 # Source options whose default value is left out of the hash (see Spec.hash).
-_HASHED_IF_SET: dict[str, Any] = {"max_record_bytes": 32 << 20}
+_HASHED_IF_SET: dict[str, Any] = {"max_record_bytes": 32 << 20, "keep_blank": False, "infer_types": False}
 
 
 @dataclass(frozen=True)
