@@ -158,7 +158,9 @@ def load_dataset(path: str, name: str | None = None, data_files: Any = None, spl
         if "column_names" in kwargs:
             opts["columns"], opts["header"] = list(kwargs.pop("column_names")), False
         if path == "text":
-            opts["unit"] = "line"
+            opts["unit"], opts["keep_blank"] = "line", True  # every line a row, blank ones too, as datasets
+        if path == "csv":
+            opts["infer_types"] = True  # int/float/bool columns and None for missing values, as datasets
         if kwargs:
             raise SpecError(f"load_dataset({path!r}): unsupported options {sorted(kwargs)}; feedline reads "
                             "data_files, data_dir, sep/delimiter and column_names for packaged builders")
