@@ -33,8 +33,29 @@ def _stamp(path: str) -> tuple[str, float, int]:
         return path, 0.0, 0
 
 
+def mixed_paths(values: list[Any], path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Paths (field names; ``0`` for list items) whose objects do not share one set of keys, or mix
+    objects or lists with other values: what ``datasets`` keeps as JSON (its ``Json`` feature)."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return []
+    if all(isinstance(v, dict) for v in values):
+        keys = set(values[0])
+        if path and (not keys or any(set(v) != keys for v in values)):
+            return [path]
+        fields = dict.fromkeys(k for v in values for k in v)
+        return [p for k in fields for p in mixed_paths([v[k] for v in values if k in v], (*path, k))]
+    if all(isinstance(v, list) for v in values):
+        return mixed_paths([x for v in values for x in v], (*path, 0))
+    if any(isinstance(v, (dict, list)) for v in values):
+        return [path]
+    return []
+
+
 @functools.lru_cache(maxsize=64)
-def _json_schema(stamp: tuple[str, float, int]) -> Any:
+def _json_schema(stamp: tuple[str, float, int]) -> tuple[Any, tuple[tuple[Any, ...], ...]]:
+    import json
+
     import pyarrow as pa
     import pyarrow.json as paj
 
@@ -47,15 +68,33 @@ def _json_schema(stamp: tuple[str, float, int]) -> Any:
     if head.startswith(_BOM):
         head = head[len(_BOM):]
     if not head.strip() or head.lstrip().startswith(b"["):
-        return None  # a JSON array: datasets reads it whole (pandas); no schema is inferred here
+        return None, ()  # a JSON array: datasets reads it whole (pandas); no schema is inferred here
     try:
-        return paj.read_json(io.BytesIO(head), read_options=paj.ReadOptions(block_size=max(CHUNK // 32, 16 << 10))).schema
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        return None  # mixed types: datasets falls back to JSON-encoded strings; rows are given as read
+        examples = [json.loads(line) for line in head.splitlines() if line.strip()]
+    except ValueError:
+        return None, ()
+    paths = [p for p in mixed_paths(examples) if p]
+    for _ in range(64):  # each round finds one more column of mixed types
+        tops = {p[0] for p in paths}
+        batch = b"\n".join(json.dumps({k: json.dumps(v) if k in tops and v is not None else v for k, v in e.items()})
+                           .encode() if isinstance(e, dict) else json.dumps(e).encode() for e in examples)
+        try:
+            table = paj.read_json(io.BytesIO(batch), read_options=paj.ReadOptions(block_size=max(len(batch), 16 << 10)))
+            return table.schema, tuple(paths)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            msg = str(e)
+            if "Column(" not in msg or ") changed from" not in msg:
+                return None, ()
+            column = msg.split("Column(", 1)[1].rsplit(") changed from", 1)[0].strip("/").split("/")[0]
+            if not column or column in tops:
+                return None, ()
+            paths.append((column,))
+    return None, ()
 
 
-def json_schema(path: str) -> Any:
-    """The ``pyarrow`` schema ``datasets`` infers for a JSON Lines file (``None`` when it infers none)."""
+def json_schema(path: str) -> tuple[Any, tuple[tuple[Any, ...], ...]]:
+    """The ``pyarrow`` schema ``datasets`` infers for a JSON Lines file, and the paths it keeps as JSON
+    (``(None, ())`` when it infers none)."""
     return _json_schema(_stamp(path))
 
 
@@ -79,7 +118,7 @@ def _schema(root: Any) -> Any:
     if not files or "://" in files[0]:
         return None
     if builder == "json":
-        return json_schema(root.schema_file or files[0])
+        return json_schema(root.schema_file or files[0])[0]
     if builder in ("parquet", "arrow"):
         return _file_schema(_stamp(files[0]), builder)
     return None
@@ -93,7 +132,14 @@ def features_of(root: Any) -> dict[str, Any] | None:
     from feedline._core.optional import require
 
     datasets: Any = require("datasets", "hf")
-    return dict(datasets.Features.from_arrow_schema(schema))
+    features = dict(datasets.Features.from_arrow_schema(schema))
+    if getattr(root, "builder", None) == "json":
+        for path in json_schema(root.schema_file or root.files[0])[1]:
+            if len(path) == 1:
+                features[path[0]] = datasets.Json()
+            elif len(path) == 2 and path[1] == 0:
+                features[path[0]] = datasets.List(datasets.Json())
+    return features
 
 
 def column_names_of(root: Any) -> list[str] | None:
@@ -101,6 +147,51 @@ def column_names_of(root: Any) -> list[str] | None:
         return list(root.columns())
     schema = _schema(root)
     return None if schema is None else list(schema.names)
+
+
+def _keep(value: Any) -> Any:
+    return value
+
+
+def _converter(tp: Any) -> Any:
+    """``value -> value as datasets gives it for the Arrow type tp``; plain values of the type pass at once."""
+    import pyarrow as pa
+
+    def through_arrow(value: Any) -> Any:
+        try:
+            return pa.array([value], type=tp).to_pylist()[0]
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            try:
+                return pa.array([value]).cast(tp).to_pylist()[0]
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
+                return value  # datasets would refuse the file; the row keeps its value
+
+    if pa.types.is_string(tp) or pa.types.is_large_string(tp):
+        ok: Any = str
+    elif pa.types.is_boolean(tp):
+        ok = bool
+    elif pa.types.is_int64(tp):
+        ok = int
+    elif pa.types.is_float64(tp):
+        def to_float(value: Any) -> Any:
+            if value is None or type(value) is float:
+                return value
+            return float(value) if type(value) is int else through_arrow(value)
+        return to_float
+    elif pa.types.is_list(tp) and (pa.types.is_string(tp.value_type) or pa.types.is_int64(tp.value_type)):
+        item = str if pa.types.is_string(tp.value_type) else int
+
+        def to_list(value: Any) -> Any:
+            if value is None or (type(value) is list and all(type(x) is item or x is None for x in value)):
+                return value
+            return through_arrow(value)
+        return to_list
+    else:
+        return through_arrow
+
+    def plain(value: Any) -> Any:
+        return value if value is None or type(value) is ok else through_arrow(value)
+    return plain
 
 
 class JsonTypes(Dataset[Record]):
@@ -111,31 +202,22 @@ class JsonTypes(Dataset[Record]):
         self.first_file = first_file
 
     @functools.cached_property
-    def _fields(self) -> list[Any] | None:
-        schema = json_schema(self.first_file)
-        return None if schema is None else list(schema)
+    def _fields(self) -> tuple[list[Any] | None, set[str]]:
+        schema, paths = json_schema(self.first_file)
+        return (None if schema is None else list(schema)), {p[0] for p in paths}
+
+    @functools.cached_property
+    def _converters(self) -> list[tuple[str, Any]]:
+        fields, raw = self._fields
+        return [(f.name, _keep if f.name in raw else _converter(f.type)) for f in fields or []]
 
     def cast(self, data: dict[str, Any]) -> dict[str, Any]:
-        fields = self._fields
-        if fields is None:
+        if self._fields[0] is None:
             return data
-        import pyarrow as pa
-
-        out: dict[str, Any] = {}
-        for f in fields:
-            value = data.get(f.name)
-            try:
-                arr = pa.array([value], type=f.type)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-                try:
-                    arr = pa.array([value]).cast(f.type)
-                except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
-                    out[f.name] = value  # datasets would refuse the file; the row keeps its value
-                    continue
-            out[f.name] = arr.to_pylist()[0]
+        out = {name: convert(data.get(name)) for name, convert in self._converters}
         for k, v in data.items():
             if k not in out:
-                out[k] = v
+                out[k] = v  # a key the schema lacks (datasets would refuse the file): kept as read
         return out
 
     def fetch(self, keys: Sequence[Key]) -> dict[Key, dict[str, Any]]:
