@@ -28,25 +28,42 @@ On the wire (:meth:`CompactBatch.arrays` and :meth:`CompactBatch.layout`; rebuil
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 import numpy as np
 
-from feedline._batching.base import Batch
+from feedline._batching.base import Batch, int_dtype
 from feedline._batching.rows import Attention, collate_flat
 from feedline._core.block import exclusive_cumsum, gather_spans, spans
 from feedline.errors import FeedlineError, ProtocolError
 
-__all__ = ["CompactBatch"]
+__all__ = ["BatchLimits", "CompactBatch", "id_field"]
 
 _ATTENTION = ("padding", "block_diagonal", "block_causal")
 _VALUES = "values/"   # wire array names of the token fields: "values/input_ids"
-#: The most cells (rows x max_length, times max_length with a block mask) a wire batch may expand
-#: to: 16 G, above any batch a trainer can hold (256 rows of 8192 with a block mask), far below
-#: what a corrupt header could ask for.
-MAX_CELLS = 1 << 34
+_MAX_FIELDS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLimits:
+    """The most a wire batch may hold, as its receiver knows its stream (``None``: not known).
+
+    Args:
+        rows: rows per batch (a stream's global ``batch_size``: a rank's slice has no more).
+        max_length: tokens per row, where the batching strategy fixes it (``pack``, ``concat``,
+            ``pad_to: max_length``).
+        max_docs: documents per packed row (``max_docs_per_row``).
+        max_bytes: the byte budget of one batch laid out (a client's ``max_message``: a compact
+            batch never lays out to more than a laid-out message could carry).
+    """
+
+    rows: int | None = None
+    max_length: int | None = None
+    max_docs: int | None = None
+    max_bytes: int = 1 << 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,50 +139,106 @@ class CompactBatch:
                 "mask_first": self.mask_first, "attention": self.attention}
 
     @classmethod
-    def from_wire(cls, layout: Any, arrays: Mapping[str, np.ndarray]) -> CompactBatch:
-        """Rebuild a batch from :meth:`layout` and :meth:`arrays` as received.
+    def from_wire(cls, layout: Any, arrays: Mapping[str, np.ndarray], limits: BatchLimits | None = None) -> CompactBatch:
+        """Rebuild a batch from :meth:`layout` and :meth:`arrays` as received, checked before any
+        allocation: the rows, row length and documents per row within the receiver's limits (what
+        its stream's batches hold), every count in range (no sum can wrap), ids as integers, pads
+        that their field's dtype holds, and the laid-out batch within ``max_bytes``.
 
         Raises:
-            ProtocolError: options or arrays that do not describe a batch.
+            ProtocolError: options or arrays that do not describe such a batch, naming the field.
         """
         if not isinstance(layout, dict):
             raise ProtocolError("a compact batch's layout must be a map")
-        max_length, max_docs = layout.get("max_length"), layout.get("max_docs")
+        limits = limits or BatchLimits()
+        max_rows, max_length, max_docs, max_bytes = limits.rows, limits.max_length, limits.max_docs, limits.max_bytes
+        length, docs_cap = layout.get("max_length"), layout.get("max_docs")
         attention, fields, pads = layout.get("attention"), layout.get("fields"), layout.get("pad")
-        if not (_count(max_length) and _count(max_docs) and attention in _ATTENTION
-                and isinstance(layout.get("mask_first"), bool) and isinstance(pads, dict)
-                and isinstance(fields, list) and fields):
+        length = _layout_count("max_length", length, max_length)
+        docs_cap = _layout_count("max_docs", docs_cap, max_docs)
+        if not (attention in _ATTENTION and isinstance(layout.get("mask_first"), bool) and isinstance(pads, dict)
+                and isinstance(fields, list) and 0 < len(fields) <= _MAX_FIELDS):
             raise ProtocolError(f"malformed compact batch layout {layout!r:.200}")
-        docs, lengths = arrays.get("docs"), arrays.get("lengths")
-        if docs is None or lengths is None or docs.ndim != 1 or lengths.ndim != 1 or docs.dtype.kind not in "iu" \
-                or lengths.dtype.kind not in "iu" or int(docs.sum()) != len(lengths) \
-                or (len(docs) and int(docs.min()) < 0) or (len(lengths) and int(lengths.min()) < 0):
-            raise ProtocolError("a compact batch needs integer docs and lengths, one length per piece")
-        cells = len(docs) * max_length * (1 if attention == "padding" else max_length)
-        if cells > MAX_CELLS:
-            raise ProtocolError(f"a compact batch of {len(docs)} rows of {max_length} exceeds {MAX_CELLS} cells")
-        total = int(lengths.sum())
+        docs = _counts(arrays, "docs", 1 << 31 if max_rows is None else max_rows, docs_cap, "documents per row")
+        n_pieces = int(docs.sum(dtype=np.int64))   # < 2^31 values of < 2^31: cannot wrap
+        lengths = _counts(arrays, "lengths", n_pieces, length, "tokens per piece")
+        if len(lengths) != n_pieces:
+            raise ProtocolError(f"compact batch array 'lengths': {len(lengths)} pieces where 'docs' counts {n_pieces}")
+        total = int(lengths.sum(dtype=np.int64))
+        rows = len(docs)
+        # what the laid-out batch holds: position_ids, seq_lens, cu_seqlens, the mask, the token fields
+        size = 4 * rows * (length + 2 * docs_cap + 1) + rows * length * (4 if attention == "padding" else length)
         values: dict[str, np.ndarray] = {}
         for spec in fields:
             if not (isinstance(spec, list) and len(spec) == 2 and all(isinstance(s, str) for s in spec)):
                 raise ProtocolError(f"malformed compact batch field {spec!r:.80}")
             name, source = spec
             v = arrays.get(_VALUES + source)
-            if v is None or v.ndim < 1 or len(v) != total or not isinstance(pads.get(name, 0), (int, float)):
-                raise ProtocolError(f"compact batch field {name!r}: no {total} tokens (or no plain pad value) for it")
+            if v is None or v.ndim < 1 or len(v) != total:
+                raise ProtocolError(f"compact batch field {name!r}: no array of {total} tokens for it")
+            if id_field(name) and v.dtype.kind not in "iu":
+                raise ProtocolError(f"compact batch field {name!r}: dtype {v.dtype} where token ids must be integers")
+            _check_pad(name, pads.get(name, 0), int_dtype(name, v))
+            size += rows * length * math.prod(v.shape[1:]) * int_dtype(name, v).itemsize
             values[name] = v
+        if size > max_bytes:
+            raise ProtocolError(f"a compact batch of {rows} rows of {length} tokens ({attention}, {len(values)} fields) "
+                                f"lays out to {size} bytes, above the {max_bytes}-byte budget (max_message)")
         extra = set(arrays) - {"docs", "lengths", *(_VALUES + s for _, s in fields)}
         if extra:
             raise ProtocolError(f"compact batch arrays {sorted(extra)[:5]} are not in its layout")
-        return cls(docs.astype(np.int64, copy=False), lengths.astype(np.int64, copy=False), values, max_length,
-                   max_docs, pads, layout["mask_first"], attention)
+        return cls(docs, lengths, values, length, docs_cap, pads, layout["mask_first"], attention)
 
     def expand_checked(self) -> Batch:
         """:meth:`expand` with a layout failure (rows over ``max_docs`` or ``max_length``) as a ``ProtocolError``."""
         try:
             return self.expand()
-        except (FeedlineError, ValueError, IndexError) as e:
+        except (FeedlineError, ValueError, IndexError, TypeError, OverflowError) as e:
             raise ProtocolError(f"a compact batch that does not lay out: {e}") from None
+        except MemoryError:
+            raise ProtocolError(f"a compact batch of {len(self)} rows of {self.max_length} tokens does not fit in "
+                                "memory") from None
+
+
+def id_field(name: str) -> bool:
+    """Whether a field holds token ids or counts, so must be an integer array (``labels`` may be
+    float: a regression or multi-label target).
+
+        >>> id_field("input_ids"), id_field("seq_lens"), id_field("labels")
+        (True, True, False)
+    """
+    return name == "cu_seqlens" or name.endswith(("_ids", "_lens"))
+
+
+def _layout_count(key: str, value: Any, cap: int | None) -> int:
+    if not _count(value):
+        raise ProtocolError(f"compact batch layout: {key} {value!r:.40} is not a count in [1, 2^31)")
+    if cap is not None and value > cap:
+        raise ProtocolError(f"compact batch layout: {key} {value} is above the stream's {cap}")
+    return value
+
+
+def _counts(arrays: Mapping[str, np.ndarray], name: str, most: int, high: int, what: str) -> np.ndarray:
+    """Wire array ``name`` as int64: one dimension of at most ``most`` integers in ``[0, high]``."""
+    a = arrays.get(name)
+    if a is None or a.ndim != 1 or a.dtype.kind not in "iu":
+        raise ProtocolError(f"compact batch array {name!r}: must be one dimension of integers")
+    if len(a) > most:
+        raise ProtocolError(f"compact batch array {name!r}: {len(a)} entries, at most {most} expected")
+    if len(a) and (int(a.min()) < 0 or int(a.max()) > high):
+        raise ProtocolError(f"compact batch array {name!r}: {what} {int(a.min())}..{int(a.max())} outside [0, {high}]")
+    return a.astype(np.int64, copy=False)
+
+
+def _check_pad(name: str, pad: Any, dtype: np.dtype[Any]) -> None:
+    """A pad value ``dtype`` holds exactly: an integer in range for integers, a finite number for floats."""
+    if dtype.kind in "iub":
+        info = np.iinfo(dtype) if dtype.kind != "b" else None
+        ok = isinstance(pad, int) and (info.min <= pad <= info.max if info else pad in (0, 1))
+    else:
+        ok = isinstance(pad, (int, float)) and math.isfinite(pad)
+    if not ok:
+        raise ProtocolError(f"compact batch field {name!r}: pad {pad!r:.40} is not a value of its dtype {dtype}")
 
 
 def _count(x: Any) -> TypeGuard[int]:

@@ -29,6 +29,7 @@ from feedline._service.auth import ClientKeys
 from feedline._service.connection import Connection, Delivered, Ended, Failed, Item, Welcome
 from feedline._service.protocol import PROTOCOL_VERSION, unpack_state
 from feedline._service.session import MAX_PREFETCH
+from feedline._service.trust import stream_limits
 from feedline._spec import Spec
 from feedline._state import check_state, make_state, parse_state_json
 from feedline.errors import SpecError, StateError, TransportError
@@ -55,9 +56,11 @@ class RemoteLoader:
         keys: a folder from ``feedline keys generate`` (default: ``$FEEDLINE_KEYS``), for a
             server that uses CurveZMQ.
         spec: the spec the caller expects the server to serve; a different one is refused.
-        timeout: seconds of server silence before reconnecting.
-        reconnect: seconds of failed reconnects before giving up with ``TransportTimeout``.
-        max_message: the largest message accepted from the server, in bytes.
+        timeout: seconds of server silence before reconnecting (honoured whatever the server says).
+        reconnect: seconds of failed reconnects before giving up with ``TransportTimeout`` (a keyed
+            client whose handshakes keep failing gives up sooner, with ``AuthError``).
+        max_message: the largest message accepted from the server, in bytes, and the largest a
+            compact batch may lay out to; with ``prefetch`` it bounds this client's memory.
     """
 
     def __init__(self, address: str, rank: int = 0, world_size: int = 1,
@@ -77,7 +80,9 @@ class RemoteLoader:
         self.timeout, self.reconnect, self.max_message = timeout, reconnect, max_message
         keys = keys if keys is not None else os.environ.get("FEEDLINE_KEYS") or None
         self.keys = ClientKeys.load(keys) if keys is not None else None
-        self.spec_hash = Spec.load(spec).hash() if spec is not None else None
+        own = Spec.load(spec) if spec is not None else None
+        self.spec_hash = own.hash() if own is not None else None
+        self._limits = stream_limits(own) if own is not None else None   # else the welcome says them
         self._session = secrets.token_hex(8)
         self._state_raw: bytes | str | None = None   # as the last batch carried it; decoded when asked for
         self._state: dict[str, Any] | None = None
@@ -102,7 +107,7 @@ class RemoteLoader:
                      "spec_hash": self.spec_hash}
             self._conn = Connection(self.address, hello=hello, resume=self._state_raw, prefetch=self.prefetch,
                                     keys=self.keys, timeout=self.timeout, reconnect=self.reconnect,
-                                    max_message=self.max_message)
+                                    max_message=self.max_message, limits=self._limits)
             self._conn.start()
             self._last_step = None
         return self._conn

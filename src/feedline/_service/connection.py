@@ -14,7 +14,8 @@ The thread owns the DEALER socket: it sends the hello, grants credit (``prefetch
 already queued locally, then one per consumed batch; in ranked mode ``prefetch // 2`` at a time, as
 an ack covers the steps before it: half the messages and wake-ups on both sides; ``prefetch`` is
 lowered to what the welcome says the server allows, so a group never exceeds what the server
-sends unacked), pings every heartbeat (a pong may carry the server's reason for a stall), and when the server
+sends unacked; a batch beyond the credit granted is a ``ProtocolError``, so what the client holds is
+bounded by its ``prefetch``), checks the welcome and every batch (:mod:`.trust`), pings every heartbeat (a pong may carry the server's reason for a stall), and when the server
 is silent for ``timeout`` (or says it is shutting down) it reconnects with exponential backoff,
 sending the state after the last batch it *received*: batches already queued stay valid, so the
 caller sees an unbroken stream. It gives up after ``reconnect`` seconds without a server.
@@ -37,16 +38,10 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from feedline._service.auth import ClientKeys
-from feedline._service.protocol import (
-    BYE_REPLACED,
-    PROTOCOL_VERSION,
-    decode_batch,
-    error_from_header,
-    pack,
-    state_as_json,
-    unpack_header,
-)
-from feedline.errors import AuthError, FeedlineError, ProtocolError, TransportError, TransportTimeout
+from feedline._service.handshake import MONITORED, HandshakeWatch
+from feedline._service.protocol import BYE_REPLACED, error_from_header, pack, state_as_json, unpack_header
+from feedline._service.trust import BatchGuard, check_welcome
+from feedline.errors import FeedlineError, ProtocolError, TransportError, TransportTimeout
 
 log = logging.getLogger("feedline.service")
 
@@ -100,14 +95,10 @@ class Close:
 
     ack: int | None
 
-_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-# handshake failures that mean wrong or missing credentials; any other one (a peer closing during
-# the handshake, e.g. a server shutting down while a successor starts) is retried like a lost server
-_KEY_ERRORS: dict[int, str] = {zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH: "one side uses CurveZMQ keys and the other does not",
-               zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC: "the CurveZMQ handshake failed (wrong server.key?)",
-               zmq.PROTOCOL_ERROR_ZMTP_KEY_EXCHANGE: "the CurveZMQ key exchange failed (wrong server.key?)"}
-
+#: A keyed client whose handshakes keep failing for this long (or its ``timeout``, if shorter) gives
+#: up with ``AuthError`` (:mod:`.handshake`).
+HANDSHAKE_BOUND_S = 5.0
+_MIN_POLL_MS = 10   # the poller never spins, whatever a welcome said
 
 _LIVE: weakref.WeakSet[Connection] = weakref.WeakSet()
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
@@ -129,7 +120,8 @@ class Connection:
     """
 
     def __init__(self, address: str, *, hello: Mapping[str, Any], resume: bytes | str | None, prefetch: int,
-                 keys: ClientKeys | None, timeout: float, reconnect: float, max_message: int) -> None:
+                 keys: ClientKeys | None, timeout: float, reconnect: float, max_message: int,
+                 limits: Mapping[str, int | None] | None = None) -> None:
         self.address = address
         self.hello = dict(hello)
         self.resume = resume          # the state after the last batch received (as it arrived)
@@ -155,7 +147,9 @@ class Connection:
         self._unreported = 0   # batches consumed since the last Consumed command (caller's thread)
         self._heartbeat = 1.0
         self._welcomed_once = False
-        self._last_failure = ""
+        self._handshakes = HandshakeWatch(address, keys, min(HANDSHAKE_BOUND_S, timeout))
+        self._guard = BatchGuard(limits, max_message)   # what batches may hold
+        self._credit = 0   # batches the server may still send on this connection (granted, not yet received)
         self.connected = False   # welcomed on the current connection (read by the caller's thread)
         self.server_note: str | None = None   # the server's last word on why no batch comes (a stall)
 
@@ -230,10 +224,12 @@ class Connection:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, self.max_message)
-        sock.setsockopt(zmq.RCVHWM, 0)        # bounded by credit instead
+        # credit bounds what a server sends (more is refused); the queue bounds what ZeroMQ reads
+        # ahead of this thread meanwhile (a full queue stops reading: TCP pushes back, nothing is lost)
+        sock.setsockopt(zmq.RCVHWM, self.prefetch + 8)
         if self.keys is not None:
             self.keys.apply(sock)
-        self._monitor = sock.get_monitor_socket(_HANDSHAKE_FAILED)
+        self._monitor = sock.get_monitor_socket(MONITORED)
         sock.connect(self.address)
         self._sock = sock
         self._send(pack("hello", **self.hello, state=None if self.resume is None else state_as_json(self.resume)))
@@ -259,10 +255,12 @@ class Connection:
             assert self._sock is not None and self._monitor is not None
             poller.register(self._sock, zmq.POLLIN)
             poller.register(self._monitor, zmq.POLLIN)
-            events = dict(poller.poll(int(min(self._heartbeat, backoff if not welcomed else 1.0) * 1000)))
+            wait = min(self._heartbeat, backoff if not welcomed else 1.0, self.timeout)
+            events = dict(poller.poll(max(_MIN_POLL_MS, int(wait * 1000))))
             now = time.monotonic()
             if self._monitor in events:
-                self._handshake_failed(recv_monitor_message(self._monitor))
+                self._handshakes.event(recv_monitor_message(self._monitor), now)
+            self._handshakes.check(now)
             if self._pipe_in in events:
                 self._pipe_in.recv()
                 command = self._commands.get_nowait()
@@ -273,7 +271,7 @@ class Connection:
                     return
                 self._queued -= command.n
                 if welcomed:
-                    self._send(pack("credit", n=command.n, step=command.step))
+                    self._grant(command.n, command.step)
                     last_sent = now
             if self._sock in events:
                 last_heard = now
@@ -282,7 +280,8 @@ class Connection:
                     if outcome == "welcome":
                         welcomed, backoff = True, 0.1
                         self.connected = True
-                        self._send(pack("credit", n=max(0, self.prefetch - self._queued)))
+                        self._credit = 0
+                        self._grant(max(0, self.prefetch - self._queued))
                     elif outcome == "end":
                         self._send(pack("bye"))
                         return
@@ -300,7 +299,8 @@ class Connection:
                     raise TransportTimeout(
                         f"no answer from the loader service at {self.address} for {self.reconnect:.0f}s; "
                         "is 'feedline serve' running there?" + ("" if self.keys else " If it uses keys, pass keys=DIR.")
-                        + (f" Last handshake failure: {self._last_failure}." if self._last_failure else ""))
+                        + (f" Last handshake failure: {self._handshakes.last_failure}."
+                           if self._handshakes.last_failure else ""))
                 poller.unregister(self._sock)
                 poller.unregister(self._monitor)
                 self._disconnect()
@@ -308,29 +308,21 @@ class Connection:
                 self._connect()
                 last_heard = last_sent = time.monotonic()
 
-    def _adopt_prefetch(self, granted: Any) -> None:
+    def _adopt_prefetch(self, granted: int) -> None:
         """Use the server's cap on in-flight batches when it is below the declared ``prefetch``.
 
         Credit is granted in groups of ``prefetch // 2``; against a smaller cap the server would
         stop sending before a group was complete, and both sides would wait for good.
         """
-        if isinstance(granted, int) and 1 <= granted < self.prefetch:
+        if granted < self.prefetch:
             log.info("the loader service caps prefetch at %d batches (asked for %d)", granted, self.prefetch)
             self.prefetch = granted
             if self._grant_every > 1:
                 self._grant_every = max(1, granted // 2)
 
-    def _handshake_failed(self, event: Mapping[str, Any]) -> None:
-        """Raise ``AuthError`` for a credentials failure; note any other one and let reconnection retry."""
-        kind, value = event.get("event"), int(event.get("value") or 0)
-        if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH or (kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                                                        and value in _KEY_ERRORS):
-            why = _KEY_ERRORS.get(int(value), f"the server refused this client's key (ZAP status {value})")
-            raise AuthError(f"{self.address} refused the connection handshake: {why}; "
-                            + ("check the keys (server.key and client.key_secret) and that the server authorizes "
-                               "this client" if self.keys else "the server requires CurveZMQ keys; pass keys=DIR"))
-        name = "no detail" if kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL else f"protocol error {value:#x}"
-        self._last_failure = f"{name} (the peer closed or broke the handshake)"
+    def _grant(self, n: int, step: int | None = None) -> None:
+        self._credit += n
+        self._send(pack("credit", n=n) if step is None else pack("credit", n=n, step=step))
 
     def _send(self, frame: bytes) -> None:
         assert self._sock is not None
@@ -354,23 +346,27 @@ class Connection:
                 return None  # left over from a connection we gave up on
             state = h.get("state")
             step = h.get("step")
-            if not isinstance(state, (bytes, str)) or not isinstance(step, int):
+            if not isinstance(state, (bytes, str)) or not isinstance(step, int) or isinstance(step, bool):
                 raise ProtocolError("batch header lacks its step or state")
-            arrays = decode_batch(h, frames[1:])
+            if self._credit <= 0:
+                raise ProtocolError(f"the loader service at {self.address} sent batch {step} beyond the credit this "
+                                    f"client granted (prefetch {self.prefetch}, {self._queued} queued): a server "
+                                    "that ignores credit would fill this process's memory")
+            self._credit -= 1
+            arrays = self._guard.decode(h, frames[1:])
             self.resume = state
             self._queued += 1
             self.items.put(Delivered(step, state, arrays))
         elif op == "welcome":
-            if h.get("v") != PROTOCOL_VERSION:
-                raise ProtocolError(f"the loader service at {self.address} speaks protocol version {h.get('v')!r:.20}, "
-                                    f"this client speaks {PROTOCOL_VERSION}; install the same feedline version on both sides")
-            state = h.get("state")
-            self._heartbeat = float(h.get("heartbeat", 1.0))
-            self._adopt_prefetch(h.get("prefetch"))
-            if not self._welcomed_once and isinstance(state, str):
+            info = check_welcome(h, stream=str(self.hello.get("stream")), spec_hash=self.hello.get("spec_hash"),
+                                 timeout=self.timeout, max_bytes=self.max_message)
+            self._heartbeat = info.heartbeat
+            self._adopt_prefetch(info.prefetch)
+            self._guard.welcome(info.limits)
+            if not self._welcomed_once:
                 self._welcomed_once = True
-                self.resume = self.resume or state
-                self.items.put(Welcome(state))
+                self.resume = self.resume or info.state
+                self.items.put(Welcome(info.state))
             return "welcome"
         elif op == "end":
             step = h.get("step")

@@ -41,6 +41,7 @@ from feedline._service.ranked import RankedCursor
 from feedline._service.session import MAX_PREFETCH, Client, Hello, validate_hello
 from feedline._service.shared import SharedQueue
 from feedline._service.transport import Transport
+from feedline._service.trust import stream_limits
 from feedline._state import state_json as state_json_of
 from feedline.errors import FeedlineError, ProtocolError, SpecError, TransportError
 
@@ -81,6 +82,7 @@ class Dispatcher:
         self.initial = dict(initial)
         self.wake = wake
         self.hashes = {name: p.spec.hash() for name, p in self.streams.items()}
+        self.shapes = {name: stream_limits(p.spec) for name, p in self.streams.items()}   # a welcome's "batch"
         self.counters = {name: StreamCounters() for name in self.streams}
         self.clients: dict[bytes, Client] = {}
         self.cursors: dict[tuple[str, int], list[RankedCursor]] = {}
@@ -169,7 +171,7 @@ class Dispatcher:
         in_flight = client.prefetch if hello.mode == "shared" else min(client.prefetch, self.options.window)
         self.transport.send(ident, [pack("welcome", v=PROTOCOL_VERSION, stream=name, spec_hash=self.hashes[name],
                                          state=state_json, heartbeat=self.options.heartbeat,
-                                         timeout=self.options.timeout, prefetch=in_flight)])
+                                         timeout=self.options.timeout, prefetch=in_flight, batch=self.shapes[name])])
         log.info("client %s joined stream %r as %s", ident.hex(), name, _role(hello))
 
     def _queue_for(self, name: str, start: Mapping[str, Any] | None) -> SharedQueue:

@@ -5,8 +5,8 @@ a ``batch`` is followed by exactly one payload frame holding every array of the 
 offset aligned to 8 bytes, so the receiver gets zero-copy numpy views over one buffer::
 
     client ─► server                          server ─► client
-    hello   {v, stream, mode, rank,           welcome {v, stream, spec_hash, state,
-             world_size, prefetch, session,            heartbeat, timeout}
+    hello   {v, stream, mode, rank,           welcome {v, stream, spec_hash, state, heartbeat,
+             world_size, prefetch, session,            timeout, prefetch, batch}
              state?, spec_hash?}              batch   {step, state, fields, layout?} + payload
     credit  {n, step?}  (grant n; ack step)   end     {step}
     ping    {}                                pong    {}
@@ -29,6 +29,10 @@ real tokens, and ``layout`` holds what laying them out takes
 to the in-process batch. The server's producer thread skips the layout (~0.3 ms of ~1.2 per
 batch at 16 x 1024), and the wire carries ~65 KB instead of ~270 KB (16 MB with a block mask).
 
+A welcome's ``batch`` is the stream's batch shape ``{rows, max_length, max_docs}``
+(:func:`~feedline._service.trust.stream_limits`); the client holds every batch to it, and a
+``batch`` beyond the credit it granted is refused (:mod:`feedline._service.trust`).
+
 Both sides check ``v`` (:data:`PROTOCOL_VERSION`): version 1 sent one frame per array, version 2
 every batch laid out.
 
@@ -49,7 +53,7 @@ import msgpack
 import numpy as np
 
 from feedline import errors
-from feedline._batching.compact import CompactBatch
+from feedline._batching.compact import BatchLimits, CompactBatch
 from feedline._core.deferred import Deferred, materialize
 from feedline.errors import FeedlineError, ProtocolError, RecordError, TransportError
 
@@ -78,6 +82,7 @@ CLIENT_OPS = frozenset({"hello", "credit", "ping", "stats", "bye"})
 _DTYPE_KINDS = frozenset("biuf")
 _MAX_FIELDS = 64
 _MAX_NDIM = 8
+_MAX_DIM = 1 << 40   # no array dimension is larger (numpy refuses shapes whose size overflows)
 _ALIGN = 8          # every array starts at a multiple of this in the payload
 _PADS = [bytes(n) for n in range(_ALIGN)]
 # the whole exception tree crosses the wire by name (a fixed whitelist: nothing else is ever built)
@@ -138,19 +143,20 @@ def encode_batch(batch: Mapping[str, np.ndarray] | CompactBatch, *, step: int, s
     return header, b"".join(parts)
 
 
-def decode_batch(header: Mapping[str, Any], frames: Sequence[Any]) -> dict[str, np.ndarray]:
+def decode_batch(header: Mapping[str, Any], frames: Sequence[Any],
+                 limits: BatchLimits | None = None) -> dict[str, np.ndarray]:
     """Rebuild a batch from its header and payload frame (zero-copy views over the payload, or a
-    compact batch laid out).
+    compact batch laid out, checked against ``limits`` before anything is allocated for it).
 
     Raises:
         ProtocolError: a field list that does not describe the payload exactly, or a compact
-            batch that does not lay out.
+            batch beyond ``limits`` or that does not lay out.
     """
     arrays = _decode_arrays(header, frames)
     layout = header.get("layout")
     if layout is None:
         return arrays
-    return CompactBatch.from_wire(layout, arrays).expand_checked()
+    return CompactBatch.from_wire(layout, arrays, limits).expand_checked()
 
 
 def _decode_arrays(header: Mapping[str, Any], frames: Sequence[Any]) -> dict[str, np.ndarray]:
@@ -168,7 +174,7 @@ def _decode_arrays(header: Mapping[str, Any], frames: Sequence[Any]) -> dict[str
     for spec in fields:
         if not (isinstance(spec, list) and len(spec) == 4 and isinstance(spec[0], str) and isinstance(spec[1], str)
                 and isinstance(spec[2], list) and len(spec[2]) <= _MAX_NDIM
-                and all(isinstance(d, int) and d >= 0 for d in spec[2])
+                and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= _MAX_DIM for d in spec[2])
                 and isinstance(spec[3], int) and spec[3] >= end):
             raise ProtocolError(f"malformed field description {spec!r:.80}")
         name, dtype_str, shape, offset = spec
@@ -178,7 +184,12 @@ def _decode_arrays(header: Mapping[str, Any], frames: Sequence[Any]) -> dict[str
         if end > size or offset % dtype.itemsize:
             raise ProtocolError(f"field {name!r}: {count * dtype.itemsize} bytes at offset {offset} do not fit "
                                 f"the {size}-byte payload aligned to {dtype.itemsize}")
-        out[name] = np.frombuffer(buf, dtype=dtype, count=count, offset=offset).reshape(shape)
+        if name in out:
+            raise ProtocolError(f"field {name!r} is listed twice")
+        try:
+            out[name] = np.frombuffer(buf, dtype=dtype, count=count, offset=offset).reshape(shape)
+        except ValueError as e:   # a shape numpy cannot index (an empty array of huge dimensions)
+            raise ProtocolError(f"field {name!r}: shape {shape} ({e})"[:200]) from None
     if size - end >= _ALIGN or (not fields and size):
         raise ProtocolError(f"the payload has {size - end} bytes that no field describes")
     return out
