@@ -182,3 +182,39 @@ def test_csv_types_are_inferred_per_chunk_of_10000_rows(tmp_path: Path) -> None:
     packed = tmp_path / "big.csv.gz"
     packed.write_bytes(gzip.compress(path.read_bytes()))
     assert typed(list(feedline.load_dataset("csv", data_files=str(packed), split="train"))) == typed(expected)
+
+
+# ------------------------------------------------------------------ json, parquet, arrow
+ROWS = [{"text": "a", "n": 1, "f": 1.5, "b": True, "l": [1, 2], "d": {"x": 1, "y": "s"}},
+        {"text": "b", "n": 2, "f": 2.25, "b": False, "l": [], "d": {"x": None, "y": "t"}},
+        {"text": "c", "n": None, "f": None, "b": None, "l": None, "d": None},
+        {"text": "\u00e9\u65e5 \U0001f600", "n": -3, "f": -0.5, "b": True, "l": [7], "d": {"x": 3, "y": ""}}]
+
+
+@pytest.mark.parametrize("name", ["rows.jsonl", "rows.jsonl.gz", "rows.json"])
+def test_json_rows_equal_datasets(tmp_path: Path, name: str) -> None:
+    """JSON Lines (plain and gzip) and a JSON array file (it was read as JSON Lines: one
+    ``not_object`` rejection and no row): int, float, bool, None, list and dict values."""
+    path = tmp_path / name
+    data = json.dumps(ROWS).encode() if name.endswith(".json") else b"".join(json.dumps(r).encode() + b"\n" for r in ROWS)
+    path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    rows = assert_same_rows_and_resume("json", path)
+    assert typed(rows)[0] == typed(ROWS[:1])[0]
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow-stream", "arrow-file"])
+def test_parquet_and_arrow_rows_equal_datasets(tmp_path: Path, kind: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist(ROWS * 50)
+    if kind == "parquet":
+        path = tmp_path / "rows.parquet"
+        pq.write_table(table, path, row_group_size=30)
+    else:
+        path = tmp_path / "rows.arrow"
+        with pa.OSFile(str(path), "wb") as sink:
+            new = pa.ipc.new_stream if kind == "arrow-stream" else pa.ipc.new_file
+            with new(sink, table.schema) as writer:
+                writer.write_table(table, max_chunksize=30)
+    assert_same_rows_and_resume(kind.split("-")[0], path)

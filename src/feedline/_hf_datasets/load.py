@@ -29,7 +29,7 @@ from feedline.errors import SpecError
 
 __all__ = ["IterableDatasetDict", "load_dataset"]
 
-NATIVE = {"json": "jsonl", "text": "text", "csv": "csv", "parquet": "parquet", "arrow": "arrow"}
+NATIVE = {"json": "json", "text": "text", "csv": "csv", "parquet": "parquet", "arrow": "arrow"}
 _EXTENSIONS = {"json": (".json", ".jsonl"), "text": (".txt",), "csv": (".csv", ".tsv"),
                "parquet": (".parquet",), "arrow": (".arrow",)}
 _SPLIT = re.compile(r"^(?P<split>[\w.-]+)(\[(?:(?P<from>-?[\d_]+)(?P<from_pct>%)?)?:(?:(?P<to>-?[\d_]+)(?P<to_pct>%)?)?\])?$")
