@@ -20,10 +20,11 @@ LAYERS: list[list[str]] = [
     ["feedline._sources"],
     ["feedline._tasks"],
     ["feedline._batching"],
-    ["feedline._ray.runtime", "feedline._ray.map", "feedline._partitions"],
+    ["feedline._partitions"],
     ["feedline._pipeline"],
-    ["feedline._records", "feedline._service"],
+    ["feedline._records"],
     ["feedline._loader"],
+    ["feedline._service"],   # above the loader, which reaches the client only through its transport registry
     ["feedline._adapters", "feedline._ray", "feedline._tools", "feedline._testing"],
     ["feedline._demo"],
     ["feedline._hf_datasets"],

@@ -11,9 +11,12 @@ from feedline._batching.registry import batcher_class as _batcher_class
 from feedline._core.record import Example, Record, Rejection
 from feedline._hf_datasets import interleave_datasets, load_dataset
 from feedline._loader import Loader
+from feedline._loader import register_transport as _register_transport
 from feedline._partitions.placement import register_placement as _register_placement
 from feedline._partitions.processes import ProcessPlacement as _ProcessPlacement
 from feedline._pipeline import Pipeline
+from feedline._pipeline import register_engine as _register_engine
+from feedline._ray.map import ray_engine as _ray_engine
 from feedline._records import records
 from feedline._spec import Spec
 from feedline._tasks.base import Task, TaskContext, TaskOutput
@@ -39,6 +42,10 @@ from feedline.errors import (
 _spec.use_registry(_spec.Registry(task=_task_class, batcher=_batcher_class))
 # ... and the composing stage finds where partitions run by name (threads is the stage's own).
 _register_placement("processes", _ProcessPlacement)
+_register_engine("ray", _ray_engine)
+# A service address gives the service's client (a Loader by registration; loaded on first use).
+for _scheme in ("tcp", "ipc", "inproc"):
+    _register_transport(_scheme, "feedline._service.client:RemoteLoader")
 
 __version__ = "0.1.0"
 

@@ -13,6 +13,7 @@ has received, however far prefetching ran. Iterating again continues where the l
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from abc import ABC
@@ -31,8 +32,29 @@ from feedline.errors import SpecError
 __all__ = ["InProcessLoader", "Loader"]
 
 
+#: The loader class of a service address, by scheme (``tcp``, ``ipc``, ``inproc``), as ``"module:Class"``
+#: (imported on first use, like reader formats). The package root installs the service client's:
+#: the loader never imports the service, and ``import feedline`` does not load it.
+TRANSPORTS: dict[str, str] = {}
+_SCHEMES = ("tcp", "ipc", "inproc")
+
+
+def register_transport(scheme: str, target: str) -> None:
+    """Make ``Loader("scheme://...")`` build the class ``target`` (``"module:Class"``), an instance of :class:`Loader`."""
+    TRANSPORTS[scheme] = target
+
+
 def is_address(source: Any) -> bool:
-    return isinstance(source, str) and source.startswith(("tcp://", "ipc://", "inproc://"))
+    return isinstance(source, str) and "://" in source and source.partition("://")[0] in (*_SCHEMES, *TRANSPORTS)
+
+
+def _transport(scheme: str, source: str) -> type:
+    target = TRANSPORTS.get(scheme)
+    if target is None:
+        raise SpecError(f"{source}: no transport for {scheme}:// addresses is installed; "
+                        "import feedline (which installs the service client)")
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
 
 
 class Loader(ABC):
@@ -59,19 +81,19 @@ class Loader(ABC):
     def __new__(cls, source: Any, *args: Any, **kwargs: Any) -> Any:
         if cls is Loader:
             if is_address(source):
-                from feedline._service.client import RemoteLoader
-
-                return RemoteLoader(source, *args, **kwargs)
+                return _transport(source.partition("://")[0], source)(source, *args, **kwargs)
             cls = InProcessLoader
         return super().__new__(cls)
 
     @classmethod
     def __subclasshook__(cls, other: type) -> bool:
-        # The service client is a Loader too; it is only known once its module is loaded (an
-        # instance cannot exist before), so the interface never imports the service.
-        client = sys.modules.get("feedline._service.client")
-        if cls is Loader and client is not None and other is getattr(client, "RemoteLoader", None):
-            return True
+        # A transport's class is a Loader too; it is only known once its module is loaded (an
+        # instance cannot exist before), so the interface never imports it.
+        if cls is Loader:
+            for target in set(TRANSPORTS.values()):
+                module, _, name = target.partition(":")
+                if other is getattr(sys.modules.get(module), name, None):
+                    return True
         return NotImplemented
 
     # The interface. Not abstract methods, so that ``Loader(...)`` type-checks as the factory it is.

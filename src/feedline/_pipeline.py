@@ -44,7 +44,33 @@ from feedline._tasks.registry import task_class
 from feedline._tokenize.tokenizer import Tokenizer
 from feedline.errors import SpecError
 
-__all__ = ["GlobalStream", "OnePass", "PartitionStreams", "Pipeline"]
+__all__ = ["ENGINES", "GlobalStream", "OnePass", "PartitionStreams", "Pipeline", "engine", "register_engine"]
+
+#: Builds the task map of a pipeline: ``(records, task, spec) -> TaskMap``.
+Engine = Callable[[Dataset[Record], Task, Spec], TaskMap]
+
+
+def _local(records: Dataset[Record], task: Task, spec: Spec) -> TaskMap:
+    return TaskMap(records, task, workers=spec.workers or 1, on_error=spec.on_error, reject_limit=spec.reject_limit)
+
+
+#: The engines by ``engine.kind``: ``local`` (threads) is the pipeline's own; the package root
+#: installs ``ray`` (:mod:`feedline._ray.map`, above this layer), as it installs tasks and batchers.
+ENGINES: dict[str, Engine] = {"local": _local}
+
+
+def register_engine(kind: str, build: Engine) -> None:
+    """Make ``engine: {kind: kind}`` map tasks with ``build(records, task, spec)``."""
+    ENGINES[kind] = build
+
+
+def engine(kind: str) -> Engine:
+    """The engine registered as ``kind``."""
+    found = ENGINES.get(kind)
+    if found is None:
+        raise SpecError(f"engine.kind: {kind!r} has no engine installed (engines: {', '.join(sorted(ENGINES))}); "
+                        "import feedline, which installs ray")
+    return found
 
 
 class Pipeline:
@@ -131,15 +157,7 @@ class Pipeline:
                 if src.reader.pretokenized:
                     raise SpecError(f"sources[{src.index}] ({src.spec.label}) holds token ids ({src.reader.name}); "
                                     f"task {self.spec.task.kind!r} needs text: use task: clm, or a text source")
-        mapped: TaskMap
-        if self.spec.engine.kind == "ray":
-            from feedline._ray.map import RayTaskMap
-
-            mapped = RayTaskMap(self.records(), self.task, self.spec.engine, on_error=self.spec.on_error,
-                                reject_limit=self.spec.reject_limit)
-        else:
-            mapped = TaskMap(self.records(), self.task, workers=self.workers, on_error=self.spec.on_error,
-                             reject_limit=self.spec.reject_limit)
+        mapped = engine(self.spec.engine.kind)(self.records(), self.task, self.spec)
         mapped.locate = self.mixture.locate
         return self.task.stream(mapped)
 

@@ -135,3 +135,8 @@ class RayTaskMap(TaskMap):
 
     def __repr__(self) -> str:
         return f"RayTaskMap({self.task!r}, address={self.engine.address!r}, chunk={self.chunk})"
+
+
+def ray_engine(records: Dataset[Record], task: Task, spec: Any) -> RayTaskMap:
+    """The ``ray`` engine of a pipeline (installed by the package root: ``engine: {kind: ray}``)."""
+    return RayTaskMap(records, task, spec.engine, on_error=spec.on_error, reject_limit=spec.reject_limit)
