@@ -103,6 +103,25 @@ def test_set_epoch_and_formats(files: dict) -> None:
         check(lambda fmt=fmt: make().take(30).with_format(fmt), hf.take(30).with_format(fmt), cuts=1)
 
 
+def test_set_epoch_reshuffles_and_a_state_resumes_in_its_epoch(files: dict) -> None:
+    def make(epoch: int) -> Any:
+        ds = feedline.load_dataset("json", data_files=files["jsonl"], split="train").shuffle(seed=4, buffer_size=32)
+        ds = ds.map(lambda r: {"n": len(r["text"])}).shuffle(seed=9, buffer_size=8)
+        ds.set_epoch(epoch)
+        return ds
+
+    orders = [[r["text"] for r in make(e)] for e in (0, 1, 2)]
+    assert orders[0] != orders[1] != orders[2] and sorted(orders[0]) == sorted(orders[2])
+    ds = make(2)
+    it = iter(ds)
+    head = [next(it)["text"] for _ in range(111)]
+    state = json.loads(json.dumps(ds.state_dict()))
+    it.close()
+    resumed = make(0)
+    resumed.load_state_dict(state)  # the state carries its epoch
+    assert resumed.epoch == 2 and head + [r["text"] for r in resumed] == orders[2]
+
+
 def test_features_and_column_names_follow_the_methods(files: dict) -> None:
     for builder, data in (("json", files["jsonl"]), ("parquet", files["parquet"])):
         make, hf = both(builder, data)

@@ -121,3 +121,24 @@ def test_import_paths_travel_to_a_served_process(gpt2_path: str, tmp_path: Path)
     env = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     with serve_process(str(path), env=env) as address, feedline.Loader(address) as remote:
         assert [b["input_ids"].tolist() for b in remote] == want
+
+
+def test_partitions_in_processes_run_import_paths_and_resume_exactly(gpt2_path: str) -> None:
+    s = spec(tokenizer=gpt2_path, shuffle=30, partitions=2, task={"kind": "clm", "max_length": 64},
+             batching={"strategy": "pad", "batch_size": 8})
+    with feedline.Loader({**s, "parallel": {"placement": "threads"}}) as threads:
+        want = [b["input_ids"].tolist() for b in threads]
+        filtered = threads.stats()["filtered"]
+    procs = {**s, "parallel": {"placement": "processes"}}
+    stop = random.Random(1).randrange(1, len(want))
+    with feedline.Loader(procs) as loader:
+        it = iter(loader)
+        head = [next(it)["input_ids"].tolist() for _ in range(stop)]
+        state = json.loads(json.dumps(loader.state_dict()))
+    with feedline.Loader(procs) as resumed:
+        resumed.load_state_dict(state)
+        assert head + [b["input_ids"].tolist() for b in resumed] == want
+        assert resumed.stats()["filtered"] == filtered
+    with pytest.raises(SpecError, match="Can't pickle local object|cannot start a worker"), \
+            feedline.Loader({**procs, "transforms": [{"filter": lambda r: True}]}) as loader:
+        next(iter(loader))

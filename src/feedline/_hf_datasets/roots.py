@@ -76,7 +76,8 @@ class FileRoot:
 
     @property
     def files(self) -> list[str]:
-        return [str(s["path"]) for s in self.sources]
+        """The data files (a hub dataset's name for ``hf`` sources)."""
+        return [str(s.get("path") or s.get("hf")) for s in self.sources]
 
     def shard(self, num_shards: int, index: int, contiguous: bool) -> FileRoot:
         keep = shard_indices(len(self.sources), num_shards, index, contiguous)
