@@ -27,7 +27,8 @@ import zmq.auth
 
 from feedline.errors import AuthError, SpecError
 
-__all__ = ["ClientKeys", "ServerKeys", "check_bind", "check_metrics_host", "generate_keys", "is_loopback"]
+__all__ = ["ClientKeys", "ServerKeys", "check_bind", "check_metrics_host", "check_permissions", "generate_keys",
+           "is_loopback"]
 
 SERVER_NAME = "server"
 AUTHORIZED = "authorized"
@@ -49,6 +50,7 @@ class ServerKeys:
         if not authorized.is_dir() or not any(authorized.glob("*.key")):
             raise SpecError(f"{authorized}: no accepted client keys; run 'feedline keys generate {d}' "
                             "or copy clients' public .key files there")
+        check_permissions(d)
         return cls(public=public, secret=secret, authorized=authorized)
 
     def apply(self, socket: zmq.Socket[Any]) -> None:
@@ -93,11 +95,18 @@ def _load(path: Path, what: str) -> tuple[bytes, bytes]:
 def generate_keys(directory: str | os.PathLike[str], client: str = "client") -> dict[str, Path]:
     """Create the server key pair (unless present) and a client key pair, and authorize the client.
 
-    Secret key files are created with mode 0600 (never readable by others, not even briefly).
+    Secret key files are created with mode 0600 (never readable by others, not even briefly), and
+    the folders with 0700, whatever the umask.
     Returns the paths written, by role.
     """
     d = Path(directory)
-    (d / AUTHORIZED).mkdir(parents=True, exist_ok=True)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    for folder in (d, d / AUTHORIZED):   # 0700 whatever the umask: nobody else may add a key
+        try:
+            folder.mkdir(mode=0o700)
+            os.chmod(folder, 0o700)
+        except FileExistsError:
+            pass
     server_secret = d / f"{SERVER_NAME}.key_secret"
     if not server_secret.exists():
         public, secret = zmq.curve_keypair()
@@ -128,6 +137,32 @@ def _write_certificate(path: Path, public: bytes, secret: bytes | None = None) -
         raise SpecError(f"{path} exists and would be overwritten; remove it or use another folder") from None
     with os.fdopen(fd, "w", encoding="ascii") as f:
         f.write("\n".join(lines) + "\n")
+
+
+def check_permissions(directory: str | os.PathLike[str]) -> None:
+    """Refuse, as ssh does, a keys folder that another local user could use or change: a secret key
+    readable by others, or the folder, ``authorized/`` or an authorized key writable by others, or
+    any of them owned by another user. The message gives the ``chmod`` that fixes it.
+
+    Raises:
+        AuthError: naming the path, its mode and the fix.
+    """
+    if os.name != "posix":
+        return
+    d = Path(directory)
+    authorized = d / AUTHORIZED
+    checks: list[tuple[Path, int, str]] = [(d, 0o022, "chmod 700"), (authorized, 0o022, "chmod 700")]
+    checks += [(p, 0o077, "chmod 600") for p in sorted(d.glob("*.key_secret"))]
+    checks += [(p, 0o022, "chmod 644") for p in sorted(authorized.glob("*.key"))]
+    for path, forbidden, fix in checks:
+        st = path.stat()
+        if st.st_uid not in (os.getuid(), 0):
+            raise AuthError(f"{path} belongs to another user (uid {st.st_uid}); keys must be owned by the user who "
+                            f"runs the server: chown {os.getuid()} {path}")
+        mode = st.st_mode & 0o777
+        if mode & forbidden:
+            what = "readable by other users" if forbidden == 0o077 else "writable by other users (they could add a key)"
+            raise AuthError(f"{path} is {what} (mode {mode:04o}); refusing to use it. Fix: {fix} {path}")
 
 
 def is_loopback(address: str) -> bool:
