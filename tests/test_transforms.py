@@ -98,6 +98,13 @@ def test_bad_transform_specs_are_refused_up_front() -> None:
         Spec.load(spec(transforms=[{"mapp": "a:b"}]))
 
 
+def test_fetch_by_key_gives_the_transformed_record() -> None:
+    it = iter(Pipeline(spec()).records())
+    rec = next(it)
+    it.close()
+    assert Pipeline(spec()).fetch([rec.key])[rec.key] == rec.data and rec.data["text"].startswith("[")
+
+
 def test_a_changed_filter_is_refused_on_restore_of_the_shuffle_buffer() -> None:
     s = spec(shuffle=30)
     it = iter(Pipeline(s).records())
@@ -111,16 +118,19 @@ def test_a_changed_filter_is_refused_on_restore_of_the_shuffle_buffer() -> None:
 
 
 def test_import_paths_travel_to_a_served_process(gpt2_path: str, tmp_path: Path) -> None:
+    from feedline._cli.commands.stats import fetch_stats
     from feedline.service import serve_process
 
     s = spec(tokenizer=gpt2_path, task={"kind": "clm", "max_length": 64}, batching={"strategy": "pad", "batch_size": 8})
     with feedline.Loader(s) as local:
         want = [b["input_ids"].tolist() for b in local]
+        filtered = local.stats()["filtered"]
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(s))
     env = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     with serve_process(str(path), env=env) as address, feedline.Loader(address) as remote:
         assert [b["input_ids"].tolist() for b in remote] == want
+        assert fetch_stats(address)["streams"]["train"]["filtered"] == filtered
 
 
 def test_partitions_in_processes_run_import_paths_and_resume_exactly(gpt2_path: str) -> None:

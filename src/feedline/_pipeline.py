@@ -111,8 +111,9 @@ class Pipeline:
         return Mixture(self.sources, [x.weight for x in s.sources], seed=self.seed, stopping=s.mix.stopping, epochs=s.epochs)
 
     def fetch(self, keys: Sequence[Key]) -> Mapping[Key, dict[str, Any]]:
-        """Re-read records by key (what a corpus tool joining outputs to inputs needs)."""
-        return self.mixture.fetch(keys)
+        """Re-read records by key, after the spec's transforms: the records the task saw (what a
+        corpus tool joining outputs to inputs needs)."""
+        return self.transformed().fetch(keys)
 
     def transformed(self) -> Dataset[Record]:
         """Records after reading, mixing and the spec's ``transforms`` (unshuffled)."""

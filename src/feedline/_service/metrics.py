@@ -26,7 +26,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from feedline._state import find_rejected, mixture_shares
+from feedline._state import filtered_in, find_rejected, mixture_shares
 from feedline.errors import TransportError
 
 __all__ = ["LATENCY_BUCKETS", "LatencyHistogram", "MetricsEndpoint", "Rate", "SnapshotCollector", "StreamCounters",
@@ -110,6 +110,7 @@ class StreamCounters:
         rejected: dict[str, int] = {}
         find_rejected(self.last_state, rejected)
         out["rejected"] = rejected
+        out["filtered"] = filtered_in(self.last_state)  # dropped by the spec's filter transforms
         out["mixture"] = mixture_shares(self.last_state)
         out["latency"] = self.latency.snapshot()
         return out
@@ -154,6 +155,8 @@ class SnapshotCollector:
             yield g
         rejected = CounterMetricFamily("feedline_rejected_records", "Records skipped, by reason.",
                                        labels=["stream", "reason"])
+        filtered = CounterMetricFamily("feedline_filtered_records", "Records dropped by the spec's filter transforms.",
+                                       labels=["stream"])
         mixture = GaugeMetricFamily("feedline_mixture_share", "Realised share of records read from each source.",
                                     labels=["stream", "source"])
         latency = HistogramMetricFamily("feedline_batch_latency_seconds",
@@ -172,6 +175,8 @@ class SnapshotCollector:
         for name, st in streams.items():
             for reason, n in (st.get("rejected") or {}).items():
                 rejected.add_metric([name, str(reason)], n)
+            if st.get("filtered"):
+                filtered.add_metric([name], st["filtered"])
             for i, share in enumerate(st.get("mixture") or []):
                 mixture.add_metric([name, str(i)], share)
             lat = st.get("latency")
@@ -188,7 +193,7 @@ class SnapshotCollector:
                 depth.add_metric(labels, c.get("depth", 0))
                 if self.window:
                     fill.add_metric(labels, min(1.0, c.get("depth", 0) / self.window))
-        yield from (rejected, mixture, latency, queued, in_flight, redelivered, depth, fill)
+        yield from (rejected, filtered, mixture, latency, queued, in_flight, redelivered, depth, fill)
         labels = ["client", "stream", "rank"]
         credit = GaugeMetricFamily("feedline_client_credit", "Batches a client may still receive.", labels=labels)
         lag = GaugeMetricFamily("feedline_client_lag", "Steps produced minus steps the client consumed.", labels=labels)
