@@ -113,8 +113,10 @@ class HttpGateway:
         self.guard = ConnectionGuard(runner.server, token=self._token, max_connections=cap,
                                      max_pending=min(o.max_pending, cap - 1), header_timeout=o.header_timeout)
         try:
+            # asyncio accepts up to ``backlog`` sockets per loop turn before the guard sees any: a small
+            # backlog keeps a burst of connections in the kernel's queue, not in this process's descriptors
             server = loop.run_until_complete(loop.create_server(self.guard, o.host, o.port, reuse_address=True,
-                                                                backlog=1024))
+                                                                backlog=min(128, max(8, cap // 4))))
         except OSError as e:
             loop.run_until_complete(runner.cleanup())
             loop.close()

@@ -162,8 +162,11 @@ class _Guarded(asyncio.Protocol):
             self.transport.close()
 
     def drop(self) -> None:
-        """Close at once, without an answer (evicted, or the gateway is closing)."""
+        """Close at once, without an answer (evicted, or the gateway is closing); its slot is free now."""
         self._unpend()
+        if self.counted:
+            self.counted = False
+            self.guard.open -= 1
         if self.transport is not None:
             self.transport.abort()
 
