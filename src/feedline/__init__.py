@@ -17,6 +17,7 @@ from feedline._partitions.processes import ProcessPlacement as _ProcessPlacement
 from feedline._pipeline import Pipeline
 from feedline._pipeline import register_engine as _register_engine
 from feedline._ray.map import ray_engine as _ray_engine
+from feedline._ray.placement import RayPlacement as _RayPlacement
 from feedline._records import records
 from feedline._spec import Spec
 from feedline._tasks.base import Task, TaskContext, TaskOutput
@@ -42,6 +43,7 @@ from feedline.errors import (
 _spec.use_registry(_spec.Registry(task=_task_class, batcher=_batcher_class))
 # ... and the composing stage finds where partitions run by name (threads is the stage's own).
 _register_placement("processes", _ProcessPlacement)
+_register_placement("ray", _RayPlacement)
 _register_engine("ray", _ray_engine)
 # A service address gives the service's client (a Loader by registration; loaded on first use).
 for _scheme in ("tcp", "ipc", "inproc"):

@@ -1,0 +1,79 @@
+"""The ray placement on a real multi-node local cluster: the batches and states of threads and
+processes, exact resume, and exact recovery when a node dies."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from feedline import Loader
+from feedline.testing import assert_batches_equal, assert_resumes_exactly, collect, make_corpus
+
+ray = pytest.importorskip("ray")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """A head node and two worker nodes (one CPU each), as ``ray start`` would run them."""
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    nodes = [c.add_node(num_cpus=1) for _ in range(2)]
+    c.wait_for_nodes()
+    ray.init(address=c.address, include_dashboard=False, configure_logging=False)
+    yield c, nodes
+    ray.shutdown()
+    c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = tmp_path_factory.mktemp("ray-placement")
+    make_corpus(root / "c", files=2, docs=40)
+    return str(root / "c")
+
+
+def spec(corpus: str, tok: str, placement: str, **kw: Any) -> dict[str, Any]:
+    return {"sources": [corpus], "tokenizer": tok, "task": {"kind": "clm", "max_length": 48}, "shuffle": {"buffer": 16},
+            "batching": {"strategy": "pack", "batch_size": 6, "window": 16, "first_window": 4}, "partitions": 3,
+            "parallel": {"placement": placement, "num_cpus": 0.25, "prefetch": 2, "processes": 2}, **kw}
+
+
+def placement_of(loader: Any) -> Any:
+    stage = loader._stage
+    return stage._parent.parent.parent.runner
+
+
+def test_ray_actors_give_the_batches_and_states_of_threads_and_processes(cluster: Any, corpus: str,
+                                                                        small_tokenizer: str) -> None:
+    runs = {p: collect(Loader(spec(corpus, small_tokenizer, p)), with_states=True)
+            for p in ("threads", "processes", "ray")}
+    assert len(runs["threads"][0]) > 8
+    for p in ("processes", "ray"):
+        assert_batches_equal(runs["threads"][0], runs[p][0], f"threads vs {p}")
+        assert runs["threads"][1] == runs[p][1]
+
+
+def test_ray_placement_resumes_exactly(cluster: Any, corpus: str, small_tokenizer: str) -> None:
+    assert assert_resumes_exactly(spec(corpus, small_tokenizer, "ray"), every=8, check=2, limit=9) >= 2  # start, mid-stream
+
+
+def test_a_lost_node_is_recovered_exactly(cluster: Any, corpus: str, small_tokenizer: str) -> None:
+    c, nodes = cluster
+    want = collect(Loader(spec(corpus, small_tokenizer, "threads")))
+    loader = Loader(spec(corpus, small_tokenizer, "ray"))
+    got = [dict(next(loader)) for _ in range(3)]
+    placement = placement_of(loader)
+    on = placement.nodes()
+    assert len(set(on)) >= 2   # spread over the cluster; the driver only composes
+    victim = next(n for n in nodes if n.node_id in on)   # a worker node holding a partition's actor
+    c.remove_node(victim)
+    got += collect(loader)
+    loader.close()
+    assert sum(placement.restarts) >= 1
+    assert_batches_equal(want, got, "after a lost node")
+
