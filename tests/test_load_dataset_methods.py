@@ -175,6 +175,9 @@ def test_every_stage_resumes_exactly_at_every_row(files: dict) -> None:
     chained = mixed.map(lambda r: {"n": len(r["text"])}).shuffle(seed=1, buffer_size=16).map(
         lambda b: {"n": [sum(b["n"])]}, batched=True, batch_size=5, remove_columns=["text"])
     assert assert_stage_resumes(chained.stage(), every=3, check=3) > 40
+    nested = feedline.interleave_datasets([mixed, a.take(40)], seed=2, probabilities=[0.7, 0.3],
+                                          stopping_strategy="all_exhausted").shuffle(seed=3, buffer_size=25)
+    assert assert_stage_resumes(nested.stage(), every=5, check=3) > 40
 
 
 def test_refusals(files: dict) -> None:

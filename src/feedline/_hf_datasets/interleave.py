@@ -14,7 +14,8 @@ The semantics are ``datasets``' (5.x):
 State: ``{"drawn": n, "exhausted": [bool...], "sources": [state...]}``: the draws made, and each
 dataset's state after the rows it returned (a restart's state once it restarted). Draws are
 re-made from the seed on restore, so the state holds no generator. Keys carry the dataset's
-index in the source field (``source + i * STRIDE``) so a shuffle buffer above re-reads its rows.
+index in the source field (``source * n + i`` for ``n`` datasets, so interleaves nest) so a
+shuffle buffer above re-reads its rows.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from feedline.errors import SpecError, StateError
 
 __all__ = ["STOPPING", "Interleave", "InterleaveRoot"]
 
-STRIDE = 1 << 20  # source indices per interleaved dataset in a key
 STOPPING = ("first_exhausted", "all_exhausted", "all_exhausted_without_replacement")
 _DRAWS = 1000  # datasets' random_batch_size
 
@@ -78,13 +78,14 @@ class Interleave(Dataset[Record]):
             offset = 0
 
     def fetch(self, keys: Sequence[Key]) -> dict[Key, dict[str, Any]]:
+        n = len(self.children)
         by_child: dict[int, list[Key]] = {}
         for k in keys:
-            by_child.setdefault(k[0] // STRIDE, []).append((k[0] % STRIDE, k[1], k[2]))
+            by_child.setdefault(k[0] % n, []).append((k[0] // n, k[1], k[2]))
         out: dict[Key, dict[str, Any]] = {}
         for c, ks in by_child.items():
             for (s, f, p), data in self.children[c].fetch(ks).items():
-                out[(s + c * STRIDE, f, p)] = self.align(data)
+                out[(s * n + c, f, p)] = self.align(data)
         return out
 
     def __iter__(self) -> InterleaveIterator:
@@ -136,7 +137,7 @@ class InterleaveIterator(DatasetIterator[Record]):
                     self.ahead[i] = None
             if result is not _END:
                 s, f, p = result.key
-                return Record((s + i * STRIDE, f, p), result.epoch, ds.align(result.data))
+                return Record((s * len(self.its) + i, f, p), result.epoch, ds.align(result.data))
 
     def get_state(self) -> State:
         return {"drawn": self.drawn, "exhausted": list(self.exhausted), "sources": [dict(s) for s in self.states]}
