@@ -155,7 +155,7 @@ def test_zstd_corrupt_frame_in_the_middle_keeps_every_frame_before_it(tmp_path: 
 def test_other_codecs_deliver_every_record_before_a_break(tmp_path: Path, codec: str) -> None:
     compress = {"gz": lambda b: gzip.compress(b, 1), "bz2": lambda b: bz2.compress(b, 1),
                 "xz": lambda b: lzma.compress(b, preset=0)}[codec]
-    texts = [f"record {i}" for i in range(120_000)]  # 1.7 MB: bz2 decodes by blocks of 900 kB
+    texts = [f"record {i}" for i in range(40_000)]  # 550 kB: bz2 (level 1) decodes by blocks of 100 kB
     data = compress(_jsonl(texts))
     path = tmp_path / f"cut.jsonl.{codec}"
     second = compress(_jsonl(["q" * 100_000]))  # a second stream that breaks inside its one line
@@ -165,6 +165,32 @@ def test_other_codecs_deliver_every_record_before_a_break(tmp_path: Path, codec:
     path.write_bytes(data[:len(data) * 2 // 3])  # cut inside the only stream
     recs, counts, _ = _read(path)
     assert 0 < len(recs) < len(texts) and [t for _k, t in recs] == texts[:len(recs)] and counts == {"truncated": 1}
+    # a second stream with a bad header (BZ2File/LZMAFile dropped it and the rest without a word)
+    half = len(texts) // 2
+    rest = bytearray(compress(_jsonl(texts[half:])))
+    rest[0] ^= 0xFF
+    path.write_bytes(compress(_jsonl(texts[:half])) + bytes(rest))
+    recs, counts, _ = _read(path)
+    assert [t for _k, t in recs] == texts[:half] and counts == {"truncated": 1}
+    # zero padding after the last stream is no damage (gzip's and xz's rules; bz2 as gzip)
+    path.write_bytes(data + b"\0" * 16)
+    recs, counts, _ = _read(path)
+    assert len(recs) == len(texts) and counts == {}
+
+
+@pytest.mark.parametrize("codec", ["xz", "bz2"])
+def test_a_corrupt_block_is_a_truncated_rejection_after_the_records_before_it(tmp_path: Path, codec: str) -> None:
+    """A corrupt byte run in the middle: LZMAError escaped the reader (the run stopped); now the
+    records decoded before the damage come out and one ``truncated`` is counted."""
+    compress = {"bz2": lambda b: bz2.compress(b, 1), "xz": lambda b: lzma.compress(b, preset=0)}[codec]
+    texts = [f"record {i}" for i in range(100_000)]
+    data = bytearray(compress(_jsonl(texts)))
+    data[len(data) // 2:len(data) // 2 + 20] = b"\x55" * 20
+    path = tmp_path / f"mid.jsonl.{codec}"
+    path.write_bytes(bytes(data))
+    recs, counts, _ = _read(path)
+    good = [t for _k, t in recs if t.startswith("record ")]
+    assert len(good) > 30_000 and good[:30_000] == texts[:30_000] and counts.get("truncated") == 1
 
 
 # ------------------------------------------------------------------ byte-order marks

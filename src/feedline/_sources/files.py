@@ -18,7 +18,7 @@ from typing import IO, Any
 from feedline._sources.remote import missing_backend
 from feedline.errors import SourceError
 
-__all__ = ["ZstdStream", "codec_of", "expand", "is_url", "open_binary", "open_raw", "size_of",
+__all__ = ["Bz2Stream", "ConcatenatedStream", "XzStream", "ZstdStream", "codec_of", "expand", "is_url", "open_binary", "open_raw", "size_of",
            "strip_codec"]
 
 _CODECS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
@@ -125,11 +125,8 @@ def open_binary(path: str) -> IO[bytes]:
         return raw
     if codec == "gzip":
         return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
-    if codec == "bz2":
-        return bz2.BZ2File(raw, mode="rb")
-    if codec == "xz":
-        return lzma.LZMAFile(raw, mode="rb")
-    return io.BufferedReader(ZstdStream(raw), buffer_size=1 << 20)
+    stream = ZstdStream(raw) if codec == "zstd" else XzStream(raw) if codec == "xz" else Bz2Stream(raw)
+    return io.BufferedReader(stream, buffer_size=1 << 20)
 
 
 class DecodingStream(io.RawIOBase):
@@ -161,23 +158,28 @@ class DecodingStream(io.RawIOBase):
         super().close()
 
 
-class ZstdStream(DecodingStream):
-    """Decompress concatenated zstd frames; a stream that ends inside a frame raises ``EOFError``.
+class ConcatenatedStream(DecodingStream):
+    """Decompress concatenated streams (frames, members) of one codec, checking every one of them.
 
-    (``zstandard``'s own ``stream_reader`` ends quietly on a truncated frame, which would lose
-    the tail of a file without a word.) A decoder error (a corrupt block, a bad later frame,
-    trailing garbage) is raised only after every byte decoded before it was handed out: the
-    input is fed :data:`_SLICE` bytes at a time, so what one failing call loses is bounded.
+    A stream that ends inside a frame raises ``EOFError``; a decoder error (a corrupt block, a bad
+    later frame, trailing garbage) raises ``OSError``, but only after every byte decoded before it
+    was handed out: the input is fed :data:`_SLICE` bytes at a time, so what one failing call
+    loses is bounded. (The standard library's ``BZ2File``/``LZMAFile`` drop a bad later stream
+    without a word, and ``zstandard``'s ``stream_reader`` ends quietly on a truncated frame.)
     """
+
+    codec = ""
+    padding = b""  # bytes allowed between and after frames (xz stream padding)
 
     def __init__(self, raw: IO[bytes]) -> None:
         super().__init__(raw)
-        import zstandard
-
-        self.dctx = zstandard.ZstdDecompressor()
-        self.dobj = self.dctx.decompressobj()
+        self.decoder = self._decoder()
         self.started = False  # the current frame has received input
         self.failed: BaseException | None = None  # raised at the next fill, after what came before it
+
+    def _decoder(self) -> Any:
+        """A fresh decoder with ``decompress``, ``eof`` and ``unused_data``."""
+        raise NotImplementedError
 
     def _fill(self) -> bytes:
         if self.failed is not None:
@@ -187,30 +189,70 @@ class ZstdStream(DecodingStream):
         while not out:
             chunk = self.raw.read(1 << 17)
             if not chunk:
-                if self.started and not self.dobj.eof:
-                    raise EOFError("zstd stream ended inside a frame (truncated file?)")
+                if self.started and not self.decoder.eof:
+                    raise EOFError(f"{self.codec} stream ended inside a frame (truncated file?)")
                 return b""
             for i in range(0, len(chunk), _SLICE):
                 try:
                     self._decompress(chunk[i:i + _SLICE], out)
-                except Exception as e:  # ZstdError: deliver what was decoded, then report it
+                except Exception as e:  # OSError, LZMAError, ZstdError: deliver what was decoded, then report it
+                    error = e if isinstance(e, (OSError, EOFError)) else OSError(f"{type(e).__name__}: {e}")
                     if not out:
-                        raise
-                    self.failed = e
+                        raise error from e
+                    self.failed = error
                     return bytes(out)
         return bytes(out)
 
     def _decompress(self, data: bytes, out: bytearray) -> None:
         """Decode ``data`` into ``out``, across frame ends."""
         while data:
+            if not self.started and self.padding:
+                data = data.lstrip(self.padding)
+                if not data:
+                    return
             self.started = True
-            out += self.dobj.decompress(data)
+            out += self.decoder.decompress(data)
             data = b""
-            if self.dobj.eof:  # next frame: feed it what the last one left over
-                data = self.dobj.unused_data
-                self.dobj = self.dctx.decompressobj()
+            if self.decoder.eof:  # next frame: feed it what the last one left over
+                data = self.decoder.unused_data
+                self.decoder = self._decoder()
                 self.started = False
 
 
-#: Compressed bytes given to the zstd decoder per call (a corrupt block loses at most one call's output).
-_SLICE = 1 << 14
+class ZstdStream(ConcatenatedStream):
+    """Concatenated zstd frames (trailing zero bytes are garbage: zstd has no padding)."""
+
+    codec = "zstd"
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        import zstandard
+
+        self.dctx = zstandard.ZstdDecompressor()
+        super().__init__(raw)
+
+    def _decoder(self) -> Any:
+        return self.dctx.decompressobj()
+
+
+class XzStream(ConcatenatedStream):
+    """Concatenated xz streams, with the zero-byte stream padding the format allows between them."""
+
+    codec = "xz"
+    padding = b"\0"
+
+    def _decoder(self) -> Any:
+        return lzma.LZMADecompressor()
+
+
+class Bz2Stream(ConcatenatedStream):
+    """Concatenated bzip2 streams (as ``pbzip2`` writes them); zero bytes after one are padding, as gzip's."""
+
+    codec = "bz2"
+    padding = b"\0"
+
+    def _decoder(self) -> Any:
+        return bz2.BZ2Decompressor()
+
+
+#: Compressed bytes given to a decoder per call (a corrupt block loses at most one call's output).
+_SLICE = 1 << 10
