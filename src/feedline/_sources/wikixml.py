@@ -40,7 +40,7 @@ from typing import Any
 
 from feedline._core.record import Rejection
 from feedline._sources.files import codec_of, is_url, size_of
-from feedline._sources.lines import LineReader, _broken, _is_broken, _locate, _shrank, _shrunk, open_decoded
+from feedline._sources.lines import LineReader, _broken, _locate, _shrank, _shrunk, is_broken, open_decoded
 from feedline._sources.reader import Item, Reader, Split
 from feedline._sources.wikins import LinkRules, siteinfo_names
 from feedline._sources.wikipages import LOOKBACK, PageStream, first_page, siteinfo
@@ -126,7 +126,7 @@ class WikiXmlReader(LineReader):
         except SourceError:
             raise
         except Exception as e:
-            if not _is_broken(e):
+            if not is_broken(e):
                 raise
             yield from parser.flush()  # every page read whole before the break
             yield last, last, last_line, _broken(path, last, e)
@@ -180,7 +180,7 @@ def dump_names(path: str) -> Names:
         with f:
             info = siteinfo(f)
     except Exception as e:
-        if not _is_broken(e):
+        if not is_broken(e):
             raise
         return (), ()
     names = siteinfo_names(info.namespaces)
