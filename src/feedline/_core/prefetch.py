@@ -223,6 +223,8 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         except queue.Empty:
             pass
         self._rewind = self._state is not None
+        if self.detach and t is not threading.current_thread():
+            t.join(timeout=0.05)   # a thread waiting to put leaves at once (the queue was just emptied)
         if self.detach and t.is_alive() and t is not threading.current_thread():
             parent, self._parent = self._parent, None   # the next start builds a fresh one
             threading.Thread(target=_reap, args=(t, parent), name=f"{self.name}-reaper", daemon=True).start()
