@@ -116,6 +116,22 @@ class TransformIterator(DatasetIterator[Record]):
                 return Record(rec.key, rec.epoch, data)
             self.filtered += 1
 
+    def take(self, n: int) -> list[Record]:
+        """``n`` kept records, read from the parent many at a time (never past the ``n``-th kept one)."""
+        out: list[Record] = []
+        while len(out) < n:
+            want = n - len(out)
+            recs = self.parent.take(want)
+            for rec in recs:
+                data = self.ds.apply(rec.key, rec.data)
+                if data is None:
+                    self.filtered += 1
+                else:
+                    out.append(Record(rec.key, rec.epoch, data))
+            if len(recs) < want:
+                break
+        return out
+
     def own_state(self) -> State:
         return {"rejected": {FILTERED: self.filtered} if self.filtered else {}}
 
