@@ -1,13 +1,18 @@
-"""Chat on templates that are not prefix-stable (Qwen3.5, DeepSeek-R1 distill) and on Qwen2.5, with real data.
+"""Chat conformance per template family, on real conversations (OASST, glaive tool calls, ShareGPT).
 
-Every conversation with an assistant turn is kept, and each turn's labelled tokens are checked
-against the messages: the reply and the template's end-of-turn text, never another role's text
-or a role header.
+Families: Qwen2.5, Qwen3.5 (not prefix-stable), DeepSeek-R1 distill (drops earlier reasoning and
+tool schemas), and GLM-4's format (built here: the GLM-4 template, its role tokens added to the
+Qwen2.5 vocabulary, its ``generation_config.json`` stop ids; it writes no end-of-turn text and
+ignores ``tool_calls`` and tools). For each: no kept conversation has content that the render
+lacks, every kept reply trains a stop, the rejections are those expected by reason; each turn's
+labelled tokens are the reply and its stop, never another role's text or a role header.
 """
 
 from __future__ import annotations
 
+import collections
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,19 +27,54 @@ from feedline._tokenize.load import load_tokenizer
 
 pytest.importorskip("transformers")
 
-# per family: end-of-turn text after a reply, and role markers never trained
+# GLM-4's chat template (glm-4-9b-chat): tools only from a message's own "tools", a message without
+# content (a tool call) not written at all, no end-of-turn text; a tool result is an observation
+GLM4_TEMPLATE = (
+    "[gMASK]<sop>{% for item in messages %}"
+    "{% if item['tools'] is defined %}<|system|>\n# Tools{% for tool in item['tools'] %}\n\n## {{ tool['function']['name'] }}"
+    "\n\n{{ tool['function'] | tojson(indent=4) }}{% endfor %}{% endif %}"
+    "{% if item['content'] %}<|{{ 'observation' if item['role'] == 'tool' else item['role'] }}|>{{ item['metadata'] }}"
+    "\n{{ item['content'] }}{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+GLM4_STOPS = ("<|endoftext|>", "<|user|>", "<|observation|>")
+
+
+def glm4_tokenizer(directory: Path) -> str:
+    """A GLM-4-format tokenizer directory: Qwen2.5's vocabulary (GLM-4's is not in the shared data)
+    with GLM-4's role tokens, its template, and ``generation_config.json`` listing its stop ids."""
+    import tokenizers
+
+    if not (directory / "tokenizer.json").exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        tok = tokenizers.Tokenizer.from_file(str(shared("tokenizers", "qwen2.5", "tokenizer.json")))
+        tok.add_special_tokens(["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"])
+        tok.save(str(directory / "tokenizer.json"))
+        (directory / "tokenizer_config.json").write_text(json.dumps({"chat_template": GLM4_TEMPLATE, "eos_token": "<|endoftext|>"}))
+        (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": [tok.token_to_id(t) for t in GLM4_STOPS]}))
+    return str(directory)
+
+
+# per family: end-of-turn text after a reply, stop tokens, role markers never trained (but as a reply's stop)
 FAMILIES: dict[str, dict[str, Any]] = {
-    "qwen2.5": {"eot": "<|im_end|>\n", "headers": ("<|im_start|>",), "opener": ("<|im_start|>assistant\n",)},
-    "qwen3.5": {"eot": "<|im_end|>\n", "headers": ("<|im_start|>", "<think>"),
+    "qwen2.5": {"eot": "<|im_end|>\n", "stops": ("<|im_end|>",), "headers": ("<|im_start|>",), "opener": ("<|im_start|>assistant\n",)},
+    "qwen3.5": {"eot": "<|im_end|>\n", "stops": ("<|im_end|>",), "headers": ("<|im_start|>", "<think>"),
                 "opener": ("<|im_start|>assistant\n", "<|im_start|>assistant\n<think>")},
     # R1's template writes no header after tool outputs, nor before a second tool call (is_first is never reset)
-    "llama3-r1-distill": {"eot": "<｜end▁of▁sentence｜>", "headers": ("<｜User｜>", "<｜Assistant｜>"),
+    "llama3-r1-distill": {"eot": "<｜end▁of▁sentence｜>", "stops": ("<｜end▁of▁sentence｜>",), "headers": ("<｜User｜>", "<｜Assistant｜>"),
                           "opener": ("<｜Assistant｜>", "<｜tool▁outputs▁end｜>"), "bare_tool_calls": True},
+    "glm4": {"eot": "", "stops": GLM4_STOPS, "headers": ("<|user|>", "<|assistant|>", "<|observation|>", "<|system|>"),
+             "opener": ("<|assistant|>",)},
 }
+# rejected by reason on the 300 glaive conversations: R1's template writes no tool schemas; GLM-4's
+# neither tool calls (153 conversations) nor tool schemas (38 more)
+GLAIVE_REJECTED = {"llama3-r1-distill": {"unrendered_content": 191}, "glm4": {"unrendered_content": 191}}
+
+@pytest.fixture(scope="module")
+def glm4_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return glm4_tokenizer(tmp_path_factory.mktemp("glm4"))
 
 
-def _task(family: str, **opts: object) -> Chat:
-    tok = load_tokenizer(str(shared("tokenizers", family)))
+def _task(family: str, glm4: str | None = None, **opts: object) -> Chat:
+    tok = load_tokenizer(glm4 if family == "glm4" and glm4 else str(shared("tokenizers", family)))
     return Chat(build(Chat.Options, {"max_length": None, **opts}, "task"), TaskContext(tok, 0))
 
 
@@ -52,6 +92,34 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(edges[::2], edges[1::2], strict=True))
 
 
+def _unrendered(text: str, msgs: list[dict[str, Any]], tools: Any) -> list[str]:
+    """Values of the conversation that the decoded input lacks (checked on the data, not by the task's probe)."""
+    missing = []
+    for i, m in enumerate(msgs):
+        content = str(m.get("content") or "")
+        pieces = [p.strip() for p in content.replace("<think>", "").split("</think>")]
+        pieces.append(str(m.get("reasoning_content") or "").strip())
+        for call in m.get("tool_calls") or []:
+            pieces.append(call["function"]["name"])
+            args = call["function"].get("arguments")
+            args = json.loads(args) if isinstance(args, str) else args
+            pieces += [v for v in args.values() if isinstance(v, str) and v.isprintable() and '"' not in v and "\\" not in v]
+        missing += [f"message {i}: {p[:30]!r}" for p in pieces if p and p not in text]
+    for t in tools or []:
+        fn = t.get("function", t)
+        missing += [f"tool {fn['name']}: {k}" for k in ("name", "description") if fn.get(k) and fn[k] not in text]
+    return missing
+
+
+def _body(trained: str, fam: dict[str, Any]) -> str | None:
+    """The trained run without its stop (the template's end-of-turn text or a stop token); ``None`` without one."""
+    end = trained.rstrip()
+    for stop in (fam["eot"].rstrip(), *fam["stops"]):
+        if stop and end.endswith(stop):
+            return end[:-len(stop)]
+    return None
+
+
 def _check_turns(task: Chat, family: str, msgs: list[dict[str, Any]], ids: np.ndarray, labels: np.ndarray) -> None:
     fam = FAMILIES[family]
     while msgs[-1]["role"] != "assistant":
@@ -63,15 +131,17 @@ def _check_turns(task: Chat, family: str, msgs: list[dict[str, Any]], ids: np.nd
     assert np.array_equal(labels[labels != -100], ids[labels != -100])
     for (s, e), m in zip(runs, replies, strict=True):
         trained = task.tok.decode(ids[s:e])
+        body = _body(trained, fam)
+        assert body is not None, f"reply trains no stop: {trained[-60:]!r}"  # every kept reply trains a stop
         answer = str(m.get("content") or "").split("</think>")[-1].strip()
-        assert answer in trained
+        assert answer in body
         calls = m.get("tool_calls") or []
         for call in calls:
-            assert call["function"]["name"] in trained
+            assert call["function"]["name"] in body
         if not calls:
-            assert trained.endswith(fam["eot"]) and trained[:-len(fam["eot"])].rstrip().endswith(answer)
+            assert body.rstrip().endswith(answer)
         for h in fam["headers"]:
-            assert h not in trained, (h, trained[:80])
+            assert h not in body, (h, trained[:80])
         # the run starts right after the assistant header (or in the token that finishes it)
         before, first = task.tok.decode(ids[:s]), task.tok.decode(ids[s:s + 1])
         if not (calls and fam.get("bare_tool_calls")):
@@ -84,29 +154,74 @@ def _check_turns(task: Chat, family: str, msgs: list[dict[str, Any]], ids: np.nd
 
 @pytest.mark.parametrize("dataset", ["oasst", "glaive", "sharegpt"])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_every_conversation_kept_and_masked_turn_by_turn(family: str, dataset: str) -> None:
+def test_conformance_per_family(family: str, dataset: str, glm4_dir: str) -> None:
+    """0 conversations kept with content the render lacks, every kept reply trains a stop, rejections by reason."""
     rows = _rows(dataset)
     if family == "qwen2.5" and dataset == "glaive":
         rows = rows[:100]  # prefix-stable, already kept 300/300 before; keeps the suite short
-    task = _task(family)
+    task = _task(family, glm4_dir)
     outs = task.process([Record((0, 0, i), 0, r) for i, r in enumerate(rows)])
-    rejected = [(i, o.reason, o.detail) for i, o in enumerate(outs) if not isinstance(o, list)]
-    assert rejected == []  # 100% of conversations with an assistant turn kept
+    rejected = collections.Counter(o.reason for o in outs if not isinstance(o, list))
+    assert rejected == collections.Counter(GLAIVE_REJECTED.get(family, {}) if dataset == "glaive" else {})
     assert task.mode == "prefix"
     for row, out in zip(rows, outs, strict=True):
-        msgs, _ = normalize_conversation(row)
-        _check_turns(task, family, msgs, out[0].fields["input_ids"], out[0].fields["labels"])
+        msgs, tools = normalize_conversation(row)
+        if not isinstance(out, list):
+            assert "not render" in out.detail and _unrendered(_plain_render(task, msgs, tools), msgs, tools)
+            continue
+        ids = out[0].fields["input_ids"]
+        while msgs[-1]["role"] != "assistant":
+            msgs = msgs[:-1]
+        assert _unrendered(task.tok.decode(ids), msgs, tools) == []
+        _check_turns(task, family, msgs, ids, out[0].fields["labels"])
+
+
+def _plain_render(task: Chat, msgs: list[dict[str, Any]], tools: Any) -> str:
+    while msgs[-1]["role"] != "assistant":
+        msgs = msgs[:-1]
+    try:
+        return task._render(msgs, tools)[0]
+    except Exception:  # R1 wants tool-call arguments as strings
+        from feedline._tasks.chat_messages import string_arguments
+
+        return task._render(string_arguments(msgs), tools)[0]
+
+
+@pytest.mark.parametrize("family", ["llama3-r1-distill", "glm4"])
+def test_unrendered_warn_keeps_conversations_and_says_once_which_field(family: str, glm4_dir: str,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    rows = _rows("glaive")[:60]
+    task = _task(family, glm4_dir, unrendered="warn")
+    with caplog.at_level("WARNING", logger="feedline"):
+        outs = task.process([Record((0, 0, i), 0, r) for i, r in enumerate(rows)])
+    assert all(isinstance(o, list) for o in outs)
+    said = [r.getMessage() for r in caplog.records if "does not render" in r.getMessage()]
+    assert any("tools: names" in x for x in said)
+    assert len(said) <= 2  # once per field (listed together), not once per conversation
+    if family == "glm4":
+        assert any("(assistant): tool_calls" in x for x in said)
+    fam = FAMILIES[family]
+    for out in outs:  # every reply the template writes still trains a stop
+        ids, labels = out[0].fields["input_ids"], out[0].fields["labels"]
+        for s, e in _runs(labels != -100):
+            assert _body(task.tok.decode(ids[s:e]), fam) is not None
 
 
 def test_qwen35_trains_reasoning_where_the_template_renders_it() -> None:
-    """Qwen3.5 renders reasoning only for turns after the last user query; it is trained exactly there."""
-    task = _task("qwen3.5")
+    """Qwen3.5 renders reasoning only for turns after the last user query: a conversation with
+    reasoning before it is rejected, or kept with ``unrendered: warn``, reasoning trained exactly where rendered."""
     conv = {"messages": [
         {"role": "user", "content": "What is 2+2?"},
         {"role": "assistant", "reasoning_content": "Earlier thought about sums.", "content": "4."},
         {"role": "user", "content": "And 3+3?"},
         {"role": "assistant", "content": "<think>\nLatest thought: add three.\n</think>\n\n6."},
     ]}
+    out = _task("qwen3.5").process([Record((0, 0, 0), 0, conv)])[0]
+    assert not isinstance(out, list) and out.reason == "unrendered_content"
+    assert "message 2 (assistant): reasoning_content" in out.detail
+    latest_only = {"messages": conv["messages"][:1] + conv["messages"][2:]}
+    assert isinstance(_task("qwen3.5").process([Record((0, 0, 0), 0, latest_only)])[0], list)
+    task = _task("qwen3.5", unrendered="warn")
     ex = task.process([Record((0, 0, 0), 0, conv)])[0][0]
     ids, labels = ex.fields["input_ids"], ex.fields["labels"]
     text = task.tok.decode(ids)
@@ -117,14 +232,18 @@ def test_qwen35_trains_reasoning_where_the_template_renders_it() -> None:
     assert "<think>" not in last  # the opening tag is the generation prompt, not generated
 
 
-def test_r1_distill_drops_earlier_reasoning_and_never_trains_it() -> None:
-    task = _task("llama3-r1-distill")
+def test_r1_distill_drops_reasoning_rejected_or_never_trained() -> None:
+    """R1's template cuts ``<think>`` reasoning out of every reply: rejected, or trained without it with ``unrendered: warn``."""
     conv = {"messages": [
         {"role": "user", "content": "What is 2+2?"},
         {"role": "assistant", "content": "<think>\nadding\n</think>\n\nFour."},
         {"role": "user", "content": "And 3+3?"},
         {"role": "assistant", "content": "<think>\nadding again\n</think>\n\nSix."},
     ]}
+    out = _task("llama3-r1-distill").process([Record((0, 0, 0), 0, conv)])[0]
+    assert not isinstance(out, list) and out.reason == "unrendered_content"
+    assert "message 2 (assistant): <think> reasoning in content" in out.detail
+    task = _task("llama3-r1-distill", unrendered="warn")
     ex = task.process([Record((0, 0, 0), 0, conv)])[0][0]
     ids, labels = ex.fields["input_ids"], ex.fields["labels"]
     assert "adding" not in task.tok.decode(ids)

@@ -50,7 +50,6 @@ ending the mask.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Sequence
@@ -62,10 +61,14 @@ import numpy as np
 
 from feedline._core.record import Record
 from feedline._tasks.base import Task, TaskOutput
+from feedline._tasks.chat_fields import FieldProbe, describe
+from feedline._tasks.chat_messages import has_object_arguments, normalize_conversation, string_arguments
+from feedline._tasks.chat_stop import place_stops, shift, stop_ids
 from feedline._tasks.chat_turns import (
     free_after,
     free_before,
     locate_turn,
+    offsets_of,
     reply_pieces,
     token_mask,
     tokens_before,
@@ -77,13 +80,6 @@ __all__ = ["Chat", "ChatOptions", "normalize_conversation"]
 
 log = logging.getLogger(__name__)
 
-_FIELDS = ("messages", "conversation", "conversations")
-_ROLES = {
-    "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "model": "assistant",
-    "chatgpt": "assistant", "bard": "assistant", "bing": "assistant", "system": "system", "tool": "tool",
-    "function": "tool", "observation": "tool", "function_response": "tool", "ipython": "tool",
-    "function_call": "function_call",
-}
 _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
@@ -101,6 +97,12 @@ class ChatOptions:
         assistant_only: train on assistant tokens only (``false``: on every token).
         trailing: ``drop`` turns after the last assistant turn, or ``keep`` them (no loss).
         truncation: ``turns``, ``reject`` or ``cut`` (see the module docstring).
+        unrendered: a conversation with a field the template does not render (``tool_calls``,
+            ``reasoning_content``, tools, ...): ``reject`` it (``unrendered_content``), or ``warn``
+            once per field and keep it without that field.
+        stop: what ends each trained reply: ``auto`` (the template's end-of-turn text, else a stop
+            token: the next role header's first token when it is a stop id, else one inserted),
+            ``eos`` (a stop token always), ``template`` (only what the template writes).
     """
 
     max_length: int | None = 4096
@@ -112,73 +114,12 @@ class ChatOptions:
     assistant_only: bool = True
     trailing: Literal["drop", "keep"] = "drop"
     truncation: Literal["turns", "reject", "cut"] = "turns"
+    unrendered: Literal["reject", "warn"] = "reject"
+    stop: Literal["auto", "eos", "template"] = "auto"
 
     def __post_init__(self) -> None:
         if self.max_length is not None and self.max_length < 2:
             raise SpecError(f"task.max_length: {self.max_length} must be >= 2")
-
-
-def _json_or(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError:
-            return value
-    return value
-
-
-def _tool_call(call: Any) -> dict[str, Any]:
-    """An OpenAI ``tool_calls`` entry with ``arguments`` parsed from JSON when it is a string."""
-    call = _json_or(call)
-    if not isinstance(call, dict):
-        raise ValueError(f"a tool call must be an object, got {call!r}")
-    fn = call.get("function", call)
-    fn = {k: v for k, v in fn.items() if v is not None}
-    if "arguments" in fn:
-        fn["arguments"] = _json_or(fn["arguments"])
-    return {"type": "function", "function": fn}
-
-
-def normalize_conversation(data: dict[str, Any], field: str | None = None, tools_field: str = "tools") -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """The OpenAI-form messages and tool schemas of a record.
-
-        >>> normalize_conversation({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]})
-        ([{'role': 'user', 'content': 'hi'}, {'role': 'assistant', 'content': 'yo'}], None)
-
-    Raises:
-        ValueError: naming what is malformed.
-    """
-    name = field or next((f for f in _FIELDS if f in data), None)
-    if name is None or name not in data:
-        raise ValueError(f"no conversation field (looked for {field or ', '.join(_FIELDS)})")
-    raw = data[name]
-    if not isinstance(raw, list):
-        raise ValueError(f"field {name!r} is {type(raw).__name__}, not a list of messages")
-    out: list[dict[str, Any]] = []
-    for i, m in enumerate(raw):
-        if not isinstance(m, dict):
-            raise ValueError(f"message {i} is {type(m).__name__}, not an object")
-        role_raw = m.get("role", m.get("from"))
-        role = _ROLES.get(str(role_raw).lower()) if role_raw is not None else None
-        if role is None:
-            raise ValueError(f"message {i} has unknown role {role_raw!r}")
-        content = m.get("content", m.get("value"))
-        if role == "function_call":
-            out.append({"role": "assistant", "content": None, "tool_calls": [_tool_call(content)]})
-            continue
-        msg = {k: v for k, v in m.items() if k not in ("from", "value") and v is not None}
-        msg["role"] = role
-        if content is not None:
-            msg["content"] = content
-        if "tool_calls" in msg:
-            msg["tool_calls"] = [_tool_call(c) for c in msg["tool_calls"]]
-        out.append(msg)
-    tools = _json_or(data.get(tools_field))
-    if tools in (None, "", []):
-        tools = None
-    elif not isinstance(tools, list):
-        tools = [tools] if isinstance(tools, dict) else None
-    return out, tools
 
 
 class Chat(Task):
@@ -219,8 +160,9 @@ class Chat(Task):
         rendered, indices = out
         return rendered[0], [(int(a), int(b)) for a, b in indices[0]] if spans else []
 
-    def _prepare(self, rec: Record) -> tuple[str, list[Any], list[int] | None, list[dict[str, Any]], Any] | str:
-        """Rendered text, assistant char spans, assistant-turn end chars (prefix mode), or a rejection."""
+    def _prepare(self, rec: Record) -> tuple[str, list[Any], list[int] | None, list[dict[str, Any]], Any, list[tuple[int, int]]] | str:
+        """Rendered text, assistant char spans, assistant-turn end chars (prefix mode), messages, tools,
+        stops inserted (see :func:`~feedline._tasks.chat_stop.place_stops`), or a rejection."""
         opts: ChatOptions = self.options
         try:
             msgs, tools = normalize_conversation(rec.data, opts.messages, opts.tools)
@@ -233,18 +175,51 @@ class Chat(Task):
                 msgs.pop()
         if not any(m["role"] == "assistant" for m in msgs):
             return "no_assistant: the conversation has no assistant turn"
+        prep = self._rendered(msgs, tools)
+        if isinstance(prep, str):
+            return prep
+        missing = self._fields.missing(prep[3], tools)
+        if missing and opts.unrendered == "reject":
+            return (f"unrendered_content: the chat template does not render {describe(missing)}; give a "
+                    "chat_template that renders it, or set task.unrendered: warn to train without it")
+        if missing:
+            self._warn_unrendered(missing)
+        if opts.stop == "template":
+            return (*prep, [])
+        text, spans, ends, msgs, tools = prep
+        try:
+            text, spans, ends, inserts = place_stops(text, spans, ends, stops=self._stop_texts, eot=self._template_eot)
+        except ValueError:
+            raise TaskError(f"chat: a reply ends with no end-of-turn text and tokenizer {self.tok.name!r} has no "
+                            "EOS (added) token nor generation_config.json eos_token_id to end it with; add an "
+                            "eos_token, or set task.stop: template to train replies without a stop") from None
+        return text, spans, ends, msgs, tools, inserts
+
+    def _rendered(self, msgs: list[dict[str, Any]], tools: Any) -> tuple[str, list[Any], list[int] | None, list[dict[str, Any]], Any] | str:
         try:
             return self._spans(msgs, tools)
         except MissingDependency:
             raise
         except Exception as e:  # jinja raises many types (TemplateError, TypeError, raise_exception)
-            if not _has_object_arguments(msgs):
+            if not has_object_arguments(msgs):
                 return f"template_error: {type(e).__name__}: {e}"
             first = e
         try:  # templates such as DeepSeek-R1's concatenate tool-call arguments as a JSON string
-            return self._spans(_string_arguments(msgs), tools)
+            return self._spans(string_arguments(msgs), tools)
         except Exception:
             return f"template_error: {type(first).__name__}: {first}"
+
+    @cached_property
+    def _fields(self) -> FieldProbe:
+        return FieldProbe(lambda msgs, tools: self._render(msgs, tools)[0])
+
+    def _warn_unrendered(self, missing: list[str]) -> None:
+        warned: set[str] = self.__dict__.setdefault("_warned_fields", set())
+        new = list(dict.fromkeys(k for k in (re.sub(r"^message \d+ ", "", w) for w in missing) if k not in warned))
+        if new:
+            warned.update(new)
+            log.warning("chat: the chat template of %s does not render %s; conversations are trained without it "
+                        "(task.unrendered: warn)", self.tok.name, describe(new, most=len(new)))
 
     def _spans(self, msgs: list[dict[str, Any]], tools: Any) -> tuple[str, list[Any], list[int] | None, list[dict[str, Any]], Any] | str:
         """The render, the assistant spans (``(s, e)`` from generation blocks, ``(lo, s, e, hi)`` located), turn ends."""
@@ -305,14 +280,23 @@ class Chat(Task):
                 cache.pop(next(iter(cache)))
         return cache[s]
 
-    def _turn_ends(self, text: str, msgs: list[dict[str, Any]], tools: Any) -> list[int] | None:
+    def _turn_ends(self, text: str, msgs: list[dict[str, Any]], tools: Any, spans: list[Any],
+                   inserts: list[tuple[int, int]]) -> list[int] | None:
+        """Where each assistant turn ends in ``text`` (the render with ``inserts``: stops placed after replies)."""
+        pieces, last, moved = [], 0, 0
+        for at, n in inserts:  # the template's own render
+            pieces.append(text[last:at + moved])
+            last, moved = at + moved + n, moved + n
+        original = "".join(pieces) + text[last:]
         ends = []
         for i, m in enumerate(msgs):
             if m["role"] == "assistant":
                 through, _ = self._render(msgs[:i + 1], tools)
-                if not text.startswith(through):
+                if not original.startswith(through):
                     return None
-                ends.append(len(through))
+                ends.append(shift(len(through), inserts))
+        if len(ends) == len(spans):  # a reply's stop stays with it
+            ends = [max(end, span[-1]) for end, span in zip(ends, spans, strict=True)]
         return ends
 
     def process(self, records: Sequence[Record]) -> list[TaskOutput]:
@@ -331,14 +315,15 @@ class Chat(Task):
 
     def _example(self, rec: Record, prep: tuple[Any, ...], enc: Any) -> Any:
         opts: ChatOptions = self.options
-        text, spans, ends, msgs, tools = prep
+        text, spans, ends, msgs, tools, inserts = prep
         ids = np.asarray(enc.ids, dtype=np.int32)
+        offsets = offsets_of(enc)
         if not opts.assistant_only:
             mask = np.ones(len(ids), bool)
         elif self.mode == "generation":
             mask = token_mask(enc, spans, len(ids))
         else:
-            mask = tokens_within(enc, spans, len(ids))
+            mask = tokens_within(enc, spans, len(ids), offsets)
         n = len(ids)
         if opts.max_length is not None and n > opts.max_length:
             if opts.truncation == "reject":
@@ -349,15 +334,15 @@ class Chat(Task):
                     log.warning("chat: truncation: cut keeps partial turns; the cut part of a turn is trained on")
                 n = opts.max_length
             else:
-                ends = ends if ends is not None else self._turn_ends(text, msgs, tools)
+                ends = ends if ends is not None else self._turn_ends(text, msgs, tools, spans, inserts)
                 cut = 0
                 for end in ends or []:
-                    t = tokens_before(enc, end, len(ids))
+                    t = tokens_before(enc, end, len(enc.ids), offsets)
                     if t > opts.max_length:
                         break
                     cut = t
                 if cut == 0:
-                    return f"too_long: no whole assistant turn fits in max_length {opts.max_length} ({len(ids)} tokens)"
+                    return f"too_long: no whole assistant turn fits in max_length {opts.max_length} ({n} tokens)"
                 n = cut
         ids, mask = ids[:n], mask[:n]
         if not mask.any():
@@ -365,18 +350,25 @@ class Chat(Task):
         labels = np.where(mask, ids, -100).astype(np.int32)
         return self.example(rec, 0, input_ids=ids, labels=labels)
 
+    @cached_property
+    def _template_eot(self) -> str:
+        """The end-of-turn text the template writes (and the mask trains) after a reply: ``<|im_end|>``, or ``''``."""
+        user, reply = "zqxuserqz", "zqxreplyqz"
+        try:
+            text, spans = self._render([{"role": "user", "content": user}, {"role": "assistant", "content": reply}],
+                                       None, spans=self.mode == "generation")
+        except Exception:
+            return ""
+        at = text.find(reply)
+        if at < 0:
+            return ""
+        end = next((e for s, e in spans if s <= at < e), at + len(reply)) if self.mode == "generation" else len(text)
+        return text[at + len(reply):end].strip()
 
-def _has_object_arguments(msgs: list[dict[str, Any]]) -> bool:
-    return any(not isinstance(c["function"].get("arguments", ""), str) for m in msgs for c in m.get("tool_calls") or [])
-
-
-def _string_arguments(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The messages with every tool call's ``arguments`` as a JSON string (OpenAI's wire form)."""
-    out = []
-    for m in msgs:
-        if m.get("tool_calls"):
-            calls = [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"].get("arguments", {}), ensure_ascii=False)}}
-                     if not isinstance(c["function"].get("arguments", ""), str) else c for c in m["tool_calls"]]
-            m = {**m, "tool_calls": calls}
-        out.append(m)
-    return out
+    @cached_property
+    def _stop_texts(self) -> list[str]:
+        """The stop tokens (see :func:`~feedline._tasks.chat_stop.stop_ids`) that are added tokens, as text."""
+        generation = self.tok.config.get("generation_config") or {}
+        added = self.tok.backend.get_added_tokens_decoder()
+        ids = stop_ids(generation.get("eos_token_id"), self.tok.eos_id, self.tok.vocab_size)
+        return [added[i].content for i in ids if i in added]

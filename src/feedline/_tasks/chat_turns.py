@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["free_after", "free_before", "locate_turn", "reply_pieces", "token_mask", "tokens_before", "tokens_within"]
+__all__ = ["free_after", "free_before", "locate_turn", "offsets_of", "reply_pieces", "token_mask", "tokens_before", "tokens_within"]
 
 
 def locate_turn(text: str, cursor: int, *, before: str, prompt: str | None, last: str,
@@ -101,13 +101,18 @@ def free_after(text: str, end: int, msgs: list[dict[str, Any]], i: int) -> int:
     return at if at >= 0 else end
 
 
-def tokens_before(enc: Any, char: int, n: int) -> int:
+def offsets_of(enc: Any) -> np.ndarray:
+    """An encoding's ``(start, end)`` character offsets as an ``[n, 2]`` array (convert once per encoding)."""
+    return np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+
+
+def tokens_before(enc: Any, char: int, n: int, offsets: np.ndarray | None = None) -> int:
     """Number of tokens that start before character ``char``."""
-    offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+    offsets = offsets_of(enc) if offsets is None else offsets
     return int(np.searchsorted(offsets[:, 0], char, side="left")) if n else 0
 
 
-def tokens_within(enc: Any, spans: Sequence[tuple[int, int, int, int]], n: int) -> np.ndarray:
+def tokens_within(enc: Any, spans: Sequence[tuple[int, int, int, int]], n: int, offsets: np.ndarray | None = None) -> np.ndarray:
     """Tokens that overlap a turn's characters ``[s, e)`` and lie inside ``[lo, hi)``.
 
     Like ``apply_chat_template``'s mask, a token holding the turn's first or last character is
@@ -118,7 +123,7 @@ def tokens_within(enc: Any, spans: Sequence[tuple[int, int, int, int]], n: int) 
     mask = np.zeros(n, dtype=bool)
     if not n:
         return mask
-    offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+    offsets = offsets_of(enc) if offsets is None else offsets
     starts, ends = offsets[:, 0], offsets[:, 1]
     for lo, s, e, hi in spans:
         mask |= (starts >= lo) & (ends <= hi) & (ends > s) & (starts < e)
@@ -139,3 +144,4 @@ def token_mask(enc: Any, spans: Sequence[tuple[int, int]], n: int) -> np.ndarray
         te = next(t for c in range(e - 1, s - 1, -1) if (t := enc.char_to_token(c)) is not None)
         mask[ts:te + 1] = True
     return mask
+

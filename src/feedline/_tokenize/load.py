@@ -28,6 +28,15 @@ def _read_config(directory: str) -> dict[str, Any]:
             except (OSError, json.JSONDecodeError) as e:
                 raise TokenizerError(f"{p}: unreadable ({e})") from e
     cfg.pop("added_tokens_decoder", None)
+    p = os.path.join(directory, "generation_config.json")
+    if os.path.isfile(p):  # the model's stop ids (eos_token_id: one id or a list), for the chat task
+        try:
+            with open(p, encoding="utf-8") as f:
+                eos = json.load(f).get("eos_token_id")
+        except (OSError, json.JSONDecodeError, AttributeError) as e:
+            raise TokenizerError(f"{p}: unreadable ({e})") from e
+        if eos is not None:
+            cfg["generation_config"] = {"eos_token_id": eos}
     return cfg
 
 

@@ -11,7 +11,8 @@ from typing import Any
 from feedline._cli._common import add_spec_argument, load_spec
 
 NAME = "scan"
-HELP = "read every source of a spec once: records, text bytes, tokens (--tokens), rejected records by reason"
+HELP = ("read every source of a spec once: records, text bytes, tokens (--tokens), rejected records by reason "
+        "(--task: also those the task rejects)")
 EXAMPLE = "feedline scan spec.yaml --tokens --json      (exit 1 with --strict when any record was rejected)"
 
 
@@ -20,6 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object for scripts")
     p.add_argument("--tokens", action="store_true", help="also count tokens with the spec's tokenizer")
     p.add_argument("--tokenizer", help="tokenizer to count with (overrides the spec's)")
+    p.add_argument("--task", action="store_true",
+                   help="also run the spec's task over every record and count what it rejects, by reason")
     p.add_argument("--limit", type=int, help="stop after this many records")
     p.add_argument("--strict", action="store_true", help="exit with code 1 when any record was rejected")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -44,11 +47,27 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
+    if args.task:
+        _add_task_rejections(report, spec, args.limit)
     if args.json:
         print(json.dumps(report, ensure_ascii=False))
     else:
         _print_table(report)
     return 1 if args.strict and report["rejected"] else 0
+
+
+def _add_task_rejections(report: dict[str, Any], spec: Any, limit: int | None) -> None:
+    """Count the task's rejections into the report's (per source and total), with their samples."""
+    from feedline._tools.task_scan import task_rejections
+
+    for entry, found in zip(report["sources"], task_rejections(spec, limit=limit), strict=True):
+        entry["examples"] = found["examples"]
+        for reason, n in found["rejected"].items():
+            entry["rejected"][reason] = entry["rejected"].get(reason, 0) + n
+            report["rejected"][reason] = report["rejected"].get(reason, 0) + n
+        entry["rejected_samples"] += found["rejected_samples"]
+        report["rejected_samples"] += found["rejected_samples"]
+    report["examples"] = sum(e["examples"] for e in report["sources"])
 
 
 def _print_table(report: dict[str, Any]) -> None:
