@@ -57,6 +57,11 @@ DROPS = {  # template -> what the rejection names
 }
 
 
+@pytest.fixture(scope="module")
+def glm4_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return glm4_tokenizer(tmp_path_factory.mktemp("glm4"))
+
+
 def _task(template: str | None = None, tokenizer: str | None = None, **opts: object) -> Chat:
     tok = load_tokenizer(tokenizer or str(shared("tokenizers", "qwen2.5")))
     return Chat(build(Chat.Options, {"max_length": None, "chat_template": template, **opts}, "task"), TaskContext(tok, 0))
@@ -121,20 +126,20 @@ def test_stop_auto_keeps_the_template_end_of_turn_and_eos_adds_nothing_more() ->
         assert _trained(task, task.process([Record((0, 0, 0), 0, _TWO_TURNS)])[0]) == ["Hello.<|im_end|>\n", "See you.<|im_end|>\n"]
 
 
-def test_glm4_trains_the_next_role_header_and_ends_the_last_reply_with_eos(tmp_path: Path) -> None:
-    task = _task(tokenizer=glm4_tokenizer(tmp_path / "glm4"))
+def test_glm4_trains_the_next_role_header_and_ends_the_last_reply_with_eos(glm4_dir: str) -> None:
+    task = _task(tokenizer=glm4_dir)
     out = task.process([Record((0, 0, 0), 0, _TWO_TURNS)])[0]
     assert _trained(task, out) == ["\nHello.<|user|>", "\nSee you.<|endoftext|>"]
-    assert _trained(task, _task(tokenizer=str(tmp_path / "glm4"), stop="template").process(
+    assert _trained(task, _task(tokenizer=glm4_dir, stop="template").process(
         [Record((0, 0, 0), 0, _TWO_TURNS)])[0]) == ["\nHello.", "\nSee you."]
 
 
-def test_truncation_to_whole_turns_keeps_each_reply_with_its_stop(tmp_path: Path) -> None:
-    task = _task(tokenizer=glm4_tokenizer(tmp_path / "glm4"))
+def test_truncation_to_whole_turns_keeps_each_reply_with_its_stop(glm4_dir: str) -> None:
+    task = _task(tokenizer=glm4_dir)
     full = task.process([Record((0, 0, 0), 0, _TWO_TURNS)])[0][0]
     ids = full.fields["input_ids"]
     first_stop = int(np.flatnonzero(ids == task.tok.backend.token_to_id("<|user|>"))[1])  # the header after the first reply
-    cut = _task(tokenizer=str(tmp_path / "glm4"), max_length=len(ids) - 1).process([Record((0, 0, 0), 0, _TWO_TURNS)])[0][0]
+    cut = _task(tokenizer=glm4_dir, max_length=len(ids) - 1).process([Record((0, 0, 0), 0, _TWO_TURNS)])[0][0]
     assert cut.fields["input_ids"].tolist() == ids[:first_stop + 1].tolist()
     assert _trained(task, [cut]) == ["\nHello.<|user|>"]
 
@@ -149,13 +154,14 @@ def test_no_stop_token_to_train_is_an_error_naming_the_fix(tmp_path: Path) -> No
     assert isinstance(_task(NO_EOT, tokenizer=str(d), stop="template").process([Record((0, 0, 0), 0, _TWO_TURNS)])[0], list)
 
 
-def test_rejections_by_reason_in_stats_and_scan(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_rejections_by_reason_in_stats_and_scan(tmp_path: Path, glm4_dir: str) -> None:
     rows = json.loads(shared("chat", "llama_factory", "glaive_toolcall_en_demo.json").read_text())[:40]
     data = tmp_path / "glaive.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     dropped = [i + 1 for i, r in enumerate(rows)
                if json.loads(r["tools"] or "[]") or any(m["from"] == "function_call" for m in r["conversations"])]
-    spec = {"sources": [{"path": str(data), "text": None}], "tokenizer": glm4_tokenizer(tmp_path / "glm4"),
+    spec = {"sources": [{"path": str(data), "text": None}], "tokenizer": glm4_dir,
             "task": {"kind": "chat", "max_length": 2048}, "batching": {"strategy": "pad", "batch_size": 4}}
     loader = feedline.Loader(spec)
     batches = list(loader)

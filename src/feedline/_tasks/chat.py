@@ -34,6 +34,12 @@ prompt), absent and untrained where it does not (R1; Qwen3.5's earlier turns). T
 arguments are passed as objects (the Hugging Face convention) and, for templates that
 concatenate them as strings (DeepSeek-R1), as JSON strings.
 
+A conversation with content the template does not render (a tool call, tool schemas,
+reasoning: :mod:`~feedline._tasks.chat_fields`) is rejected (``unrendered_content``) or, with
+``unrendered: warn``, kept without it and the field named once. Every reply ends with a trained
+stop (``stop``, :mod:`~feedline._tasks.chat_stop`): the template's end-of-turn text, else the
+stop token after it (GLM-4's next role header), else the EOS inserted after it.
+
 ``loss_mask: auto`` picks ``generation`` when the template has the tags. ``assistant_only:
 false`` trains on every token.
 
