@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install -q --upgrade pip >/dev/null
 	@echo "installing feedline and its test dependencies into $(VENV) (first run only)..."
-	@$(BIN)/python -m pip install -q --disable-pip-version-check "$(TORCH)" -e ".[hf,text,dev,ray,jax,fast]"
+	@$(BIN)/python -m pip install -q --disable-pip-version-check "$(TORCH)" -e ".[hf,text,dev,ray,jax,fast,s3]"
 	@touch $(STAMP)
 
 demo: $(STAMP)

@@ -15,11 +15,12 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-from feedline._sources.remote import missing_backend
+from feedline._sources.cache import ObjectCache
+from feedline._sources.remote import access_error, missing_backend
 from feedline.errors import SourceError
 
-__all__ = ["Bz2Stream", "ConcatenatedStream", "XzStream", "ZstdStream", "codec_of", "expand", "is_url", "open_binary", "open_raw", "size_of",
-           "strip_codec"]
+__all__ = ["Bz2Stream", "ConcatenatedStream", "XzStream", "ZstdStream", "codec_of", "expand", "is_url", "open_binary", "open_raw",
+           "size_of", "strip_codec", "use_cache"]
 
 _CODECS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
 
@@ -77,17 +78,27 @@ def _expand_url(url: str) -> list[str]:
         raise missing_backend(url, e) from e
     try:
         fs, root = fsspec.core.url_to_fs(url)
+        fs.invalidate_cache()  # list what the store holds now (fsspec keeps listings per filesystem)
         protocol = url.split("://", 1)[0]
         if any(c in root for c in "*?["):
             found = sorted(fs.glob(root))
-        elif protocol not in ("http", "https") and fs.isdir(root):
-            found = sorted(fs.find(root))
-        else:
+        elif protocol in ("http", "https"):
             return [url]
+        else:
+            # One paginated listing under the prefix (an object store lists 1,000 keys a request);
+            # nothing under it, or only itself, means the URL names one object.
+            found = sorted(f for f in fs.find(root.rstrip("/") + "/") if not f.endswith("/"))
+            if not found:
+                return [url]
     except ImportError as e:
         raise missing_backend(url, e) from e
     except (OSError, ValueError) as e:
-        raise SourceError(f"{url}: cannot list ({e})") from e
+        raise access_error(url, e) or SourceError(f"{url}: cannot list ({e})") from e
+    except Exception as e:  # botocore's credential errors are not OSErrors
+        refused = access_error(url, e)
+        if refused is None:
+            raise
+        raise refused from e
     if not found:
         raise SourceError(f"{url}: no files match")
     return [f if "://" in f else f"{protocol}://{f}" for f in found]
@@ -103,11 +114,26 @@ def size_of(path: str) -> int | None:
         return None
 
 
+# Remote files whose source has ``cache: {dir, max_bytes}``: the URL -> its cache (set when the
+# source lists its files; URLs are unique, and every process that reads a source lists it first).
+_CACHES: dict[str, ObjectCache] = {}
+
+
+def use_cache(urls: list[str], cache: ObjectCache) -> None:
+    """Read ``urls`` through ``cache`` from now on (in this process)."""
+    for url in urls:
+        if is_url(url):
+            _CACHES[url] = cache
+
+
 def open_raw(path: str) -> IO[bytes]:
-    """Open the file's bytes as stored (no decompression)."""
+    """Open the file's bytes as stored (no decompression); a cached URL from its local copy."""
     if is_url(path):
         from feedline._sources.remote import open_url
 
+        cache = _CACHES.get(path)
+        if cache is not None:
+            return cache.open(path, lambda: open_url(path))
         return open_url(path)
     try:
         return open(_local(path), "rb")

@@ -27,6 +27,7 @@ from typing import IO, Any
 from feedline._core.record import Rejection
 from feedline._sources.files import DecodingStream, codec_of, is_url, open_binary, size_of
 from feedline._sources.reader import Item, Reader, Split
+from feedline._sources.remote import ResumingStream, url_head
 from feedline.errors import SourceError
 
 __all__ = ["BOM", "MISS", "LineReader", "Oversized", "is_broken", "iter_lines", "open_decoded"]
@@ -61,19 +62,22 @@ class _Transcoder(DecodingStream):
                 return out
 
 
-def open_decoded(path: str) -> tuple[IO[bytes], bool]:
-    """Open a file as UTF-8-ish bytes; returns ``(stream, seekable)``.
+def open_decoded(path: str, position: int = 0) -> tuple[IO[bytes], bool]:
+    """Open a file as UTF-8-ish bytes to be read from ``position``; returns ``(stream, seekable)``.
 
     A UTF-16 file with a BOM is transcoded to UTF-8 (BOM dropped); a UTF-8 BOM is left in place
     for :func:`iter_lines` to strip, so positions stay file offsets for plain files.
     """
     f = open_binary(path)
-    head = f.peek(4)[:4] if hasattr(f, "peek") else b""
+    if position and isinstance(getattr(f, "raw", None), ResumingStream):
+        head = url_head(path, 4)  # a small ranged read: a peek would fetch a block at 0 just to seek away
+    else:
+        head = f.peek(4)[:4] if hasattr(f, "peek") else b""
     for bom, encoding in _UTF16.items():
         if head.startswith(bom):
             f.read(len(bom))
             return io.BufferedReader(_Transcoder(f, encoding)), False
-    return f, codec_of(path) is None and not is_url(path)
+    return f, codec_of(path) is None  # a URL seeks too: the next read is a ranged request there
 
 
 def _skip(f: IO[bytes], n: int) -> None:
@@ -132,7 +136,7 @@ def iter_lines(path: str, position: int = 0, *, align: bool = False,
     begins at or after it. With ``max_bytes``, a longer line is skipped in bounded memory and
     yielded as :class:`Oversized`. Errors of a broken stream propagate (see :class:`LineReader`).
     """
-    f, seekable = open_decoded(path)
+    f, seekable = open_decoded(path, position)
     with f:
         pos = position
         if align and position > 0:
@@ -215,9 +219,8 @@ class LineReader(Reader):
         return None
 
     def read_batches(self, split: Split, position: int, line: int) -> Iterator[list[Item]] | None:
-        """The items of :meth:`read` a block of lines at a time (plain local files), else ``None``."""
-        if type(self).records is LineReader.records and codec_of(split.path) is None and not is_url(split.path) \
-                and not _is_utf16(split.path):
+        """The items of :meth:`read` a block of lines at a time (uncompressed files and URLs), else ``None``."""
+        if type(self).records is LineReader.records and codec_of(split.path) is None and not _is_utf16(split.path):
             return self._plain_batches(split, position, line)
         return None
 
@@ -237,7 +240,7 @@ class LineReader(Reader):
         last_start, last_end = position, position  # the last line read: where it starts and ends
         last_line = line  # the line number of the last item
         try:
-            with open(path, "rb") as f:
+            with open_binary(path) as f:  # a local file, or an uncompressed URL (seeks are ranged requests)
                 pos = position
                 if position == split.start and position > 0:  # aligned: start at the first line starting at or after it
                     f.seek(position - 1)
@@ -401,8 +404,10 @@ def _locate(rec: dict[str, Any] | Rejection, pos: int, known: bool) -> dict[str,
 
 
 def _is_utf16(path: str) -> bool:
-    if codec_of(path) is not None or is_url(path):
+    if codec_of(path) is not None:
         return False
+    if is_url(path):
+        return url_head(path, 2) in _UTF16
     try:
         with open(path, "rb") as f:
             head = f.read(2)

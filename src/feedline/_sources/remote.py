@@ -3,7 +3,7 @@
     >>> with open_url("https://example.org/corpus.jsonl.zst") as f:     # doctest: +SKIP
     ...     head = f.read(1024)
 
-:class:`ResumingStream` reads forward only. When a read fails (connection reset, a payload cut
+:class:`ResumingStream` reads forward (``seek`` reopens it elsewhere). When a read fails (connection reset, a payload cut
 short, a timeout) or the body ends before the announced size, it reopens the URL at the current
 offset: HTTP(S) with a ``Range: bytes=N-`` request (a server that ignores ranges answers 200 and
 the first ``N`` bytes are skipped), other filesystems (s3, gs, hf) with ``seek``. It gives up
@@ -20,11 +20,12 @@ from typing import IO, Any
 
 from feedline.errors import MissingDependency, SourceError
 
-__all__ = ["ResumingStream", "missing_backend", "open_url"]
+__all__ = ["ResumingStream", "access_error", "missing_backend", "open_url", "url_head"]
 
 log = logging.getLogger("feedline")
 
 _CHUNK = 1 << 20
+_BLOCK = 8 << 20  # an object store's ranged request: bounded memory, and a seek never fetches far behind it
 
 
 # http(s) is in the base install (aiohttp is a dependency): missing it means a broken install.
@@ -69,6 +70,25 @@ class ResumingStream(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        """Move to ``offset``: the next read opens the object there (a ranged request), nothing is re-read."""
+        if whence == io.SEEK_CUR:
+            offset += self.pos
+        elif whence == io.SEEK_END:
+            if self.size is None:
+                self.size = self._stat_size()
+            offset += self.size or 0
+        if offset != self.pos:
+            self._drop()
+            self.pos = max(0, offset)
+        return self.pos
+
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
         want = len(view)
@@ -81,6 +101,9 @@ class ResumingStream(io.RawIOBase):
             except FileNotFoundError as e:
                 raise SourceError(f"{self.url}: not found (HTTP 404 or missing object)") from e
             except Exception as e:
+                refused = access_error(self.url, e)
+                if refused is not None:
+                    raise refused from e
                 failures = self._retry(failures, f"{type(e).__name__}: {e}")
                 continue
             if not data and self.size is not None and self.pos < self.size:
@@ -124,12 +147,32 @@ class ResumingStream(io.RawIOBase):
             if self.pos and status == 200:  # the server ignored the range: skip what we have
                 _discard(f, self.pos)
         else:
-            f = self.fs.open(self.path, "rb")
+            f = self.fs.open(self.path, "rb", block_size=_BLOCK)
             if self.size is None:
                 self.size = getattr(f, "size", None)
             if self.pos:
                 f.seek(self.pos)
         self._f = f
+
+
+    def _stat_size(self) -> int | None:
+        try:
+            return int(self.fs.size(self.path))
+        except Exception:
+            return None
+
+
+def access_error(url: str, e: BaseException) -> SourceError | None:
+    """A :class:`SourceError` for an error that retrying cannot mend (no or refused credentials), else ``None``."""
+    name = type(e).__name__
+    if name in ("NoCredentialsError", "PartialCredentialsError") or "Unable to locate credentials" in str(e):
+        return SourceError(
+            f"{url}: no credentials for {url.split('://', 1)[0]}:// ({e}); set them the standard way: "
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or ~/.aws/credentials "
+            "(AWS_SHARED_CREDENTIALS_FILE); an S3-compatible server's address goes in AWS_ENDPOINT_URL_S3")
+    if isinstance(e, PermissionError) or name in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        return SourceError(f"{url}: access refused ({e}); check the credentials and the bucket's policy")
+    return None
 
 
 def _content_length(f: Any) -> int | None:
@@ -148,8 +191,23 @@ def _discard(f: Any, n: int) -> None:
         n -= len(got)
 
 
+def url_head(url: str, n: int) -> bytes:
+    """The first ``n`` bytes of ``url`` by one small ranged request (``b""`` when it cannot be read:
+    opening it for real then reports why)."""
+    try:
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(url)
+        return bytes(fs.cat_file(path, start=0, end=n))
+    except Exception:
+        return b""
+
+
 def open_url(url: str, *, retries: int = 5, backoff: float = 0.2) -> IO[bytes]:
-    """Open ``url`` as a buffered, forward-only byte stream that resumes dropped connections.
+    """Open ``url`` as a buffered byte stream that resumes dropped connections.
+
+    It reads forward; :meth:`~io.BufferedReader.seek` moves it (the next read is a ranged
+    request there), so a resume starts mid-object without reading what comes before.
 
     Raises:
         SourceError: the URL cannot be opened (missing fsspec, unknown protocol, 404).

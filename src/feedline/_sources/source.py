@@ -26,8 +26,9 @@ from feedline._core.record import Key, Record, Rejection
 from feedline._core.report import Rejections, nothing_delivered
 from feedline._core.rng import permutation
 from feedline._sources.arrow import saved_dataset_files
+from feedline._sources.cache import ObjectCache
 from feedline._sources.deal import deal
-from feedline._sources.files import expand
+from feedline._sources.files import expand, use_cache
 from feedline._sources.reader import Item, Reader, Split, detect_format, reader_class
 from feedline._spec import SourceSpec
 from feedline.errors import RecordError, SourceError, StateError
@@ -90,6 +91,8 @@ class FileSource(Dataset[Record]):
     def files(self) -> list[str]:
         if self._files is None:
             self._files = list_files(self.spec)
+            if self.spec.cache is not None:
+                use_cache(self._files, ObjectCache(self.spec.cache.dir, self.spec.cache.max_bytes))
         return self._files
 
     @property

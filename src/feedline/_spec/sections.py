@@ -15,7 +15,7 @@ from typing import Any, Literal
 from feedline._core.callables import name_of
 from feedline.errors import SpecError
 
-__all__ = ["Backend", "BatchingSpec", "EngineSpec", "MixSpec", "OnError", "ParallelSpec", "Placement", "ShuffleSpec",
+__all__ = ["Backend", "BatchingSpec", "CacheSpec", "EngineSpec", "MixSpec", "OnError", "ParallelSpec", "Placement", "ShuffleSpec",
            "SourceSpec", "TaskSpec", "TokenizerSpec", "TokensSpec", "TransformSpec"]
 
 OnError = Literal["skip", "raise"]
@@ -43,6 +43,24 @@ class TokensSpec:
     dtype: Literal["auto", "uint16", "uint32"] = "auto"
     eos: int | None = None
     eos_at: Literal["auto", "end", "start"] = "auto"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheSpec:
+    """A bounded local copy of a remote source's objects (``cache: {dir, max_bytes}``).
+
+    Attributes:
+        dir: the folder of the copies (shared safely by the processes of one machine).
+        max_bytes: at most this many bytes in all; least recently used copies go first, and an
+            object larger than this is read from the store every time.
+    """
+
+    dir: str
+    max_bytes: int = 20 << 30
+
+    def __post_init__(self) -> None:
+        if self.max_bytes < 1:
+            raise SpecError(f"cache.max_bytes: {self.max_bytes} must be >= 1")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +114,8 @@ class SourceSpec:
         max_record_bytes: a record (line, CSV row, JSON document) larger than this is rejected
             as ``too_large`` while it is read, in bounded memory (default 32 MiB).
         tokens: for pre-tokenized formats (``tokens``, ``megatron``, ``flat``): how ids are stored.
+        cache: for URLs (``s3://``, ``gs://``, ``https://``): keep whole objects in a local folder,
+            bounded by size, so later epochs and resumes read them from disk (not hashed).
         config, split, streaming, data_files, data_dir, revision: ``load_dataset`` arguments for ``hf``.
         iterable: a Python iterable of records or strings (not hashed; Python specs only).
     """
@@ -122,6 +142,7 @@ class SourceSpec:
     data_dir: str | None = None
     revision: str | None = None
     tokens: TokensSpec | None = None
+    cache: CacheSpec | None = None
     iterable: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:

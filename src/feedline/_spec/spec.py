@@ -358,6 +358,8 @@ class Spec:
             s.pop("iterable", None)
             if s.get("tokens") is None:
                 s.pop("tokens", None)  # absent unless set, so older specs keep their hash
+            if s.get("cache") is None:
+                s.pop("cache", None)
         # An importable function becomes its import path (so the dict can be written to a file for
         # another process); a lambda stays itself (it works in this process only).
         d["transforms"] = [{t.kind: t.fn if isinstance(t.fn, str) or not importable(t.fn) else t.name}
@@ -397,6 +399,7 @@ class Spec:
             for k, default in _HASHED_IF_SET.items():
                 if s.get(k) == default:
                     s.pop(k, None)
+            s.pop("cache", None)  # where copies of remote objects live: the same batches either way
             if portable and s.get("path"):
                 s["path"] = portable_path(self.root, s["path"])
         if self.tokenizer and self.root and portable_path(self.root, self.tokenizer) != os.path.normpath(self.tokenizer):
