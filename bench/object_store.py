@@ -24,9 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import GPT2, prose_corpus  # noqa: E402
+from common import GPT2, prose_corpus
 
-import feedline  # noqa: E402
+import feedline
 
 
 def _free_port() -> int:
