@@ -26,9 +26,13 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
-RESULTS = ROOT / "bench" / "results"
-IMG = ROOT / "docs" / "img"
 CORPORA = Path(os.environ.get("FEEDLINE_BENCH_DIR", "/tmp/feedline-bench"))
+# Where results and plots go: outside the checkout unless FEEDLINE_BENCH_OUT=commit (bench/run.py
+# --update), so a trial run never overwrites the committed bench/results and docs/img.
+_OUT = os.environ.get("FEEDLINE_BENCH_OUT", "")
+COMMITTED = _OUT == "commit"
+RESULTS = ROOT / "bench" / "results" if COMMITTED else Path(_OUT or CORPORA / "results")
+IMG = ROOT / "docs" / "img" if COMMITTED else RESULTS / "img"
 GPT2 = DATA / "tokenizers" / "gpt2"
 BERT = DATA / "tokenizers" / "bert-base-uncased"
 FILE_MB = 64

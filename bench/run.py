@@ -2,8 +2,12 @@
 
     .venv/bin/python bench/run.py                  # full run (~12 minutes on 2 cores)
     .venv/bin/python bench/run.py --quick          # small corpora, short runs (checks the scripts)
-    .venv/bin/python bench/run.py --report         # re-print and re-plot from bench/results/*.json
+    .venv/bin/python bench/run.py --report         # re-print and re-plot from the saved results
+    .venv/bin/python bench/run.py --update         # write bench/results and docs/img in the checkout
     make bench ARGS="--only throughput"
+
+Results and plots go to ``$FEEDLINE_BENCH_OUT`` (default ``/tmp/feedline-bench/results``) so a
+trial run never overwrites the committed ones; ``--update`` writes those.
 
 Parts: ``throughput`` (tokens/s and CPU s per M tokens, CLM packed at 1024 on documents and on
 short records, MLM at 128, every contender, each a ratio to the raw ``tokenizers`` encoder run
@@ -31,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import memory
 import startup
 import throughput
-from common import IMG, ROOT, bar_plot, load_json, machine, save_json, table
+from common import IMG, RESULTS, ROOT, bar_plot, load_json, machine, save_json, table
 
 MODULES = {"throughput": throughput, "startup": startup, "memory": memory}
 PROFILE_COLUMNS = [("thread", "thread", ""), ("cpu_s", "CPU s", ".2f"), ("s_per_mtok", "CPU s / M tok", ".3f"),
@@ -197,9 +201,10 @@ def report() -> str:
     parts.append("### targets (ratios from the same run)\n\n" + table(targets(), [
         ("target", "target", ""), ("value", "value", ".3g"), ("goal", "goal", ""), ("met", "met", "")]))
     text = "\n\n".join(parts) + "\n"
-    (ROOT / "bench" / "results" / "report.md").write_text(text)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "report.md").write_text(text)
     print("\n" + text)
-    print("plots: " + ", ".join(str(p.relative_to(ROOT)) for p in plots()) + f" (in {IMG})")
+    print("plots: " + ", ".join(p.name for p in plots()) + f" (in {IMG})")
     return text
 
 
@@ -208,7 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small corpora and short runs, to check the scripts")
     ap.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {PARTS}")
     ap.add_argument("--report", action="store_true", help="only print the saved results and redraw the plots")
+    ap.add_argument("--update", action="store_true",
+                    help="write results and plots into the checkout (bench/results, docs/img) instead of "
+                         f"{RESULTS}")
     args = ap.parse_args(argv)
+    if args.update and os.environ.get("FEEDLINE_BENCH_OUT") != "commit":
+        os.environ["FEEDLINE_BENCH_OUT"] = "commit"  # the scripts' processes and this one, restarted below
+        os.execv(sys.executable, [sys.executable, *sys.argv])
+    print(f"results and plots go to {RESULTS}" + ("" if args.update else " (--update writes the committed ones)"))
     if not args.report:
         load = os.getloadavg()[0]
         print(f"load average {load:.2f} on {os.cpu_count()} cores" + ("  (busy machine: figures will be noisy)" if load > 1 else ""))
