@@ -126,3 +126,17 @@ def test_no_worker_outlives_its_parent(corpus: str, small_tokenizer: str, tmp_pa
     finally:
         if child.poll() is None:
             child.kill()
+
+
+def test_the_service_runs_the_same_partitions(corpus: str, small_tokenizer: str) -> None:
+    from feedline.service import serve_process
+
+    s = spec(corpus, small_tokenizer, 2, "processes")
+    want, want_states = collect(Loader(s), with_states=True)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    with serve_process(s, env={"PYTHONPATH": src}) as address:
+        loader = Loader(address)
+        got, states = collect(loader, with_states=True)
+        loader.close()
+    assert_batches_equal(want, got, "service vs in-process, K=2")
+    assert [st["pipeline"] for st in states] == [st["pipeline"] for st in want_states]
