@@ -46,12 +46,12 @@ from feedline.errors import SpecError
 
 __all__ = ["ENGINES", "GlobalStream", "OnePass", "PartitionStreams", "Pipeline", "engine", "register_engine"]
 
-#: Builds the task map of a pipeline: ``(records, task, spec) -> TaskMap``.
-Engine = Callable[[Dataset[Record], Task, Spec], TaskMap]
+#: Builds the task map of a pipeline from it (its records, task, spec and workers).
+Engine = Callable[["Pipeline"], TaskMap]
 
 
-def _local(records: Dataset[Record], task: Task, spec: Spec) -> TaskMap:
-    return TaskMap(records, task, workers=spec.workers or 1, on_error=spec.on_error, reject_limit=spec.reject_limit)
+def _local(p: Pipeline) -> TaskMap:
+    return TaskMap(p.records(), p.task, workers=p.workers, on_error=p.spec.on_error, reject_limit=p.spec.reject_limit)
 
 
 #: The engines by ``engine.kind``: ``local`` (threads) is the pipeline's own; the package root
@@ -60,7 +60,7 @@ ENGINES: dict[str, Engine] = {"local": _local}
 
 
 def register_engine(kind: str, build: Engine) -> None:
-    """Make ``engine: {kind: kind}`` map tasks with ``build(records, task, spec)``."""
+    """Make ``engine: {kind: kind}`` map a pipeline's task with ``build(pipeline)``."""
     ENGINES[kind] = build
 
 
@@ -158,7 +158,7 @@ class Pipeline:
                 if src.reader.pretokenized:
                     raise SpecError(f"sources[{src.index}] ({src.spec.label}) holds token ids ({src.reader.name}); "
                                     f"task {self.spec.task.kind!r} needs text: use task: clm, or a text source")
-        mapped = engine(self.spec.engine.kind)(self.records(), self.task, self.spec)
+        mapped = engine(self.spec.engine.kind)(self)
         mapped.locate = self.mixture.locate
         return self.task.stream(mapped)
 

@@ -137,6 +137,7 @@ class RayTaskMap(TaskMap):
         return f"RayTaskMap({self.task!r}, address={self.engine.address!r}, chunk={self.chunk})"
 
 
-def ray_engine(records: Dataset[Record], task: Task, spec: Any) -> RayTaskMap:
+def ray_engine(pipeline: Any) -> RayTaskMap:
     """The ``ray`` engine of a pipeline (installed by the package root: ``engine: {kind: ray}``)."""
-    return RayTaskMap(records, task, spec.engine, on_error=spec.on_error, reject_limit=spec.reject_limit)
+    s = pipeline.spec
+    return RayTaskMap(pipeline.records(), pipeline.task, s.engine, on_error=s.on_error, reject_limit=s.reject_limit)
