@@ -23,11 +23,14 @@ back to the server before its lease could run out: :mod:`.http_feed`). A batch i
 server once its response has been written to the socket; a response that cannot be written (the
 client hung up) puts the batch back at the front for the next GET. Batches taken but not acked
 stay in flight to the gateway, so if the whole process dies they are re-delivered by the
-server's successor from the watermark (or from ``serve --state``), as for any shared-mode client. HTTP itself has no ack: a response written to the socket but lost
-before the client read it is not re-sent.
+server's successor from the watermark (or from ``serve --state``), as for any shared-mode
+client. HTTP itself has no ack: a response written to the socket but lost before the client
+read it is not re-sent.
 
 Security: a bind outside loopback needs a bearer token (``--http-token-file``); every route but
-``/healthz`` then requires ``Authorization: Bearer TOKEN``.
+``/healthz`` then requires ``Authorization: Bearer TOKEN``. Every connection passes a
+:class:`~.http_guard.ConnectionGuard` first (caps on open and pending connections, a header
+deadline, the token checked on the raw headers), so aiohttp only ever sees admitted ones.
 """
 
 from __future__ import annotations
