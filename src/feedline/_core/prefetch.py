@@ -258,9 +258,10 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
                 except StopIteration:
                     self._put(q, stop, _END)
                     return
+                if self._stop is stop:   # a detached old thread never counts into a newer run
+                    self.pulled += 1
                 if stop.is_set():   # halted while producing: the element is nobody's
                     return
-                self.pulled += 1
                 state = snapshot()
                 if fn is not None:
                     element = fn(element)
