@@ -182,14 +182,19 @@ class Chat(Task):
         if not any(m["role"] == "assistant" for m in msgs):
             return "no_assistant: the conversation has no assistant turn"
         prep = self._rendered(msgs, tools)
-        if isinstance(prep, str):
-            return prep
-        missing = self._fields.missing(prep[3], tools)
+        if isinstance(prep, str):  # a turn the template writes apart from its history may lack a field
+            located = prep.startswith("turn_not_located") and opts.unrendered == "reject"
+            missing = self._fields.missing(msgs, tools) if located else []
+            if not missing:
+                return prep
+        else:
+            missing = self._fields.missing(prep[3], tools)
         if missing and opts.unrendered == "reject":
             return (f"unrendered_content: the chat template does not render {describe(missing)}; give a "
                     "chat_template that renders it, or set task.unrendered: warn to train without it")
         if missing:
             self._warn_unrendered(missing)
+        assert not isinstance(prep, str)  # a failed render with missing fields was rejected above
         if opts.stop == "template":
             return (*prep, [])
         text, spans, ends, msgs, tools = prep
