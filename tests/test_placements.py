@@ -126,6 +126,9 @@ def test_no_worker_outlives_its_parent(corpus: str, small_tokenizer: str, tmp_pa
     finally:
         if child.poll() is None:
             child.kill()
+            child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
 
 
 def test_the_service_runs_the_same_partitions(corpus: str, small_tokenizer: str) -> None:

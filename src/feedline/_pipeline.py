@@ -167,7 +167,7 @@ class Pipeline:
         b = self.spec.batching
         if self.composed:
             return Composed(PartitionStreams(self.spec, self._tokenizer), self.spec.partitions, b.batch_size,
-                            self.spec.parallel, self.task.pad_values)
+                            self.spec.parallel, lambda: self.task.pad_values)
         rows = b.batch_size if self.partition is None else quotas(b.batch_size, self.spec.partitions)[self.partition]
         ctx = BatchContext(batch_size=rows, task=self.task, seed=self.seed)
         return batcher_class(b.strategy)(self.examples(), b.options, ctx)

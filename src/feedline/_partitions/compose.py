@@ -26,7 +26,8 @@ business and never changes a batch or a state.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import cached_property
 from typing import Any
 
 from feedline._batching.base import Batch
@@ -52,11 +53,16 @@ def quotas(batch_size: int, k: int) -> list[int]:
 class Composed(Dataset[Batch]):
     """Global batches of ``batch_size`` rows from ``k`` partition streams (``make(p)``) run by a placement."""
 
-    def __init__(self, make: Make, k: int, batch_size: int, options: ParallelSpec, pad_values: Mapping[str, Any]) -> None:
+    def __init__(self, make: Make, k: int, batch_size: int, options: ParallelSpec,
+                 pad_values: Callable[[], Mapping[str, Any]]) -> None:
         self.make, self.k, self.batch_size = make, k, batch_size
         self.options = options
         self.placement = options.resolve(k)
-        self.pad_values = dict(pad_values)
+        self._pad_values = pad_values  # asked when rows are first joined (it may load the tokenizer)
+
+    @cached_property
+    def pad_values(self) -> dict[str, Any]:
+        return dict(self._pad_values())
 
     def __iter__(self) -> ComposedIterator:
         return ComposedIterator(self)

@@ -113,6 +113,8 @@ class ProcessPlacement(Placement):
     def next(self, p: int) -> tuple[Batch, State] | None:
         if self._ended[p]:
             return None
+        for v in range(self.workers):  # all at once: they start (import, load the tokenizer) in parallel
+            self._worker(v)
         w = self.owner(p)
         while not self._queues[p]:
             self._handle(w, self._worker(w).inbox.get())

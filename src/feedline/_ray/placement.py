@@ -79,6 +79,10 @@ class RayPlacement(Placement):
         from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, WorkerCrashedError
 
         lost = (RayActorError, ActorDiedError, ActorUnavailableError, WorkerCrashedError)
+        for q in range(self.k):  # every actor starts building its pipeline now, not when first asked
+            if self._actors[q] is None and not self._ended[q]:
+                self.actor(q)
+                self._fill(q)
         while True:
             actor, pending = self.actor(p), self._pending[p]
             while len(pending) < self.options.prefetch:
@@ -97,6 +101,11 @@ class RayPlacement(Placement):
         batch, state = got
         self._taken[p] = state
         return {k: v if v.flags.writeable else np.array(v) for k, v in batch.items()}, state
+
+    def _fill(self, p: int) -> None:
+        actor, pending = self._actors[p], self._pending[p]
+        while len(pending) < self.options.prefetch:
+            pending.append(actor.next.remote())
 
     def _lose(self, p: int, error: BaseException) -> None:
         self.restarts[p] += 1
