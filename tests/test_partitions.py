@@ -172,3 +172,18 @@ def test_global_stream_state_nests_the_partitions(corpus: str, small_tokenizer: 
     st = it.get_state()
     it.close()
     assert sorted(st["pipeline"]) == ["carry", "ended", "partitions"] and len(st["pipeline"]["partitions"]) == 2
+
+
+def test_stats_sum_the_partitions_mixtures(tmp_path: Path, small_tokenizer: str) -> None:
+    a = make_corpus(tmp_path / "a", files=1, docs=30)[0]
+    b = make_corpus(tmp_path / "b", files=1, docs=10, seed=1)[0]
+    loader = Loader({**spec(a, small_tokenizer, 2), "sources": [a, b]})
+    collect(loader)
+    stats = loader.stats()
+    parts = loader.state_dict()["pipeline"]["partitions"]
+    counts = [0, 0]
+    for p in parts:
+        while "counts" not in p:   # batcher -> task map -> ... -> mixture
+            p = p["parent"]
+        counts = [c + d for c, d in zip(counts, p["counts"], strict=True)]
+    assert counts[1] > 0 and stats["mixture"] == [round(c / sum(counts), 4) for c in counts]

@@ -171,14 +171,29 @@ def find_rejected(state: Any, into: dict[str, int]) -> None:
 
 
 def mixture_shares(state: Any) -> list[float] | None:
-    """Realised share of records drawn from each source (from the mixture's ``counts``)."""
+    """Realised share of records drawn from each source (from the mixture's ``counts``, summed over
+    the partitions of a partitioned stream).
+
+        >>> mixture_shares({"partitions": [{"counts": [3, 1], "sources": []}, {"counts": [1, 3], "sources": []}],
+        ...                 "ended": [False, False], "carry": []})
+        [0.5, 0.5]
+    """
+    if isinstance(state, Mapping) and partitions_in(state) > 1:
+        parts = [c for c in (_mixture_counts(p) for p in state["partitions"]) if c is not None]
+        counts = [sum(col) for col in zip(*parts, strict=True)] if parts else None
+    else:
+        counts = _mixture_counts(state)
+    total = sum(counts or ())
+    return [round(c / total, 4) for c in counts] if counts and total else None
+
+
+def _mixture_counts(state: Any) -> list[int] | None:
     if isinstance(state, Mapping):
         counts = state.get("counts")
         if isinstance(counts, list) and "sources" in state and all(isinstance(c, int) for c in counts):
-            total = sum(counts)
-            return [round(c / total, 4) for c in counts] if total else None
+            return counts
         for v in state.values():
-            found = mixture_shares(v)
+            found = _mixture_counts(v)
             if found is not None:
                 return found
     return None
