@@ -36,7 +36,8 @@ def main() -> None:
     p.add_argument("--limit", type=int, help="stop after this many batches")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--threshold", type=float, default=0.5, help="multi-label decision threshold")
+    p.add_argument("--threshold", type=float, default=0.5,
+                   help="multi-label decision threshold (the best label is always predicted too)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args()
     from transformers import BertConfig, BertForSequenceClassification
@@ -73,8 +74,10 @@ def main() -> None:
                 break
             inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
             logits = model(**inputs).logits.float().cpu()
-            if multi:
-                chosen = [[names[j] for j in np.flatnonzero(row)] for row in (logits.sigmoid() > args.threshold).numpy()]
+            if multi:  # every label above the threshold, and at least the best one (as goemotions_trainer.py decides)
+                above = (logits.sigmoid() > args.threshold).numpy()
+                above[np.arange(len(above)), logits.argmax(-1).numpy()] = True
+                chosen = [[names[j] for j in np.flatnonzero(row)] for row in above]
             else:
                 chosen = [[names[int(j)]] for j in logits.argmax(-1)]
             keys.append(batch["key"].cpu().numpy())

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 import torch
@@ -43,6 +44,9 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--in-process", action="store_true", help="run the loader in this process instead of a service")
     args = p.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        sys.exit("gpu_check.py measures a GPU's wait for data, and this machine has no CUDA device: run it on a GPU "
+                 "node, or pass --device cpu --hidden 64 --layers 2 --batch-size 16 --steps 40 to try the plumbing here")
     from transformers import BertConfig, BertForMaskedLM
 
     device = torch.device(args.device)

@@ -17,9 +17,9 @@ Here each document's words are shuffled within windows of ``window`` words with 
 (``labels`` are the original ids, unshifted, so a causal LM sees ``input_ids`` then predicts
 ``labels`` in a sequence-to-sequence setup, or use it as an encoder denoising objective).
 
-Run it::
+Run it (without arguments it reads the demo corpus with a tokenizer trained on it)::
 
-    python examples/plugin_task.py path/to/corpus.jsonl path/to/tokenizer.json
+    python examples/plugin_task.py [path/to/corpus.jsonl path/to/tokenizer.json]
 """
 
 from __future__ import annotations
@@ -86,7 +86,15 @@ class ShuffledWords(Task):
 if __name__ == "__main__":
     import feedline
 
-    corpus, tokenizer = sys.argv[1], sys.argv[2]
+    if len(sys.argv) not in (1, 3):
+        sys.exit("usage: python examples/plugin_task.py [CORPUS TOKENIZER]  (no arguments: the demo corpus and "
+                 "a tokenizer trained on it)")
+    if len(sys.argv) == 3:
+        corpus, tokenizer = sys.argv[1], sys.argv[2]
+    else:
+        from _data import demo_corpus, trained_tokenizer
+
+        corpus, tokenizer = str(demo_corpus()), trained_tokenizer("bpe")
     spec = {"sources": [{"path": corpus}], "tokenizer": tokenizer,
             "task": {"kind": "plugin_task:ShuffledWords", "max_length": 32},
             "batching": {"strategy": "pad", "batch_size": 2}}

@@ -75,7 +75,7 @@ def test_goemotions_trainer_then_batch_inference(run_example, tmp_path: Path) ->
     rows = [json.loads(x) for x in preds.read_text().splitlines()]
     assert res[-1]["records"] == len(rows) == 8
     assert [r["key"] for r in rows] == sorted(r["key"] for r in rows)  # source order, joined by key
-    assert all(r["text"] and isinstance(r["labels"], list) for r in rows)
+    assert all(r["text"] and isinstance(r["labels"], list) and r["labels"] for r in rows)  # never an empty prediction
 
 
 def test_chat_sft(run_example, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -83,6 +83,26 @@ def test_chat_sft(run_example, tmp_path: Path) -> None:  # type: ignore[no-untyp
     out = run_example("chat_sft.py", "--work", str(tmp_path), "--steps", "2", "--seq-len", "256", "--batch-size", "2",
                       "--d-model", "32", "--layers", "1")
     assert out[-1]["step"] == 2 and 0 < out[-1]["assistant_share"] < 1
+
+
+def test_plugin_task_runs_without_arguments(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    monkeypatch.setattr(sys, "argv", ["plugin_task.py"])
+    runpy.run_path(str(EXAMPLES / "plugin_task.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "input_ids" in out and "labels" in out  # one batch of the plug-in task, shapes and dtypes
+    monkeypatch.setattr(sys, "argv", ["plugin_task.py", "only-one-argument"])
+    with pytest.raises(SystemExit, match="usage: python examples/plugin_task.py"):
+        runpy.run_path(str(EXAMPLES / "plugin_task.py"), run_name="__main__")
+
+
+def test_gpu_check_without_cuda_says_what_to_pass(run_example) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(SystemExit, match="no CUDA device.*--device cpu"):
+        run_example("gpu_check.py")
 
 
 def test_jax_flax(run_example, corpus: str) -> None:  # type: ignore[no-untyped-def]
