@@ -151,3 +151,41 @@ def test_a_running_check_is_waited_for_once_then_tokenizers_goes_on(monkeypatch:
     t0 = time.monotonic()
     assert [a.tolist() for a in slow.encode_batch(texts)] == want
     assert time.monotonic() - t0 < 20  # a wait would take the whole 30 s
+
+
+def test_every_thread_switches_as_soon_as_another_resolved_the_check() -> None:
+    """Thread B is inside a call, encoding slices with tokenizers, when thread A finds the check done
+    and resolves it: B's next slice goes to the fast encoder too (it used to finish the whole call,
+    a chunk of ~1 MiB, on tokenizers, because the check no longer looked pending to it)."""
+    import threading
+
+    from feedline._tokenize.wordcache import WordCacheEncoder
+
+    tok = load_tokenizer(str(shared("tokenizers", "bert-base-uncased")))
+    pending: Future[Verdict] = Future()
+    in_slice, resolved = threading.Event(), threading.Event()
+    calls: collections.Counter[str] = collections.Counter()
+
+    def on_call() -> None:
+        calls[threading.current_thread().name] += 1
+        if threading.current_thread().name == "B" and calls["B"] == 1:
+            in_slice.set()
+            assert resolved.wait(30)
+
+    hf = _CountingHf(tok.backend, on_call=on_call)
+    enc = VerifiedEncoder(hf, None, strict=True, label="bert", pending=pending, window=0)
+    enc._waited = True  # past its one wait for the check (as after the first batch)
+    texts = _prose(120)
+    assert sum(map(len, texts)) > 3 * backends.SLICE_CHARS
+    got: list = []
+    b = threading.Thread(target=lambda: got.extend(enc.encode_batch(texts)), name="B")
+    b.start()
+    assert in_slice.wait(30)
+    pending.set_result(Verdict(WordCacheEncoder(tok.backend), "test"))
+    enc.encode_batch(texts[:3])  # thread A finds the check done and resolves it
+    assert enc.pending is None and enc.name == "wordcache"
+    resolved.set()
+    b.join(30)
+    assert calls["B"] == 1  # one slice on tokenizers, the rest of B's call on the word cache
+    want = HfEncoder(tok.backend).encode_batch(texts)
+    assert [a.tolist() for a in got] == [a.tolist() for a in want]

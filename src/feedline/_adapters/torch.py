@@ -6,16 +6,18 @@
     ...     loss = model(**batch).loss                           # tensors already on the GPU
     >>> torch.save({"data": loader.state_dict()}, "ckpt.pt")     # doctest: +SKIP
 
-Data path, one arrow per thread::
+Data path, one arrow per thread (:mod:`feedline._adapters.staging`)::
 
-    feedline.Loader ──► Prefetch thread: numpy → torch (zero copy), int64 cast, pin ──► queue[prefetch]
-                    ──► caller: with CUDA, copy on a side stream `prefetch` batches ahead ──► step
+    feedline.Loader ──► Prefetch thread: numpy → torch, int64 cast into a reused pinned buffer,
+                        H2D copy on a side stream, packed layout, event ──► queue[prefetch]
+                    ──► caller: current stream waits on the recorded event ──► step
 
-The feeder thread reads the state after each batch together with the batch, so
+The caller's ``next()`` only takes a staged batch from the queue and, with CUDA, makes its stream
+wait on an event that the feeder already recorded: microseconds, whatever the batch's size. The
+feeder thread reads the state after each batch together with the batch, so
 :meth:`TorchLoader.state_dict` names exactly the batches the caller has received, however far
-the feeder and the device copies ran ahead. With a CUDA device each batch is copied on a
-dedicated stream while the current step runs; the training stream waits on that copy's event
-only when it takes the batch (the MindSpore-style device-side buffer).
+the feeder and the device copies ran ahead. Without CUDA the batches are those of
+:func:`to_torch` (zero copy where numpy allows), as always.
 
 Under ``torchrun`` (``RANK``/``WORLD_SIZE`` set) or an initialised ``torch.distributed`` group,
 rank and world size come from there, for in-process and remote sources alike.
@@ -25,14 +27,12 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from feedline._adapters.common import LoaderStage, is_loader, resolve_loader, resolve_rank
 from feedline._adapters.hf import PackedLayout, PackedMode
+from feedline._adapters.staging import Copy, Stager, to_torch
 from feedline._core.deferred import materialize
 from feedline._core.prefetch import Prefetch
 from feedline.errors import FeedlineError, MissingDependency
@@ -49,28 +49,6 @@ log = logging.getLogger("feedline.torch")
 
 TorchBatch = dict[str, torch.Tensor]
 _END = object()
-
-
-def to_torch(batch: Mapping[str, np.ndarray], *, int64: bool = True, pin: bool = False) -> TorchBatch:
-    """Convert a numpy batch to CPU tensors (sharing memory where possible).
-
-    Integer fields become ``int64`` when ``int64`` is set (torch losses and HF models expect
-    it); float fields (multi-hot labels) keep their dtype. ``pin`` copies into page-locked
-    memory so a later ``.to("cuda", non_blocking=True)`` is a real asynchronous copy.
-
-        >>> to_torch({"input_ids": np.array([[1, 2]], np.int32)})["input_ids"].dtype
-        torch.int64
-    """
-    out: TorchBatch = {}
-    for name, arr in batch.items():
-        a = np.asarray(arr)
-        if int64 and a.dtype.kind in "iu" and a.dtype != np.int64:
-            a = a.astype(np.int64)
-        elif not a.flags.writeable or not a.flags.c_contiguous:
-            a = np.ascontiguousarray(a).copy()  # torch refuses to share read-only buffers
-        t = torch.from_numpy(a)
-        out[name] = t.pin_memory() if pin else t
-    return out
 
 
 def passthrough_collate(items: Sequence[TorchBatch]) -> TorchBatch:
@@ -95,14 +73,15 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
             (``tcp://host:port``), or a built :class:`feedline.Loader` (its rank is used).
         device: where tensors go (``"cuda"``, ``"cuda:1"``, ``torch.device``); ``None`` keeps
             them on the CPU.
-        pin_memory: stage batches in page-locked memory (only with a CUDA device).
+        pin_memory: stage batches in page-locked host buffers, reused once their copy is done
+            (only with a CUDA device).
         prefetch: batches converted ahead on a background thread and, with CUDA, copied to the
-            device ahead on a side stream; ``0`` converts synchronously.
+            device ahead on a side stream from that thread; ``0`` converts synchronously.
         rank, world_size: override the environment (``RANK``/``WORLD_SIZE``) and
             ``torch.distributed``.
         state: a :meth:`state_dict` to resume from.
         stream: the service stream name (remote sources; default ``train``).
-        int64: cast integer fields to ``torch.int64`` (on the device, after the copy).
+        int64: cast integer fields to ``torch.int64``.
         packed: how packed batches (``pack``/``concat``) reach the model: ``position_ids`` (default:
             no 2-D mask, so Hugging Face models keep documents apart), ``mask4d``, ``flat``, ``keep``,
             or a :class:`~feedline._adapters.hf.PackedLayout` (see :mod:`feedline._adapters.hf`).
@@ -179,36 +158,35 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
             self._state = self.loader.state_dict()
         return self._iterate()
 
-    def _host_items(self, feeder: Prefetch | None) -> Iterator[Any]:
-        """(cpu tensors, state) pairs, then ``_END`` or an exception."""
-        if feeder is None:
-            try:
-                for batch in self.loader:
-                    yield to_torch(batch, int64=self.int64, pin=self.pin), self.loader.state_dict()
-                yield _END
-            except GeneratorExit:  # closed by its consumer: not an error to hand on
-                raise
-            except BaseException as e:
-                yield e
-            return
+    def _stager(self) -> Stager:
+        """What turns a numpy batch into the step's tensors (on the feeder thread when prefetching)."""
+        copy: Copy = "cuda" if self.cuda else None
+        return Stager(self.device, int64=self.int64, pin=self.pin, layout=self.packed, copy=copy,
+                      depth=max(1, self.prefetch))
+
+    def _staged_items(self, stager: Stager, feeder: Prefetch | None) -> Iterator[Any]:
+        """(staged batch, state) pairs, then ``_END`` or an exception."""
         try:
-            yield from feeder
+            if feeder is None:
+                for batch in self.loader:
+                    yield stager(batch), self.loader.state_dict()
+            else:
+                yield from feeder
             yield _END
-        except GeneratorExit:
+        except GeneratorExit:  # closed by its consumer: not an error to hand on
             raise
         except BaseException as e:
             yield e
 
     def _iterate(self) -> Iterator[TorchBatch]:
         feeder = None
+        stager = self._stager()
         if self.prefetch:
-            int64, pin = self.int64, self.pin
             self._feeder = feeder = Prefetch(LoaderStage(self.loader), self.prefetch, name="feedline-torch-feeder",
-                                             map=lambda batch: to_torch(batch, int64=int64, pin=pin))
+                                             map=stager)
             self._given = 0
-        staged = _CudaStager(self.device, self.prefetch) if self.cuda and self.prefetch else None
-        items = self._host_items(feeder)
-        for item in items if staged is None else staged.run(items):
+        move = self.device is not None and not self.cuda and self.device.type != "cpu"
+        for item in self._staged_items(stager, feeder):
             if feeder is not None and self._feeder is not feeder:
                 return  # superseded by load_state_dict() or a newer iteration
             if item is _END:
@@ -218,12 +196,13 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
             if isinstance(item, BaseException):
                 self._feeder = None
                 raise item
-            tensors, state = item
-            if staged is None and self.device is not None:
-                tensors = {k: v.to(self.device, non_blocking=self.pin) for k, v in tensors.items()}
+            staged, state = item
+            tensors = stager.take(staged)
+            if move:  # another accelerator (mps, xla): copied on the caller's thread, as before
+                tensors = {k: v.to(self.device) for k, v in tensors.items()}
             self._state = state
             self._given += 1
-            yield self.packed(tensors)
+            yield tensors
 
     def dataloader(self) -> torch.utils.data.DataLoader[TorchBatch]:
         """A ``DataLoader`` that passes batches through (``batch_size=None``, no workers).
@@ -275,45 +254,6 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
     def __repr__(self) -> str:
         return (f"TorchLoader(rank={self.rank}, world_size={self.world_size}, device={self.device}, "
                 f"prefetch={self.prefetch}, int64={self.int64})")
-
-
-class _CudaStager:
-    """Copies host batches to a CUDA device on a side stream, ``depth`` batches ahead of the caller."""
-
-    def __init__(self, device: torch.device | None, depth: int) -> None:
-        self.device = device
-        self.depth = depth
-        self.stream = torch.cuda.Stream(device=device)
-
-    def _stage(self, tensors: TorchBatch) -> tuple[TorchBatch, torch.cuda.Event]:
-        with torch.cuda.stream(self.stream):
-            dev = {k: v.to(self.device, non_blocking=True) for k, v in tensors.items()}
-            event = torch.cuda.Event()
-            event.record(self.stream)
-        return dev, event
-
-    def run(self, items: Iterator[Any]) -> Iterator[Any]:
-        """Pass ``(tensors, state)`` items through, on the device; ``_END``/errors come last."""
-        staged: deque[tuple[TorchBatch, Any, torch.cuda.Event]] = deque()
-        tail: Any = None
-        while True:
-            while tail is None and len(staged) <= self.depth:
-                item = next(items)
-                if item is _END or isinstance(item, BaseException):
-                    tail = item
-                    break
-                tensors, state = item
-                dev, event = self._stage(tensors)
-                staged.append((dev, state, event))
-            if not staged:
-                yield tail
-                return
-            dev, state, event = staged.popleft()
-            current = torch.cuda.current_stream(self.device)
-            current.wait_event(event)
-            for t in dev.values():
-                t.record_stream(current)  # memory made on the side stream is now used on this one
-            yield dev, state
 
 
 # accelerate's DataLoader wrappers that redistribute an IterableDataset across processes: the

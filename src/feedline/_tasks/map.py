@@ -1,9 +1,12 @@
 """Apply a task to a record stream in chunks, in order, with exact state.
 
-Records are read in the caller's thread in chunks of ``chunk`` records; a :class:`ChunkRunner`
-runs each chunk's :meth:`Task.process` somewhere (a thread pool here; Ray workers in
-:mod:`feedline._ray.map`), up to ``runner.ahead`` chunks in flight; examples come out in record
-order. The state is the parent's state *at the start of the current chunk* plus how many of its
+Records are read in the caller's thread in chunks of at most ``chunk`` records and about
+:data:`CHUNK_BYTES` of text (:mod:`feedline._tasks.sizing`); a :class:`ChunkRunner` runs each
+chunk's :meth:`Task.process` somewhere (a thread pool here; Ray workers in :mod:`feedline._ray.map`),
+up to ``runner.ahead`` chunks and :data:`INFLIGHT_BYTES` of text in flight; examples come out in
+record order. Bounding chunks by size keeps the head of the queue short: a count of records alone
+made a chunk of 256 Wikipedia articles (~2 M BERT tokens), and ``workers + 2`` of them in flight on
+one tokenizer thread pool made the first of them finish ~``workers`` times later. The state is the parent's state *at the start of the current chunk* plus how many of its
 examples were already yielded; a restore re-reads and re-processes that one chunk and skips,
 which gives the same examples because tasks are pure functions of (record, seed, epoch, key).
 The runner never appears in the state, so a state resumes under any runner. Chunks are read
@@ -16,8 +19,12 @@ examples a chunk at a time (the ``pack`` batcher) uses ``peek_block``/``consume`
 of the refs through ``parent.fetch`` and re-processes them in one batched task call.
 
 State: ``{"parent": ..., "skip": n, "rejected": {reason: n}, "chunk": n}``, where ``chunk`` is
-the size of the chunk the state points into (chunks ramp up from :data:`FIRST_CHUNK`, so the
-first batch waits for few records). ``rejected`` counts every
+the number of records of the chunk the state points into (chunks ramp up from :data:`FIRST_CHUNK`
+records, so the first batch waits for few records; each next chunk may hold twice as many records
+as the one before, and stops early at :data:`CHUNK_BYTES`). Where a chunk ends is a function of the
+records from its start and the previous chunk's size only, so a resumed stream cuts the same chunks
+(and saves the same states) as an uninterrupted one; states of any older chunking still resume,
+since a restore re-reads exactly the ``chunk`` records named. ``rejected`` counts every
 rejection *up to the end of the current chunk* that the parent's state (taken at the chunk's
 start) does not already hold: the task's own rejections so far, plus the parent's rejections
 made while reading the current chunk. Summing every ``rejected`` table in the state therefore
@@ -41,10 +48,12 @@ from feedline._core.dataset import Dataset, DatasetIterator, State
 from feedline._core.record import Example, ExampleRef, Key, Record, Rejection
 from feedline._core.report import Rejections, add_counts, nothing_delivered, sum_rejected
 from feedline._tasks.base import Task, TaskOutput
+from feedline._tasks.sizing import CHUNK_BYTES, INFLIGHT_BYTES, read_chunk, records_size
 from feedline.errors import SourceError, StateError
 
-__all__ = ["ChunkRunner", "TaskMap", "ThreadRunner"]
+__all__ = ["CHUNK_BYTES", "INFLIGHT_BYTES", "ChunkRunner", "TaskMap", "ThreadRunner"]
 
+#: At most this many records a chunk (short records reach it long before :data:`CHUNK_BYTES`).
 DEFAULT_CHUNK = 256
 
 
@@ -56,7 +65,11 @@ DEFAULT_CHUNK = 256
 FIRST_CHUNK = 8
 
 class ChunkRunner(Protocol):
-    """Where chunks are processed: ``submit`` returns a handle, ``result`` waits for it."""
+    """Where chunks are processed: ``submit`` returns a handle, ``result`` waits for it.
+
+    ``ahead``: the most chunks in flight; a runner may also set ``ahead_bytes``, the most text in
+    flight (the chunk that crosses it is the last submitted), absent or ``None`` for no such bound.
+    """
 
     ahead: int
 
@@ -68,18 +81,20 @@ class ChunkRunner(Protocol):
 
 
 class ThreadRunner:
-    """Process chunks on ``workers`` threads, ``workers + 2`` chunks in flight.
+    """Process chunks on ``workers`` threads, ``workers + 2`` chunks in flight (and no more than
+    the task map's byte budget: more threads never queue more text ahead of the next chunk).
 
     Even one thread runs apart from the caller, so reading, batching and the consumer overlap the
     tokenizer; the tokenizer's Rust batch call already spreads each chunk over every core. One
-    calling thread was measured fastest (``bench/tuning.py``: more threads contend for the GIL
-    in the tasks' Python and for the tokenizer's thread pool).
+    calling thread was measured fastest (``bench/tuning.py``, ``bench/scaling.py``: more threads
+    contend for the GIL in the tasks' Python and for the tokenizer's thread pool).
     """
 
-    def __init__(self, task: Task, workers: int) -> None:
+    def __init__(self, task: Task, workers: int, ahead_bytes: int | None = INFLIGHT_BYTES) -> None:
         self.task = task
         self.workers = max(1, workers)
         self.ahead = self.workers + 2
+        self.ahead_bytes = ahead_bytes
         self.pool: cf.ThreadPoolExecutor | None = None
 
     def submit(self, records: Sequence[Record]) -> Any:
@@ -100,12 +115,17 @@ class TaskMap(Dataset[Example]):
     """The examples of ``task`` over ``parent``'s records."""
 
     def __init__(self, parent: Dataset[Record], task: Task, *, chunk: int = DEFAULT_CHUNK, workers: int = 1,
-                 on_error: str = "skip", reject_limit: int = 0) -> None:
-        if chunk < 1:
-            raise ValueError(f"chunk: {chunk} must be >= 1")
+                 on_error: str = "skip", reject_limit: int = 0, chunk_bytes: int = CHUNK_BYTES,
+                 inflight_bytes: int = INFLIGHT_BYTES) -> None:
+        """``chunk``: most records a chunk; ``chunk_bytes``: a chunk ends at this much text;
+        ``inflight_bytes``: the thread runner's bound on text in flight."""
+        if chunk < 1 or chunk_bytes < 1 or inflight_bytes < 1:
+            raise ValueError(f"chunk: {chunk}, chunk_bytes: {chunk_bytes}, inflight_bytes: {inflight_bytes} must be >= 1")
         self.parent = parent
         self.task = task
         self.chunk = chunk
+        self.chunk_bytes = chunk_bytes
+        self.inflight_bytes = inflight_bytes
         self.workers = max(1, workers)
         self.on_error = on_error
         self.reject_limit = reject_limit
@@ -115,7 +135,7 @@ class TaskMap(Dataset[Example]):
 
     def runner(self) -> ChunkRunner:
         """A fresh runner for one iterator (override to run chunks elsewhere)."""
-        return ThreadRunner(self.task, self.workers)
+        return ThreadRunner(self.task, self.workers, self.inflight_bytes)
 
     def __iter__(self) -> TaskMapIterator:
         return TaskMapIterator(self)
@@ -158,8 +178,9 @@ class TaskMapIterator(DatasetIterator[Example]):
         self.parent = iter(ds.parent)
         self.rejections = Rejections(ds.on_error, locate=getattr(ds, "locate", None))
         # (parent state at the chunk's start, its size, runner handle (None: no record), parent
-        #  rejections made reading it, parent state at its end)
-        self.inflight: collections.deque[tuple[State, int, Any, dict[str, int], State]] = collections.deque()
+        #  rejections made reading it, parent state at its end, its text size)
+        self.inflight: collections.deque[tuple[State, int, Any, dict[str, int], State, int]] = collections.deque()
+        self.inflight_size = 0  # text size of the chunks in flight
         self.exhausted = False
         self.current: list[Example] | ExampleBlock = []
         self.current_state: State | None = None
@@ -168,32 +189,44 @@ class TaskMapIterator(DatasetIterator[Example]):
         self.skip = 0
         self._next_start: State | None = None  # parent state where the next chunk starts (cached)
         self._watch = True  # fresh and no example yet: see _nothing (the end is checked whatever reject_limit)
-        self.chunk = min(FIRST_CHUNK, ds.chunk)  # the next chunk's size (ramps up to ds.chunk)
+        self.chunk = min(FIRST_CHUNK, ds.chunk)  # the next chunk's most records (ramps up to ds.chunk)
+        self.exact: int | None = None  # the next chunk's records, exactly (a restore re-reads its chunk)
         self.current_size = self.chunk  # the size of the chunk current_state points into
 
     def _submit(self) -> None:
-        """Read chunks until ``runner.ahead`` are in flight or the parent is exhausted; only one
-        before the first chunk's examples are out (the first batch waits for nothing else)."""
+        """Read chunks until ``runner.ahead`` chunks or the byte budget are in flight, or the parent
+        is exhausted; only one before the first chunk's examples are out (the first batch waits for
+        nothing else)."""
         ahead = self.runner.ahead if self.current_state is not None else 1
-        while not self.exhausted and len(self.inflight) < ahead:
+        budget = getattr(self.runner, "ahead_bytes", None)  # None: chunks only (a Ray cluster's CPUs)
+        while not self.exhausted and len(self.inflight) < ahead and (
+                budget is None or not self.inflight or self.inflight_size < budget):
             state = self._next_start if self._next_start is not None else self.parent.get_state()
-            size, self.chunk = self.chunk, min(2 * self.chunk, self.ds.chunk)
-            recs: list[Record] = self.parent.take(size)
-            if len(recs) < size:
+            if self.exact is not None:
+                want, self.exact = self.exact, None
+                recs = self.parent.take(want)
+                size, exhausted = records_size(recs), len(recs) < want
+            else:
+                want = self.chunk
+                recs, size, exhausted = read_chunk(self.parent, want, self.ds.chunk_bytes)
+            self.chunk = min(2 * max(1, len(recs)), self.ds.chunk)
+            if exhausted:
                 self.exhausted = True
             self._next_start = end = self.parent.get_state()
             read = add_counts(sum_rejected(end), sum_rejected(state), -1)
             if not recs:
                 if read:  # rejections after the last record: counted with an empty chunk
-                    self.inflight.append((state, size, None, read, end))
+                    self.inflight.append((state, want, None, read, end, 0))
                 break
-            self.inflight.append((state, size, self.runner.submit(recs), read, end))
+            self.inflight_size += size
+            self.inflight.append((state, len(recs), self.runner.submit(recs), read, end, size))
 
     def _advance(self) -> bool:
         self._submit()
         if not self.inflight:
             return False
-        state, self.current_size, handle, read, self.current_end = self.inflight.popleft()
+        state, self.current_size, handle, read, self.current_end, size = self.inflight.popleft()
+        self.inflight_size -= size
         outputs = self.runner.result(handle, state) if handle is not None else []
         self.current_state = state
         examples: list[Example] | ExampleBlock
@@ -275,6 +308,7 @@ class TaskMapIterator(DatasetIterator[Example]):
         self._next_start, self._watch = None, False
         self.chunk = self.current_size = max(1, min(chunk, self.ds.chunk))
         if skip:
+            self.exact = self.chunk  # the chunk the state points into, exactly as it was cut
             # ``rejected`` includes the current chunk, which _advance counts again: start from
             # the count before it (the chunk re-counts the same rejections: tasks are pure).
             self.rejections.set_state({})
@@ -288,10 +322,11 @@ class TaskMapIterator(DatasetIterator[Example]):
             self.skip = skip
 
     def _drop_inflight(self) -> None:
-        for _state, _size, handle, _read, _end in self.inflight:
+        for _state, _size, handle, _read, _end, _bytes in self.inflight:
             if isinstance(handle, cf.Future):
                 handle.cancel()
-        self.inflight.clear()  # other handles (Ray refs) are freed when dropped
+        self.inflight.clear()
+        self.inflight_size, self.exact = 0, None  # other handles (Ray refs) are freed when dropped
 
     @property
     def rejected(self) -> dict[str, int]:

@@ -210,7 +210,8 @@ class VerifiedEncoder:
                 self.seen += sum(len(t) for t in texts)
                 if self.start is not None and self.seen >= self.start_after:
                     self.pending, self.start = self.start(), None
-            if self.pending is None:
+                deferred = self.start is not None
+            if deferred:
                 return self._before_check(texts, add_special_tokens)
         if self.pending is not None:
             if not self._switch_now():
@@ -252,12 +253,13 @@ class VerifiedEncoder:
         return got if flat else split_ids(*got)
 
     def _switch_now(self) -> bool:
-        """True when a started check is done, after waiting for it (once, unless a stream still holds
-        it) up to :attr:`check_wait` seconds."""
+        """True when the check is done (by any thread: every thread calling this encoder switches
+        within one slice of :meth:`_before_check`), after waiting for a started one (once, unless
+        a stream still holds it) up to :attr:`check_wait` seconds; False while it is deferred."""
         with self._lock:
             pending = self.pending
             if pending is None:
-                return False
+                return self.start is None  # resolved already (by another thread), or never deferred
             wait = not pending.done() and not self._waited and not self._holds
             self._waited = self._waited or wait
         if wait:

@@ -1,0 +1,120 @@
+"""The task map cuts chunks by size as well as by count, bounds the text in flight, and a resumed
+stream cuts the same chunks (so it saves the same states) as an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import shared
+from feedline._core.record import Record
+from feedline._pipeline import Pipeline
+from feedline._spec import Spec
+from feedline._tasks.map import TaskMap, ThreadRunner
+from feedline._tasks.sizing import read_chunk, record_size, records_size
+
+
+@pytest.fixture(scope="module")
+def wiki_spec(tmp_path_factory: pytest.TempPathFactory) -> Spec:
+    """Real Wikipedia articles (~33 KB each) and C4 documents (~2.5 KB) interleaved: sizes vary 100-fold."""
+    d = tmp_path_factory.mktemp("wiki")
+    wiki = [line.strip() for line in shared("prose", "wiki_demo.txt").read_text(encoding="utf-8").splitlines() if line.strip()]
+    c4 = [json.loads(line)["text"] for line in shared("prose", "c4_demo.jsonl").read_text(encoding="utf-8").splitlines()[:40]]
+    docs = [x for pair in zip(c4[::2], wiki[:10], strict=False) for x in pair] + c4[1::2]
+    (d / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs), encoding="utf-8")
+    return Spec.load({"sources": [{"path": str(d / "docs.jsonl")}], "tokenizer": {"path": str(shared("tokenizers", "bert-base-uncased")), "backend": "hf"},
+                      "task": {"kind": "mlm", "max_length": 128}, "batching": {"strategy": "pad", "batch_size": 8}})
+
+
+class _Recording(ThreadRunner):
+    """The thread runner, recording each chunk's size and the text in flight when it was submitted."""
+
+    def __init__(self, *a: Any, log: list[tuple[int, int]], owner: list[Any], **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.log, self.owner = log, owner
+
+    def submit(self, records: Any) -> Any:
+        it = self.owner[0]
+        self.log.append((records_size(records), sum(size for *_x, size in it.inflight)))
+        return super().submit(records)
+
+
+def _map(spec: Spec, log: list[tuple[int, int]], **kw: Any) -> tuple[TaskMap, list[Any]]:
+    pipe = Pipeline(spec)
+    owner: list[Any] = []
+    tm = TaskMap(pipe.records(), pipe.task, **kw)
+    tm.runner = lambda: _Recording(tm.task, tm.workers, tm.inflight_bytes, log=log, owner=owner)  # type: ignore[method-assign]
+    return tm, owner
+
+
+def _examples(tm: TaskMap, owner: list[Any], limit: int | None = None) -> list[Any]:
+    it = iter(tm)
+    owner.append(it)
+    out = []
+    for ex in it:
+        out.append((ex.key, {k: v.tobytes() for k, v in ex.fields.items()}))
+        if limit is not None and len(out) >= limit:
+            break
+    it.close()
+    return out
+
+
+def test_chunks_are_bounded_by_size_and_examples_do_not_depend_on_chunking(wiki_spec: Spec) -> None:
+    log: list[tuple[int, int]] = []
+    small, owner = _map(wiki_spec, log, chunk_bytes=40_000, inflight_bytes=100_000, workers=14)
+    got = _examples(small, owner)
+    assert len(log) > 8
+    biggest_record = max(len(line) for line in shared("prose", "wiki_demo.txt").read_text(encoding="utf-8").splitlines())
+    for size, inflight in log:
+        assert size < 2 * 40_000 + biggest_record  # overshoot: less than the last take (at most doubling)
+        assert inflight < 100_000  # a chunk is submitted only while the text in flight is under the budget
+    whole_log: list[tuple[int, int]] = []
+    whole, owner = _map(wiki_spec, whole_log, chunk_bytes=1 << 40, inflight_bytes=1 << 40)
+    assert _examples(whole, owner) == got  # same examples, whatever the chunks
+    assert len(whole_log) < len(log)
+
+
+def test_a_resumed_stream_cuts_the_same_chunks_and_saves_the_same_states(wiki_spec: Spec) -> None:
+    pipe = Pipeline(wiki_spec)
+    it = iter(TaskMap(pipe.records(), pipe.task, chunk_bytes=30_000))
+    states, keys = [], []
+    for ex in it:
+        keys.append(ex.key)
+        states.append(it.get_state())
+    it.close()
+    assert len({s["chunk"] for s in states}) > 3  # chunks of several sizes (count ramp and size bound)
+    rng = np.random.default_rng(0)
+    for stop in sorted(rng.choice(len(states) - 1, 3, replace=False)):
+        resumed = iter(TaskMap(Pipeline(wiki_spec).records(), pipe.task, chunk_bytes=30_000))
+        resumed.set_state(json.loads(json.dumps(states[stop])))
+        for i in range(stop + 1, len(states)):
+            assert next(resumed).key == keys[i]
+            assert resumed.get_state() == states[i], i
+        resumed.close()
+
+
+def test_read_chunk_ends_at_the_record_that_reaches_the_budget() -> None:
+    class Records:
+        def __init__(self, sizes: list[int]) -> None:
+            self.recs = [Record((0, 0, i), 0, {"text": "x" * n, "label": 3}) for i, n in enumerate(sizes)]
+            self.pos, self.takes = 0, []
+
+        def take(self, n: int) -> list[Record]:
+            self.takes.append(n)
+            out = self.recs[self.pos:self.pos + n]
+            self.pos += len(out)
+            return out
+
+    src = Records([100] * 50)
+    recs, size, ended = read_chunk(src, most=40, budget=1_000)  # type: ignore[arg-type]
+    assert [len(r.data["text"]) for r in recs] == [100] * 10 and size == 10 * 108 and not ended
+    src = Records([10] * 50)
+    recs, size, ended = read_chunk(src, most=16, budget=1 << 20)  # type: ignore[arg-type]
+    assert len(recs) == 16 and src.takes == [1, 1, 2, 4, 8]  # the count bound, in doubling takes
+    recs, size, ended = read_chunk(src, most=64, budget=1 << 20)  # type: ignore[arg-type]
+    assert len(recs) == 34 and ended
+    nested = Record((0, 0, 0), 0, {"messages": [{"role": "user", "content": "hello"}], "ids": np.zeros(4, np.int32)})
+    assert record_size(nested) == 4 + 5 + 16 == records_size([nested])
