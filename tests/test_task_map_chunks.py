@@ -118,3 +118,22 @@ def test_read_chunk_ends_at_the_record_that_reaches_the_budget() -> None:
     assert len(recs) == 34 and ended
     nested = Record((0, 0, 0), 0, {"messages": [{"role": "user", "content": "hello"}], "ids": np.zeros(4, np.int32)})
     assert record_size(nested) == 4 + 5 + 16 == records_size([nested])
+
+
+def test_threads_are_started_only_where_they_add_cores(wiki_spec: Spec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """workers is the most threads: one while the tokenizer's own pool spreads each call over the cores
+    (more only contend for the GIL), every usable core once that pool is off or the task says so."""
+    from feedline._tasks import map as task_map
+
+    task = Pipeline(wiki_spec).task
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    assert task_map.useful_threads(task) == task_map.auto_workers(task) == 1
+    runner = ThreadRunner(task, 14)
+    assert runner.workers == 1 and runner.ahead == 3 and runner.ahead_bytes == task_map.INFLIGHT_BYTES
+    monkeypatch.setattr(task_map, "usable_cores", lambda: 6)
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    assert task_map.useful_threads(task) == 6 and ThreadRunner(task, 14).workers == 6 and ThreadRunner(task, 2).workers == 2
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM")
+    monkeypatch.setattr(type(task), "parallel_calls", True, raising=False)
+    assert ThreadRunner(task, 4).workers == 4
+    assert Pipeline({**wiki_spec.to_dict(), "workers": 0}).workers == 6

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
@@ -51,7 +52,16 @@ from feedline._tasks.base import Task, TaskOutput
 from feedline._tasks.sizing import CHUNK_BYTES, INFLIGHT_BYTES, read_chunk, records_size
 from feedline.errors import SourceError, StateError
 
-__all__ = ["CHUNK_BYTES", "INFLIGHT_BYTES", "ChunkRunner", "TaskMap", "ThreadRunner"]
+__all__ = [
+    "CHUNK_BYTES",
+    "INFLIGHT_BYTES",
+    "ChunkRunner",
+    "TaskMap",
+    "ThreadRunner",
+    "auto_workers",
+    "usable_cores",
+    "useful_threads",
+]
 
 #: At most this many records a chunk (short records reach it long before :data:`CHUNK_BYTES`).
 DEFAULT_CHUNK = 256
@@ -80,19 +90,51 @@ class ChunkRunner(Protocol):
     def close(self) -> None: ...
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (``sched_getaffinity`` where the OS has it, else ``cpu_count``)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def useful_threads(task: Task) -> int:
+    """How many chunks of ``task`` at once add throughput: the most threads a :class:`ThreadRunner` starts.
+
+    One, where each call already spreads over every core: the ``tokenizers`` batch call runs on
+    its own thread pool (Rayon) with the GIL released, and what remains is the task's Python under
+    the GIL, so more calling threads only contend for both (``bench/scaling.py``: on 2 and on 16
+    cores, ``workers`` 2-14 were 10-230x slower than 1 before chunks were bounded by size, and
+    still slower after). Every usable core where calls run apart outside the GIL: the tokenizer's
+    pool turned off (``TOKENIZERS_PARALLELISM=false``, as in Ray workers and forked children), or
+    a task that says so (``parallel_calls = True``, for plug-ins whose work releases the GIL).
+    Partitions (``partitions: K``) are what add cores to the Python part.
+    """
+    if getattr(task, "parallel_calls", False):
+        return usable_cores()
+    tokenizer = getattr(getattr(task, "ctx", None), "tokenizer", None)
+    if tokenizer is not None and os.environ.get("TOKENIZERS_PARALLELISM", "").lower() in ("0", "false", "off", "no"):
+        return usable_cores()
+    return 1
+
+
+def auto_workers(task: Task) -> int:
+    """``workers: 0``: :func:`useful_threads` (one calling thread unless calls run apart outside the GIL)."""
+    return useful_threads(task)
+
+
 class ThreadRunner:
-    """Process chunks on ``workers`` threads, ``workers + 2`` chunks in flight (and no more than
-    the task map's byte budget: more threads never queue more text ahead of the next chunk).
+    """Process chunks on up to ``workers`` threads (no more than :func:`useful_threads`), that many + 2
+    chunks in flight and no more text than ``ahead_bytes``: more threads never queue more work
+    ahead of the chunk the stream waits for, nor take the GIL from the reader and the batcher.
 
     Even one thread runs apart from the caller, so reading, batching and the consumer overlap the
-    tokenizer; the tokenizer's Rust batch call already spreads each chunk over every core. One
-    calling thread was measured fastest (``bench/tuning.py``, ``bench/scaling.py``: more threads
-    contend for the GIL in the tasks' Python and for the tokenizer's thread pool).
+    tokenizer; the tokenizer's Rust batch call already spreads each chunk over every core.
     """
 
     def __init__(self, task: Task, workers: int, ahead_bytes: int | None = INFLIGHT_BYTES) -> None:
         self.task = task
-        self.workers = max(1, workers)
+        self.workers = max(1, min(workers, useful_threads(task))) if task is not None else max(1, workers)
         self.ahead = self.workers + 2
         self.ahead_bytes = ahead_bytes
         self.pool: cf.ThreadPoolExecutor | None = None

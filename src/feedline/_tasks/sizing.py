@@ -28,8 +28,9 @@ __all__ = ["CHUNK_BYTES", "INFLIGHT_BYTES", "read_chunk", "record_size", "record
 #: Wikipedia, a few hundredths of a second of the tokenizer on 16 cores.
 CHUNK_BYTES = 1 << 20
 #: Chunks in flight hold at most this much (the chunk that crosses it is the last submitted), so
-#: more threads never queue more work ahead of the chunk the stream waits for.
-INFLIGHT_BYTES = 4 << 20
+#: more threads never queue more work ahead of the chunk the stream waits for: its wait is bounded
+#: by this much text, not by ``workers`` chunks.
+INFLIGHT_BYTES = 2 << 20
 #: What any other value (a number, ``None``) counts for.
 SCALAR = 8
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Literal, TypeVar
 
@@ -129,7 +130,7 @@ class VerifiedEncoder:
                  start: Callable[[], cf.Future[Verdict]] | None = None, start_after: int = 0,
                  check_wait: float = CHECK_WAIT_S) -> None:
         self.hf, self.fast, self.pending = hf, fast, pending
-        self.check_wait, self._waited = check_wait, False
+        self.check_wait, self._waited, self._wait_until = check_wait, False, 0.0
         self.start, self.start_after, self.seen = start, start_after, 0
         self.strict, self.label = strict, label
         self.window, self.spot_every = window, max(1, spot_every)
@@ -254,16 +255,22 @@ class VerifiedEncoder:
 
     def _switch_now(self) -> bool:
         """True when the check is done (by any thread: every thread calling this encoder switches
-        within one slice of :meth:`_before_check`), after waiting for a started one (once, unless
-        a stream still holds it) up to :attr:`check_wait` seconds; False while it is deferred."""
+        within one slice of :meth:`_before_check`); False while it is deferred. A started check is
+        waited for once, up to :attr:`check_wait` seconds from the first call that finds it running
+        (unless a stream still holds it), and every thread arriving in that window pauses with it
+        (a thread encoding with ``tokenizers`` meanwhile would take the cores the check needs)."""
         with self._lock:
             pending = self.pending
             if pending is None:
                 return self.start is None  # resolved already (by another thread), or never deferred
-            wait = not pending.done() and not self._waited and not self._holds
-            self._waited = self._waited or wait
-        if wait:
-            cf.wait([pending], timeout=self.check_wait)
+            timeout = 0.0
+            if not pending.done() and not self._holds:
+                now = time.monotonic()
+                if not self._waited:
+                    self._waited, self._wait_until = True, now + self.check_wait
+                timeout = self._wait_until - now
+        if timeout > 0:
+            cf.wait([pending], timeout=timeout)
         return pending.done()
 
     def _before_check(self, texts: Sequence[str], add_special_tokens: bool) -> list[np.ndarray]:
