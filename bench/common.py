@@ -22,7 +22,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import psutil
+try:
+    import psutil
+except ImportError:  # a bare GPU node (bench/gpu_node.py): process-tree meters unavailable, the rest works
+    psutil = None
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -250,7 +253,7 @@ def machine() -> dict[str, Any]:
             versions[mod] = __import__(mod).__version__
         except Exception:
             versions[mod] = None
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1) if psutil else None,
             "python": platform.python_version(), "os": platform.platform(), "load_avg_1m": os.getloadavg()[0],
             "versions": versions, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 

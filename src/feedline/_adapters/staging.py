@@ -74,7 +74,9 @@ class _Buffer:
     __slots__ = ("data", "event", "issued")
 
     def __init__(self, data: torch.Tensor) -> None:
-        self.data, self.event, self.issued = data, None, 0
+        self.data: torch.Tensor = data
+        self.event: Any = None
+        self.issued = 0
 
     def free(self) -> bool:
         if self.event is not None and self.event is not _FILLING and self.event.query():
