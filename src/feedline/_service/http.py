@@ -175,7 +175,10 @@ class HttpGateway:
         for name, feed in self.feeds.items():
             pending = self._checks.get(name)
             if pending is None or pending.done():   # one at a time, however long a take waits
-                self._checks[name] = feed.executor.submit(feed.release_stale)
+                try:
+                    self._checks[name] = feed.executor.submit(feed.release_stale)
+                except RuntimeError:   # closing: the executor was shut down
+                    return
         self._loop.call_later(self._check_every, self._release_stale)
 
     def __enter__(self) -> HttpGateway:

@@ -36,6 +36,7 @@ class GuardCounters:
     """What the guard turned away (in the gateway's ``/stats``)."""
 
     admitted: int = 0
+    peak_open: int = 0      # the most connections open at once
     refused: int = 0        # over max_connections with nobody pending to evict
     evicted: int = 0        # pending ones closed to make room
     timed_out: int = 0      # no complete headers within header_timeout
@@ -71,6 +72,7 @@ class ConnectionGuard:
                 self.counters.refused += 1
                 return False
         self.open += 1
+        self.counters.peak_open = max(self.counters.peak_open, self.open)
         self.pending[conn] = None
         return True
 
