@@ -174,3 +174,20 @@ def test_rejections_by_reason_in_stats_and_scan(tmp_path: Path, glm4_dir: str) -
     report = json.loads(r.stdout)
     assert report["rejected"] == {"unrendered_content": len(dropped)} and report["examples"] == len(rows) - len(dropped)
     assert report["rejected_samples"][0].startswith(f"{data}:{dropped[0]}: unrendered_content (the chat template does not render")
+
+
+# {% generation %} blocks around the reply only: the template's <|im_end|> falls outside the mask
+GENERATION_OUTSIDE = (_OPEN + "{%- if m.role == 'assistant' %}{{ '<|im_start|>assistant\\n' }}{% generation %}{{ m.content }}"
+                      "{% endgeneration %}{{ '<|im_end|>\\n' }}{%- else %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+                      "{%- endif %}" + _CLOSE)
+
+
+def test_generation_blocks_that_leave_the_end_of_turn_out_train_the_stop_token_after_them() -> None:
+    task = _task(GENERATION_OUTSIDE)
+    out = task.process([Record((0, 0, 0), 0, _TWO_TURNS)])[0]
+    assert task.mode == "generation"
+    assert _trained(task, out) == ["Hello.<|im_end|>", "See you.<|im_end|>"]
+    ref = task.tok.hf.apply_chat_template(_TWO_TURNS["messages"], chat_template=GENERATION_OUTSIDE, tokenize=True, return_dict=True)
+    assert out[0].fields["input_ids"].tolist() == list(ref["input_ids"])  # nothing inserted: the stop was there
+    plain = _task(GENERATION_OUTSIDE, stop="template")
+    assert _trained(plain, plain.process([Record((0, 0, 0), 0, _TWO_TURNS)])[0]) == ["Hello.", "See you."]
