@@ -191,3 +191,13 @@ def test_generation_blocks_that_leave_the_end_of_turn_out_train_the_stop_token_a
     assert out[0].fields["input_ids"].tolist() == list(ref["input_ids"])  # nothing inserted: the stop was there
     plain = _task(GENERATION_OUTSIDE, stop="template")
     assert _trained(plain, plain.process([Record((0, 0, 0), 0, _TWO_TURNS)])[0]) == ["Hello.", "See you."]
+
+
+def test_a_used_task_pickles_and_gives_the_same_examples() -> None:
+    import pickle
+
+    task = _task(_chatml(calls=False))
+    first = task.process([Record((0, 0, 0), 0, _TWO_TURNS), Record((0, 0, 1), 0, _CONV)])
+    again = pickle.loads(pickle.dumps(task)).process([Record((0, 0, 0), 0, _TWO_TURNS), Record((0, 0, 1), 0, _CONV)])
+    assert first[0][0].fields["input_ids"].tolist() == again[0][0].fields["input_ids"].tolist()
+    assert first[1].reason == again[1].reason == "unrendered_content"

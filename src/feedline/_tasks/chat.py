@@ -194,7 +194,8 @@ class Chat(Task):
                     "chat_template that renders it, or set task.unrendered: warn to train without it")
         if missing:
             self._warn_unrendered(missing)
-        assert not isinstance(prep, str)  # a failed render with missing fields was rejected above
+        if isinstance(prep, str):  # not reached: a failed render with missing fields was rejected above
+            return prep
         if opts.stop == "template":
             return (*prep, [])
         text, spans, ends, msgs, tools = prep
@@ -223,6 +224,12 @@ class Chat(Task):
     @cached_property
     def _fields(self) -> FieldProbe:
         return FieldProbe(lambda msgs, tools: self._render(msgs, tools)[0])
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable after use (Ray ships tasks to workers): the probe, which holds a render function, is made anew there."""
+        state = dict(self.__dict__)
+        state.pop("_fields", None)
+        return state
 
     def _warn_unrendered(self, missing: list[str]) -> None:
         warned: set[str] = self.__dict__.setdefault("_warned_fields", set())

@@ -19,7 +19,6 @@ costs one dictionary look-up each, plus one render per new shape.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -131,8 +130,7 @@ class FieldProbe:
 
     def __init__(self, render: Render) -> None:
         self._render = render
-        self._cache: dict[tuple[Any, ...], list[str] | None] = {}
-        self._lock = threading.Lock()
+        self._cache: dict[tuple[Any, ...], list[str] | None] = {}  # threads share it: a race costs a probe
         self.probes = 0  # renders spent on probes (for tests and measurements)
 
     def missing(self, msgs: list[dict[str, Any]], tools: Any) -> list[str]:
@@ -141,10 +139,9 @@ class FieldProbe:
         found = self._cache.get(shape, _UNSEEN)
         if found is _UNSEEN:
             found = self._by_probe(shape)
-            with self._lock:
-                if len(self._cache) >= _MAX_SHAPES:
-                    self._cache.clear()
-                self._cache[shape] = found
+            if len(self._cache) >= _MAX_SHAPES:
+                self._cache.clear()
+            self._cache[shape] = found
         return found if found is not None else _by_values(self._render, msgs, tools)
 
     def _by_probe(self, shape: tuple[Any, ...]) -> list[str] | None:
