@@ -143,3 +143,16 @@ def test_the_service_runs_the_same_partitions(corpus: str, small_tokenizer: str)
         loader.close()
     assert_batches_equal(want, got, "service vs in-process, K=2")
     assert [st["pipeline"] for st in states] == [st["pipeline"] for st in want_states]
+
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_processes_resume_at_random_points_from_states_of_threads(corpus: str, small_tokenizer: str, seed: int) -> None:
+    import random
+
+    want, states = collect(Loader(spec(corpus, small_tokenizer, 3, "threads", epochs=1)), with_states=True)
+    at = random.Random(seed).randrange(1, len(want))   # any step, the tail's carried rows included
+    loader = Loader(spec(corpus, small_tokenizer, 3, "processes", epochs=1), state=states[at - 1])
+    got = collect(loader, limit=3)
+    loader.close()
+    assert_batches_equal(want[at:at + 3], got, f"processes resumed at step {at} from a threads state")

@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import queue
 import threading
+import weakref
 from collections import deque
 from typing import Any
 
@@ -86,6 +87,12 @@ class _Worker:
         self.receiver.join(timeout=5)
 
 
+def _kill_all(pool: list[_Worker | None]) -> None:
+    for worker in pool:
+        if worker is not None and worker.process.is_alive():
+            worker.process.kill()
+
+
 class ProcessPlacement(Placement):
     """Partitions in spawned worker processes (see the module docstring)."""
 
@@ -93,6 +100,8 @@ class ProcessPlacement(Placement):
         super().__init__(make, k, options)
         self.workers = min(k, options.processes or min(k, os.cpu_count() or 1))
         self._pool: list[_Worker | None] = [None] * self.workers
+        # A placement dropped without close() (a loader never closed) stops its workers when collected.
+        weakref.finalize(self, _kill_all, self._pool)
         self._queues: list[deque[Any]] = [deque() for _ in range(k)]
         self._taken: list[State | None] = [None] * k   # each partition's state after the last batch handed out
         self._ended = [False] * k
@@ -170,9 +179,9 @@ class ProcessPlacement(Placement):
                 worker.send(("start", self._gen, {p: states[p] for p in worker.owned}))
 
     def close(self) -> None:
-        pool, self._pool = self._pool, [None] * self.workers
-        for worker in pool:
+        for w, worker in enumerate(self._pool):
             if worker is not None:
+                self._pool[w] = None
                 worker.stop()
         for q in self._queues:
             q.clear()
