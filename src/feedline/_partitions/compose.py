@@ -33,7 +33,7 @@ from typing import Any
 from feedline._batching.base import Batch
 from feedline._core.dataset import Dataset, DatasetIterator, State
 from feedline._core.deferred import materialize
-from feedline._partitions.placement import Make, Placement, placement_class, replay
+from feedline._partitions.placement import Make, Placement, placement_class
 from feedline._partitions.rows import join_rows, row_count, take_rows
 from feedline._spec import ParallelSpec
 from feedline.errors import StateError
@@ -144,7 +144,7 @@ class ComposedIterator(DatasetIterator[Batch]):
         self.runner.set_states([None if s is None else dict(s) for s in states])
         self.states, self.ended = list(states), ended
         self.carry = carry
-        self._carried = [replay(self.ds.make, p, before) for p, before, _ in carry]
+        self._carried = [self.runner.replay(p, before) for p, before, _ in carry]
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         self.restore({k: state[k] for k in self.STATE_KEYS})

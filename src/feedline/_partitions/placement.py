@@ -53,6 +53,10 @@ class Placement(ABC):
     def close(self) -> None:
         """Stop everything this placement started. Idempotent; using it again restarts."""
 
+    def replay(self, p: int, state: State | None) -> Batch:
+        """Partition ``p``'s batch after ``state`` (a restore's carried rows); here, by default."""
+        return replay(self.make, p, state)
+
 
 class ThreadPlacement(Placement):
     """Each partition on its own thread in this process (a :class:`Prefetch` over its stream)."""

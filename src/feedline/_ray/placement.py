@@ -133,6 +133,17 @@ class RayPlacement(Placement):
         for p in range(self.k):
             self._kill(p)
 
+    def replay(self, p: int, state: State | None) -> Batch:
+        """The batch after ``state`` from a short-lived actor (the driver may not hold the corpus)."""
+        actor = self._remote.options(num_cpus=self.options.num_cpus, max_restarts=0).remote(self.make, p, state)
+        try:
+            got = self.ray.get(actor.next.remote())
+        finally:
+            self.ray.kill(actor)
+        if got is None:
+            raise FeedlineError(f"partition {p} ended where the state says a batch of it was carried; the data changed")
+        return {k: np.array(v) for k, v in got[0].items()}
+
     def nodes(self) -> list[str]:
         """The node each partition's actor runs on (starting the actors; for tests and monitoring)."""
         return [str(n) for n in self.ray.get([self.actor(p).node.remote() for p in range(self.k)])]
