@@ -173,6 +173,16 @@ def test_every_welcome_field_is_checked_within_the_clients_timeout(case: str) ->
     assert isinstance(got, ProtocolError) and field in str(got), repr(got)
 
 
+def test_a_server_only_announces_a_heartbeat_its_clients_accept() -> None:
+    from feedline._service.options import ServerOptions
+    from feedline._service.trust import HEARTBEAT_RANGE
+    from feedline.errors import SpecError
+
+    ServerOptions(heartbeat=HEARTBEAT_RANGE[0], timeout=10)
+    with pytest.raises(SpecError, match="heartbeat"):
+        ServerOptions(heartbeat=HEARTBEAT_RANGE[0] / 2, timeout=10)
+
+
 def test_a_tiny_heartbeat_does_not_spin_the_client() -> None:
     """A legal but tiny heartbeat: the client waits for batches that never come without burning a core."""
     with HostileServer(welcome={"heartbeat": 0.01}) as srv:

@@ -15,10 +15,11 @@ already queued locally, then one per consumed batch; in ranked mode ``prefetch /
 an ack covers the steps before it: half the messages and wake-ups on both sides; ``prefetch`` is
 lowered to what the welcome says the server allows, so a group never exceeds what the server
 sends unacked; a batch beyond the credit granted is a ``ProtocolError``, so what the client holds is
-bounded by its ``prefetch``), checks the welcome and every batch (:mod:`.trust`), pings every heartbeat (a pong may carry the server's reason for a stall), and when the server
-is silent for ``timeout`` (or says it is shutting down) it reconnects with exponential backoff,
-sending the state after the last batch it *received*: batches already queued stay valid, so the
-caller sees an unbroken stream. It gives up after ``reconnect`` seconds without a server.
+bounded by its ``prefetch``), checks the welcome and every batch (:mod:`.trust`), pings every
+heartbeat (a pong may carry the server's reason for a stall), and when the server is silent for
+``timeout`` (or says it is shutting down) it reconnects with exponential backoff, sending the
+state after the last batch it *received*: batches already queued stay valid, so the caller sees
+an unbroken stream. It gives up after ``reconnect`` seconds without a server.
 """
 
 from __future__ import annotations

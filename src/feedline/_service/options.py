@@ -27,7 +27,8 @@ class ServerOptions:
         lease: shared mode: seconds a client may hold a batch unacked before it is re-delivered
             to another consumer (at-least-once); keep it above the time a consumer needs for
             ``prefetch + 1`` batches.
-        heartbeat: seconds between client pings (told to clients in the welcome).
+        heartbeat: seconds between client pings (told to clients in the welcome; 0.01 to 3600, the
+            range a client accepts).
         timeout: seconds of silence after which a client is dropped (shared mode: re-delivered).
         max_message: largest inbound message in bytes; bigger ones drop the connection.
         keys: CurveZMQ server keys; ``None`` for plaintext (loopback or ``insecure`` only).
@@ -71,8 +72,9 @@ class ServerOptions:
             raise SpecError(f"lease ({self.lease}s) must be a finite number > 0")
         if not (math.isfinite(self.idle_close) and self.idle_close >= 0):
             raise SpecError(f"idle_close ({self.idle_close}s) must be a finite number >= 0")
-        if not 0 < self.heartbeat < self.timeout:
-            raise SpecError(f"heartbeat ({self.heartbeat}s) must be > 0 and below timeout ({self.timeout}s)")
+        if not (0.01 <= self.heartbeat <= 3600 and self.heartbeat < self.timeout):
+            raise SpecError(f"heartbeat ({self.heartbeat}s) must be in [0.01, 3600] (what clients accept) and below "
+                            f"timeout ({self.timeout}s)")
         check_bind(self.bind, self.keys, self.insecure)
         if self.metrics_port is not None:
             check_metrics_host(self.metrics_host, self.keys, self.metrics_insecure)
