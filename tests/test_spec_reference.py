@@ -120,6 +120,10 @@ def test_file_and_mapping_hash_alike(tmp_path: Path, corpus: str, small_tokenize
     assert as_file.hash() == as_dict.hash() == dotted.hash()
     other = feedline.Spec.load({**yaml.safe_load(path.read_text()), "seed": 4})
     assert other.hash() != as_file.hash()
+    # absolute paths written in both: the file's folder does not make them relative
+    absolute = {**yaml.safe_load(path.read_text()), "sources": [{"path": str(path.parent / "corpus" / "*.jsonl")}]}
+    (path.parent / "abs.yaml").write_text(yaml.safe_dump(absolute))
+    assert feedline.Spec.load(str(path.parent / "abs.yaml")).hash() == feedline.Spec.load(absolute).hash()
 
 
 def test_a_moved_corpus_resumes_exactly(tmp_path: Path, corpus: str, small_tokenizer: str) -> None:

@@ -63,6 +63,7 @@ NOT_HASHED: Mapping[str, Any] = {"hash": False}
 class _Context:
     base: str | None
     registry: Registry
+    relative: list[int] = field(default_factory=list)  # sources (and -1: the tokenizer) written relative
 
 
 def join_root(root: str | os.PathLike[str] | None, path: str) -> str:
@@ -116,7 +117,10 @@ def _sources(raw: Any, ctx: _Context) -> tuple[SourceSpec, ...]:
     for i, s in enumerate(raw):
         src = build(SourceSpec, {"path": s} if isinstance(s, str) else s, f"sources[{i}]")
         if ctx.base is not None and src.path:
-            src = dataclasses.replace(src, path=join_root(ctx.base, src.path))
+            resolved = join_root(ctx.base, src.path)
+            if resolved != src.path:
+                ctx.relative.append(i)
+                src = dataclasses.replace(src, path=resolved)
         out.append(src)
     return tuple(out)
 
@@ -246,6 +250,8 @@ class Spec:
     reject_limit: int = field(default=1000, metadata=NOT_HASHED)
     #: Where relative paths are read from; not hashed, so a moved corpus resumes (see hash()).
     root: str | None = field(default=None, metadata=NOT_HASHED)
+    #: The sources (``-1``: the tokenizer) written relative to ``root``; set by loading, hashed as written.
+    relative: tuple[int, ...] = field(default=(), repr=False, metadata=NOT_HASHED)
     engine: EngineSpec = field(default=EngineSpec(), metadata={"section": _engine, **NOT_HASHED})
     #: Independent pipelines the splits are dealt to, composed into each global step (changes the stream).
     partitions: int = 1
@@ -310,7 +316,7 @@ class Spec:
                 raise SpecError("give either 'source' or 'sources', not both")
             data["sources"] = [data.pop("source")]
         fields = dataclasses.fields(cls)
-        known = {f.name for f in fields} - {"tokenizer_backend"}  # set by tokenizer: {path, backend}
+        known = {f.name for f in fields} - {"tokenizer_backend", "relative"}  # set by tokenizer: {path, backend}; by loading
         for key in data:
             if key not in known:
                 raise SpecError(f"{key}: unknown key{close_match(key, sorted(known))} (allowed: {', '.join(sorted(known))})")
@@ -321,6 +327,7 @@ class Spec:
             resolved = join_root(root, data["tokenizer"])
             if resolved != data["tokenizer"] and ("://" in resolved or os.path.exists(resolved)):
                 data["tokenizer"] = resolved  # else a hub name, or a path relative to the working directory
+                ctx.relative.append(-1)
         values: dict[str, Any] = {}
         for f in fields:
             section = f.metadata.get("section")
@@ -329,6 +336,7 @@ class Spec:
                 values[f.name] = section(data.get(f.name), ctx)
             elif f.name in data:
                 values[f.name] = data[f.name]
+        values["relative"] = tuple(sorted(ctx.relative))
         spec = build(cls, values, "spec")
         task_cls = ctx.registry.task(spec.task.kind)
         batching = data.get("batching")
@@ -351,6 +359,12 @@ class Spec:
     def to_dict(self) -> dict[str, Any]:
         """The spec as plain data (what :meth:`hash` covers, plus engine/workers/prefetch)."""
         d = to_plain(self)
+        relative = d.pop("relative")
+        for i in relative:  # written relative to root: so they stay (another process resolves them the same)
+            if i >= 0:
+                d["sources"][i]["path"] = portable_path(self.root, self.sources[i].path)
+        if -1 in relative and self.tokenizer:
+            d["tokenizer"] = portable_path(self.root, self.tokenizer)
         d["task"] = {"kind": self.task.kind, **to_plain(self.task.options)}
         d["batching"] = {"strategy": self.batching.strategy, "batch_size": self.batching.batch_size,
                          "remainder": self.batching.remainder, **to_plain(self.batching.options)}
@@ -368,15 +382,15 @@ class Spec:
             d.pop("transforms")  # absent unless set, so older specs keep their hash
         backend = d.pop("tokenizer_backend")
         if backend != "auto" and self.tokenizer:
-            d["tokenizer"] = {"path": self.tokenizer, "backend": backend}
+            d["tokenizer"] = {"path": d["tokenizer"], "backend": backend}
         return d
 
     def hash(self) -> str:
         """A stable hex digest of everything that determines the batches, as the user wrote it.
 
-        Paths are hashed relative to :attr:`root` (or as written, normalized), so a spec file and
-        a mapping of the same content hash alike, and a corpus moved to another folder, mount or
-        bucket prefix resumes once ``root`` names its new place.
+        Paths are hashed as written (normalized): one written relative to :attr:`root` stays
+        relative, so a spec file and a mapping of the same content hash alike, and a corpus moved
+        to another folder, mount or bucket prefix resumes once ``root`` names its new place.
         """
         return self._digest(portable=True)
 
@@ -388,8 +402,8 @@ class Spec:
         return (current,) if legacy == current else (current, legacy)
 
     def _digest(self, *, portable: bool) -> str:
-        d = self.to_dict()
-        d["tokenizer"] = self.tokenizer  # the backend gives the same batches
+        d = self.to_dict()  # paths as written: those written relative to root stay relative
+        d["tokenizer"] = d["tokenizer"]["path"] if isinstance(d.get("tokenizer"), dict) else d.get("tokenizer")
         if self.transforms:  # import paths, or module:qualname for callables
             d["transforms"] = [{t.kind: t.name} for t in self.transforms]
         for f in dataclasses.fields(self):
@@ -400,10 +414,9 @@ class Spec:
                 if s.get(k) == default:
                     s.pop(k, None)
             s.pop("cache", None)  # where copies of remote objects live: the same batches either way
-            if portable and s.get("path"):
-                s["path"] = portable_path(self.root, s["path"])
-        if self.tokenizer and self.root and portable_path(self.root, self.tokenizer) != os.path.normpath(self.tokenizer):
-            d["tokenizer"] = portable_path(self.root, self.tokenizer)  # resolved against root: hashed as written
+        for i, s in enumerate(d["sources"]):
+            if s.get("path"):  # as written, normalized; the first releases hashed resolved paths
+                s["path"] = portable_path(None, s["path"]) if portable else self.sources[i].path
         if d.get("partitions") == 1:  # one partition is the stream from before partitions existed
             d.pop("partitions")
         blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)
