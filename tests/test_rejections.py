@@ -125,8 +125,11 @@ def test_first_records_all_rejected_is_an_error(tmp_path: Path, small_tokenizer:
     with pytest.raises(SourceError, match=r"every one of the 10 records.*empty: 10"):
         list(feedline.Loader(_spec(quiet, small_tokenizer, reject_limit=0)))
     wrong = _jsonl(tmp_path / "w.jsonl", _docs(50, set()))
+    loader = feedline.Loader(_spec(wrong, small_tokenizer, reject_limit=0, sources=[{"path": wrong, "text": "content"}]))
     with pytest.raises(SourceError, match=r"every one of the 50 records.*missing_field: 50.*set the source's text:"):
-        list(feedline.Loader(_spec(wrong, small_tokenizer, reject_limit=0, sources=[{"path": wrong, "text": "content"}])))
+        list(loader)
+    assert loader.stats()["rejected"] == {"missing_field": 50}  # counted, though no batch came out
+    loader.close()
 
 
 def test_empty_file_is_an_error(tmp_path: Path, small_tokenizer: str) -> None:

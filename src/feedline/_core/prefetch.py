@@ -51,12 +51,14 @@ _END = object()
 
 
 class _Failed:
-    """An exception raised on the thread, on its way to the consumer."""
+    """An exception raised on the thread, on its way to the consumer; with the parent's state when
+    the exception says the stream ended (``at_end``: its state there is whole)."""
 
-    __slots__ = ("error",)
+    __slots__ = ("error", "state")
 
-    def __init__(self, error: BaseException) -> None:
+    def __init__(self, error: BaseException, state: State | None = None) -> None:
         self.error = error
+        self.state = state
 
 
 class Prefetch(DatasetIterator[tuple[Any, State]]):
@@ -122,6 +124,8 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
             self._halt()
             raise StopIteration
         if isinstance(item, _Failed):
+            if item.state is not None:  # an error at the end of the stream: stand at the end (its counts)
+                self._state, self._resolved = item.state, None
             self._halt(discard=True)
             raise item.error
         element, state = item
@@ -268,7 +272,13 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
                 if not self._put(q, stop, (element, state)):
                     return
         except BaseException as e:  # forwarded to the consumer
-            self._put(q, stop, _Failed(e))
+            end = None
+            if getattr(e, "at_end", False):
+                try:
+                    end = parent.get_state()
+                except Exception:  # the state is a courtesy here: the error is what matters
+                    end = None
+            self._put(q, stop, _Failed(e, end))
 
 
 def _reap(thread: threading.Thread, parent: Any) -> None:

@@ -297,7 +297,10 @@ class TaskMapIterator(DatasetIterator[Example]):
     def _nothing(self, first: int | None) -> None:
         counts = add_counts(dict(self.rejections.counts), sum_rejected(self.parent.get_state()))
         where = f"task {self.ds.task.kind!r}" if self.rejections.counts else "the spec's sources"
-        raise SourceError(nothing_delivered(where, counts, self.rejections.samples, first=first))
+        error = SourceError(nothing_delivered(where, counts, self.rejections.samples, first=first))
+        if first is None:  # at the end of the stream: a consumer may stand there (Prefetch), so stats() count
+            error.at_end = True  # type: ignore[attr-defined]
+        raise error
 
     def __next__(self) -> Example:
         if not self._ready():
