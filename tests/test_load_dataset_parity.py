@@ -163,6 +163,7 @@ def test_tsv_rows_equal_datasets(tmp_path: Path) -> None:
                                 column_names=["text", "labels", "id"])
 
 
+@pytest.mark.slow
 def test_csv_types_are_inferred_per_chunk_of_10000_rows(tmp_path: Path) -> None:
     """datasets types each 10,000-row chunk on its own: a column of ints that turns float (or gets an
     empty cell) in a later chunk is int before and float after; the same with random real numbers."""
