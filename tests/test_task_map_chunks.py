@@ -62,11 +62,18 @@ def _examples(tm: TaskMap, owner: list[Any], limit: int | None = None) -> list[A
     return out
 
 
-def test_chunks_are_bounded_by_size_and_examples_do_not_depend_on_chunking(wiki_spec: Spec) -> None:
+def test_chunks_are_bounded_by_size_and_examples_do_not_depend_on_chunking(wiki_spec: Spec,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small chunks on several threads (the task declares parallel_calls) give the examples of one
+    whole-stream chunk, in order."""
+    from feedline._tasks import map as task_map
+
+    monkeypatch.setattr(task_map, "usable_cores", lambda: 4)
+    monkeypatch.setattr(type(Pipeline(wiki_spec).task), "parallel_calls", True, raising=False)
     log: list[tuple[int, int]] = []
     small, owner = _map(wiki_spec, log, chunk_bytes=40_000, inflight_bytes=100_000, workers=14)
     got = _examples(small, owner)
-    assert len(log) > 8
+    assert owner[0].runner.workers == 4 and len(log) > 8
     biggest_record = max(len(line) for line in shared("prose", "wiki_demo.txt").read_text(encoding="utf-8").splitlines())
     for size, inflight in log:
         assert size < 2 * 40_000 + biggest_record  # overshoot: less than the last take (at most doubling)

@@ -134,7 +134,7 @@ class ThreadRunner:
 
     def __init__(self, task: Task, workers: int, ahead_bytes: int | None = INFLIGHT_BYTES) -> None:
         self.task = task
-        self.workers = max(1, min(workers, useful_threads(task))) if task is not None else max(1, workers)
+        self.workers = max(1, min(workers, useful_threads(task)))
         self.ahead = self.workers + 2
         self.ahead_bytes = ahead_bytes
         self.pool: cf.ThreadPoolExecutor | None = None
