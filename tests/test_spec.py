@@ -26,7 +26,7 @@ def with_(**changes: object) -> dict:
         (with_(batching={"strategy": "padd"}), "batching.strategy: 'padd' is not a strategy; did you mean 'pad'?"),
         (with_(batching={"strategy": "pad", "batch_size": 0}), "batching.batch_size: 0 must be a positive integer"),
         (with_(seeed=1), "seeed: unknown key; did you mean 'seed'?"),
-        (with_(on_error="ignore"), "spec.on_error: 'ignore' is not allowed"),
+        (with_(on_error="ignore"), "on_error: 'ignore' is not allowed"),
         (with_(sources=[{"path": "x", "fromat": "jsonl"}]), "sources[0].fromat: unknown key; did you mean 'format'?"),
         (with_(sources=[{"path": "x", "weight": -1}]), "weight: -1.0 must be > 0"),
         (with_(sources=[]), "sources: at least one source is required"),

@@ -19,6 +19,7 @@ from feedline._pipeline import register_engine as _register_engine
 from feedline._ray.map import ray_engine as _ray_engine
 from feedline._ray.placement import RayPlacement as _RayPlacement
 from feedline._records import records
+from feedline._sources.reader import FORMATS as _FORMATS
 from feedline._spec import Spec
 from feedline._tasks.base import Task, TaskContext, TaskOutput
 from feedline._tasks.registry import task_class as _task_class
@@ -40,7 +41,7 @@ from feedline.errors import (
 )
 
 # The composition root: the spec finds tasks and batchers through registries handed to it here.
-_spec.use_registry(_spec.Registry(task=_task_class, batcher=_batcher_class))
+_spec.use_registry(_spec.Registry(task=_task_class, batcher=_batcher_class, formats=lambda: _FORMATS))
 # ... and the composing stage finds where partitions run by name (threads is the stage's own).
 _register_placement("processes", _ProcessPlacement)
 _register_placement("ray", _RayPlacement)

@@ -79,8 +79,9 @@ def check_state(state: Any, spec_hash: str | tuple[str, ...], partitions: int | 
             )
         raise StateError(
             f"resume state was saved under spec {state.get('spec_hash')!r} but this spec hashes to {accepted[0]!r}; "
-            "resume with the same spec (seed, sources, task and batching must match; paths are compared "
-            "relative to the spec's root, so a moved corpus needs root: set to its new place)"
+            "resume with the same spec (seed, sources, task and batching must match; paths are hashed as "
+            "written, so a moved corpus resumes when its paths are written relative to root: and root: names "
+            "its new place)"
         )
     for key in ("step", "pipeline"):
         if key not in state:

@@ -26,7 +26,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 
 from feedline.errors import SpecError
 
-__all__ = ["build", "check_count", "close_match", "to_plain"]
+__all__ = ["build", "check_count", "close_match", "join", "to_plain"]
 
 T = TypeVar("T")
 
@@ -62,24 +62,45 @@ def build(cls: type[T], data: Any, path: str) -> T:
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
-        raise SpecError(f"{path}: expected a mapping of options, got {type(data).__name__} {data!r}")
+        raise SpecError(f"{path or 'spec'}: expected a mapping of options, got {type(data).__name__} {data!r:.60}")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
     hints = get_type_hints(cls)
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key not in fields:
             allowed = ", ".join(sorted(fields))
-            raise SpecError(f"{path}.{key}: unknown key{close_match(str(key), list(fields))} (allowed: {allowed})")
-        kwargs[key] = _convert(hints[key], value, f"{path}.{key}")
+            raise SpecError(f"{join(path, key)}: unknown key{close_match(str(key), list(fields))} (allowed: {allowed})")
+        kwargs[key] = _convert(hints[key], value, join(path, key))
     for name, f in fields.items():
         if name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise SpecError(f"{path}.{name}: required key is missing")
+            raise SpecError(f"{join(path, name)}: required key is missing")
     try:
         return cls(**kwargs)
-    except SpecError:
-        raise
+    except SpecError as e:
+        raise _located(e, path, fields) from e.__cause__
     except (TypeError, ValueError) as e:
-        raise SpecError(f"{path}: {e}") from e
+        raise SpecError(f"{path or 'spec'}: {e}") from e
+
+
+def join(path: str, key: str) -> str:
+    """``path.key``, or ``key`` at the top level (``path`` empty).
+
+        >>> join("sources[0]", "weight"), join("", "seed")
+        ('sources[0].weight', 'seed')
+    """
+    return f"{path}.{key}" if path else key
+
+
+def _located(err: SpecError, path: str, fields: Mapping[str, Any]) -> SpecError:
+    """``err`` (raised by a dataclass's own checks) with ``path`` in front, unless it names it already:
+    ``weight: ...`` becomes ``sources[0].weight: ...``, any other message ``sources[0]: ...``."""
+    msg = str(err)
+    if not path or msg.startswith(path):
+        return err
+    head = msg.split(":", 1)[0]
+    if head.partition(".")[0].partition("=")[0].strip() in fields:
+        return SpecError(f"{path}.{msg}")
+    return SpecError(f"{path}: {msg}")
 
 
 def _type_name(tp: Any) -> str:

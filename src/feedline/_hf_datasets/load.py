@@ -23,6 +23,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from feedline._core.options import close_match
 from feedline._hf_datasets.dataset import IterableDataset
 from feedline._hf_datasets.roots import FileRoot
 from feedline.errors import SpecError
@@ -98,6 +99,21 @@ def _files(builder: str, data_files: Any, data_dir: str | None) -> dict[str, lis
             for k, v in data_files.items()}
 
 
+# Builders datasets packages besides NATIVE: a name close to a native one but not among these is a typo.
+_PACKAGED = {"pandas", "sql", "xml", "imagefolder", "audiofolder", "videofolder", "webdataset", "spark",
+             "generator", "cache", "text", "json", "csv", "parquet", "arrow"}
+
+
+def _check_builder(path: str, data_files: Any, data_dir: str | None) -> None:
+    """Refuse a misspelt packaged builder (``jsonl``, ``txt``) at once, instead of asking the hub for it."""
+    if (data_files is None and data_dir is None) or path in _PACKAGED or "/" in path or os.path.exists(path):
+        return
+    hint = close_match(path, sorted(NATIVE))
+    if hint:
+        raise SpecError(f"load_dataset({path!r}): not a packaged builder{hint} (builders for data_files: "
+                        f"{', '.join(sorted(NATIVE))}; json reads .json and .jsonl, csv reads .tsv with sep='\\t')")
+
+
 def _sliced(ds: IterableDataset, spec: str) -> IterableDataset:
     """``train[a:b]`` (rows or percentages) as a first ``take``/``skip`` of the split."""
     m = _SPLIT.match(spec)
@@ -170,6 +186,7 @@ def load_dataset(path: str, name: str | None = None, data_files: Any = None, spl
         if path == "json":
             schema_file = next(iter(found.values()))[0]  # datasets types every split as its first file's
     else:
+        _check_builder(path, data_files, data_dir)
         hf = {"hf": path, "text": None, **({"config": name} if name else {}),
               **({"data_files": data_files} if data_files is not None else {}),
               **({"data_dir": data_dir} if data_dir else {}), **kwargs}
@@ -191,5 +208,8 @@ def load_dataset(path: str, name: str | None = None, data_files: Any = None, spl
     if split is None:
         return result
     if wanted not in result:
-        raise SpecError(f"split {wanted!r} not found; this dataset has {sorted(result)}")
+        hint = ("; data_files given as a path or a list are the 'train' split: give {split: paths} to name others"
+                if path in NATIVE and not isinstance(data_files, Mapping) else "")
+        raise SpecError(f"split {wanted!r} not found{close_match(str(wanted), sorted(result))}; this dataset has "
+                        f"{sorted(result)}{hint}")
     return _sliced(result[str(wanted)], split)

@@ -99,7 +99,15 @@ class RowOpIterator(DatasetIterator[Record]):
             self.done, self.out, self.pos = True, [], 0
             return False
         self.index += len(recs)
-        rows = ds.fn([r.data for r in recs], self.start_index)
+        try:
+            rows = ds.fn([r.data for r in recs], self.start_index)
+        except Exception as e:  # the caller's own exception, as datasets raises it, told where it happened
+            at = f"rows {self.start_index}-{self.index - 1}" if len(recs) > 1 else f"row {self.start_index}"
+            note = getattr(e, "add_note", None)  # Python 3.11+
+            if note is not None:
+                note(f"feedline: raised by {getattr(ds.fn, '__qualname__', ds.fn)} on {at} of its input "
+                     f"(record {tuple(recs[0].key)})")
+            raise
         self.out = [Record(recs[0].key, recs[0].epoch, row) for row in rows]  # batched: the batch's first key
         self.pos = 0
         return True

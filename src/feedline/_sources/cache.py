@@ -28,6 +28,8 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
+from feedline.errors import SpecError
+
 __all__ = ["ObjectCache", "object_identity"]
 
 
@@ -53,7 +55,15 @@ class ObjectCache:
     def __init__(self, directory: str | os.PathLike[str], max_bytes: int) -> None:
         self.directory = os.path.abspath(os.path.expanduser(str(directory)))
         self.max_bytes = int(max_bytes)
-        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        try:
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        except OSError as e:
+            raise SpecError(f"cache.dir: cannot create the cache folder {self.directory!r} ({e.strerror or e}); "
+                            "set the source's cache: {dir: ...} to a folder this process can write, "
+                            "or remove cache: to read the store directly") from e
+        if not os.access(self.directory, os.W_OK | os.X_OK):
+            raise SpecError(f"cache.dir: the cache folder {self.directory!r} is not writable by this process; "
+                            "set the source's cache: {dir: ...} to a folder it can write, or remove cache:")
         self._lock = threading.Lock()
         self.hits = self.misses = 0
         self.started = time.time() - 1.0  # copies used after this (by any process) are this run's

@@ -246,12 +246,34 @@ def _schema(hint: Any) -> dict[str, Any]:
     return {"type": simple} if simple else {}
 
 
+# The bounds the sections' own checks (``__post_init__``) enforce, so the schema refuses what loading refuses.
+_BOUNDS: dict[tuple[str, str], dict[str, Any]] = {
+    ("Spec", "epochs"): {"minimum": 1}, ("Spec", "partitions"): {"minimum": 1}, ("Spec", "workers"): {"minimum": 0},
+    ("Spec", "prefetch"): {"minimum": 1}, ("Spec", "reject_limit"): {"minimum": 0},
+    ("SourceSpec", "weight"): {"exclusiveMinimum": 0}, ("SourceSpec", "split_bytes"): {"minimum": 1 << 16},
+    ("SourceSpec", "max_record_bytes"): {"minimum": 1}, ("CacheSpec", "max_bytes"): {"minimum": 1},
+    ("ShuffleSpec", "buffer"): {"minimum": 0}, ("BatchingSpec", "batch_size"): {"minimum": 1},
+    ("ParallelSpec", "processes"): {"minimum": 0}, ("ParallelSpec", "prefetch"): {"minimum": 1},
+    ("ParallelSpec", "num_cpus"): {"exclusiveMinimum": 0},
+}
+_IMPORT_PATH = {"type": "string", "pattern": r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"}
+
+
+def _bounded(schema: dict[str, Any], bounds: dict[str, Any]) -> dict[str, Any]:
+    if not bounds:
+        return schema
+    if "anyOf" in schema:  # Optional[int]: the bound applies to the number
+        return {**schema, "anyOf": [_bounded(a, bounds) if a.get("type") in ("integer", "number") else a
+                                    for a in schema["anyOf"]]}
+    return {**schema, **bounds}
+
+
 def _properties(cls: type, skip: Sequence[str] = ()) -> dict[str, Any]:
     hints = get_type_hints(cls)
     docs = {d.name: d for d in describe(cls, skip=skip)}
     props = {}
     for name, d in docs.items():
-        props[name] = {**_schema(hints[name]), "description": d.doc}
+        props[name] = {**_bounded(_schema(hints[name]), _BOUNDS.get((cls.__name__, name), {})), "description": d.doc}
         if d.default not in ("required", "{}"):
             props[name]["default"] = json.loads(d.default) if d.default[:1] in "[{" else _parse_default(d.default)
     return props
@@ -274,20 +296,28 @@ def _object(cls: type) -> dict[str, Any]:
             **({"required": required} if required else {})}
 
 
-def _by_kind(key: str, default: str, classes: Mapping[str, type], common: dict[str, Any]) -> dict[str, Any]:
+def _by_kind(key: str, default: str, classes: Mapping[str, type], common: dict[str, Any], *,
+             plugins: bool = False) -> dict[str, Any]:
+    """Objects whose ``key`` names one of ``classes`` (or, with ``plugins``, a ``module:Class``)."""
     branches = []
     for name, cls in sorted(classes.items()):
         cond: dict[str, Any] = {"properties": {key: {"const": name}}, "required": [key]}
         if name == default:
             cond = {"anyOf": [cond, {"not": {"required": [key]}}]}
         branches.append({"if": cond, "then": {"properties": _properties(cls)}})
-    return {"type": "object", "properties": {**common, key: {"type": "string", "default": default,
-                                                             "examples": sorted(classes)}},
+    names: dict[str, Any] = {"enum": sorted(classes)}
+    if plugins:  # a plug-in's options are its own: any key beside the kind
+        names = {"anyOf": [names, _IMPORT_PATH]}
+        branches.append({"if": {"properties": {key: _IMPORT_PATH}, "required": [key]},
+                         "then": {"additionalProperties": True}})
+    return {"type": "object", "properties": {**common, key: {"type": "string", "default": default, **names}},
             "allOf": branches, "unevaluatedProperties": False}
 
 
-def json_schema(tasks: Mapping[str, type], batchers: Mapping[str, type]) -> dict[str, Any]:
-    """A JSON Schema (draft 2020-12) of a spec, for editors' completion and checks of YAML specs."""
+def json_schema(tasks: Mapping[str, type], batchers: Mapping[str, type],
+                formats: Sequence[str] | None = None) -> dict[str, Any]:
+    """A JSON Schema (draft 2020-12) of a spec, for editors' completion and checks of YAML specs
+    (``formats``: the source formats a spec may name, besides ``auto``; any string when ``None``)."""
     top = _object(Spec)
     props = top["properties"]
 
@@ -295,12 +325,22 @@ def json_schema(tasks: Mapping[str, type], batchers: Mapping[str, type]) -> dict
         props[key] = {"description": props[key]["description"], "anyOf": list(alternatives)}
 
     source = _object(_section_class("sources[]"))
-    either("sources", {"type": "string"}, source, {"type": "array", "items": {"anyOf": [{"type": "string"}, source]}})
+    if formats is not None:
+        source["properties"]["format"]["enum"] = ["auto", *sorted(formats)]
+    either("sources", {"type": "string"}, source,
+           {"type": "array", "minItems": 1, "items": {"anyOf": [{"type": "string"}, source]}})
     props["source"] = {"description": "one source (instead of `sources`)", "anyOf": [{"type": "string"}, source]}
     either("tokenizer", {"type": "string"}, {"type": "null"}, _object(_section_class("tokenizer")))
     either("shuffle", _object(_section_class("shuffle")), {"type": "null"}, {"type": "boolean"}, {"type": "integer"})
     either("engine", {"enum": ["local", "ray"]}, _object(_section_class("engine")))
-    either("task", {"type": "string", "examples": sorted(tasks)}, _by_kind("kind", "clm", tasks, {}))
+    parallel = _object(_section_class("parallel"))
+    either("parallel", parallel["properties"]["placement"], parallel, {"type": "null"})
+    either("mix", _object(_section_class("mix")), {"type": "null"})
+    transform = {"type": "object", "properties": {"map": _IMPORT_PATH, "filter": _IMPORT_PATH},
+                 "additionalProperties": False, "minProperties": 1, "maxProperties": 1,
+                 "description": _section_class("transforms[]").__doc__.split("\n\n")[0]}  # type: ignore[union-attr]
+    either("transforms", {"type": "array", "items": transform}, {"type": "null"})
+    either("task", {"anyOf": [{"enum": sorted(tasks)}, _IMPORT_PATH]}, _by_kind("kind", "clm", tasks, {}, plugins=True))
     props["batching"] = {"description": props["batching"]["description"],
                          **_by_kind("strategy", "pad", batchers, _properties(BatchingSpec))}
     top.pop("required", None)

@@ -60,7 +60,7 @@ class CacheSpec:
 
     def __post_init__(self) -> None:
         if self.max_bytes < 1:
-            raise SpecError(f"cache.max_bytes: {self.max_bytes} must be >= 1")
+            raise SpecError(f"max_bytes: {self.max_bytes} must be >= 1")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,7 +25,7 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -116,6 +116,7 @@ def _sources(raw: Any, ctx: _Context) -> tuple[SourceSpec, ...]:
     out = []
     for i, s in enumerate(raw):
         src = build(SourceSpec, {"path": s} if isinstance(s, str) else s, f"sources[{i}]")
+        _check_format(src.format, f"sources[{i}].format", ctx.registry)
         if ctx.base is not None and src.path:
             resolved = join_root(ctx.base, src.path)
             if resolved != src.path:
@@ -123,6 +124,13 @@ def _sources(raw: Any, ctx: _Context) -> tuple[SourceSpec, ...]:
                 src = dataclasses.replace(src, path=resolved)
         out.append(src)
     return tuple(out)
+
+
+def _check_format(fmt: str, path: str, registry: Registry) -> None:
+    known = sorted(registry.formats()) if registry.formats is not None else None
+    if known is not None and fmt != "auto" and fmt not in known:
+        raise SpecError(f"{path}: {fmt!r} is not a format{close_match(fmt, ['auto', *known])} "
+                        f"(formats: auto, {', '.join(known)})")
 
 
 def _check_keys(raw: Mapping[str, Any], known: list[str], path: str, owner: str) -> None:
@@ -135,9 +143,10 @@ def _check_keys(raw: Mapping[str, Any], known: list[str], path: str, owner: str)
 
 
 def _task(raw: Any, ctx: _Context) -> TaskSpec:
+    if raw is not None and not isinstance(raw, (str, Mapping)):
+        raise SpecError(f"task: expected a kind (task: clm) or a mapping (task: {{kind: clm, max_length: 1024}}), "
+                        f"got {type(raw).__name__} {raw!r:.60}")
     raw = {"kind": raw} if isinstance(raw, str) else dict(raw or {})
-    if not isinstance(raw, dict):
-        raise SpecError(f"task: expected a kind or a mapping, got {type(raw).__name__}")
     kind = raw.pop("kind", _default(TaskSpec, "kind"))
     options_cls = ctx.registry.task(kind).Options
     _check_keys(raw, ["kind", *(f.name for f in dataclasses.fields(options_cls))], "task", f"kind {kind!r}")
@@ -145,6 +154,9 @@ def _task(raw: Any, ctx: _Context) -> TaskSpec:
 
 
 def _batching(raw: Any, ctx: _Context) -> BatchingSpec:
+    if raw is not None and not isinstance(raw, Mapping):
+        raise SpecError(f"batching: expected a mapping such as {{strategy: pad, batch_size: 32}}, "
+                        f"got {type(raw).__name__} {raw!r:.60}")
     raw = dict(raw or {})
     names = [f.name for f in dataclasses.fields(BatchingSpec) if f.name != "options"]
     common = {name: raw.pop(name) for name in names if name in raw}
@@ -163,6 +175,9 @@ def _shuffle(raw: Any, ctx: _Context) -> ShuffleSpec | None:
         raw = {}
     if isinstance(raw, int) and not isinstance(raw, bool):
         raw = {"buffer": raw}
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"shuffle: expected a buffer size (shuffle: 10000), {{buffer: 10000, shards: true}}, true "
+                        f"(the defaults) or false/null (off), got {type(raw).__name__} {raw!r:.60}")
     return build(ShuffleSpec, raw, "shuffle")
 
 
@@ -287,7 +302,15 @@ class Spec:
         if isinstance(spec, Spec):
             return spec
         if isinstance(spec, (str, os.PathLike)):
-            return cls.from_mapping(read_spec_file(spec), base=Path(spec).resolve().parent, registry=registry)
+            data = read_spec_file(spec)
+            try:
+                return cls.from_mapping(data, base=Path(spec).resolve().parent, registry=registry)
+            except SpecError as e:
+                if type(e) is not SpecError or str(spec) == "-":
+                    raise
+                from feedline._spec.locate import located
+
+                raise SpecError(located(str(e), str(spec), Path(spec).read_text(encoding="utf-8"))) from e
         if isinstance(spec, Mapping):
             return cls.from_mapping(spec, registry=registry)
         raise SpecError(f"a spec must be a path, a mapping or a feedline.Spec; got {type(spec).__name__}")
@@ -337,7 +360,7 @@ class Spec:
             elif f.name in data:
                 values[f.name] = data[f.name]
         values["relative"] = tuple(sorted(ctx.relative))
-        spec = build(cls, values, "spec")
+        spec = build(cls, values, "")
         task_cls = ctx.registry.task(spec.task.kind)
         batching = data.get("batching")
         default_remainder = getattr(task_cls, "default_remainder", None)
@@ -458,6 +481,8 @@ class Registry:
 
     task: Callable[[str], Any]
     batcher: Callable[[str], Any]
+    #: The source formats known now (``auto`` aside), so a typo fails at load; ``None``: not checked.
+    formats: Callable[[], Iterable[str]] | None = None
 
 
 _REGISTRY: list[Registry] = []

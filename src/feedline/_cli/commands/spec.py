@@ -37,7 +37,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     tasks, batchers = registries()
     if args.schema:
-        print(json.dumps(json_schema(tasks, batchers), indent=1))
+        from feedline._sources.reader import FORMATS
+
+        print(json.dumps(json_schema(tasks, batchers, sorted(FORMATS)), indent=1))
     else:
         print(markdown(tasks, batchers), end="")
     return 0
