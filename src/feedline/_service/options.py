@@ -42,8 +42,9 @@ class ServerOptions:
             refused unless ``metrics_insecure``.
         metrics_insecure: allow an unauthenticated metrics endpoint off loopback for a keyed service.
         progress: print a one-line progress display on standard error when it is a terminal.
-        state_file: resume each stream's shared-mode queue from this file and keep it current at
-            each acked step (written atomically); see :mod:`.statefile`.
+        state: a file to resume each stream's shared-mode queue (and so the HTTP gateway) from
+            when it exists, kept current at each acked step (rewritten atomically): a restart
+            with the same file continues after the last acked step (docs/service.md, HTTP).
     """
 
     bind: str = "tcp://127.0.0.1:5555"
@@ -62,7 +63,7 @@ class ServerOptions:
     metrics_host: str = "127.0.0.1"
     metrics_insecure: bool = False
     progress: bool = False
-    state_file: str | None = None
+    state: str | None = None
 
     def __post_init__(self) -> None:
         if self.window < 1 or self.max_prefetch < 1 or self.max_cursors < 1:

@@ -63,7 +63,7 @@ class Server:
         self._ctx: zmq.Context[Any] | None = None
         self._auth: Any = None
         self._metrics: MetricsEndpoint | None = None
-        self._statefile = StateFile(self.options.state_file, self.hashes) if self.options.state_file else None
+        self._statefile = StateFile(self.options.state, self.hashes) if self.options.state else None
         self._saved: dict[str, tuple[int, int]] = {}   # stream -> (queue id, watermark) last written
         self._save_failed_at = -1e9
 
@@ -75,7 +75,7 @@ class Server:
         o = self.options
         resume = self._statefile.load() if self._statefile is not None else {}
         for name, state in resume.items():
-            log.info("stream %r: shared mode resumes after step %d (%s)", name, state["step"], o.state_file)
+            log.info("stream %r: shared mode resumes after step %d (%s)", name, state["step"], o.state)
         initial: dict[str, dict[str, Any]] = {}
         for name, pipeline in self.streams.items():
             initial[name] = GlobalStream(pipeline, 1).initial_state()

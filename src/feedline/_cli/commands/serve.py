@@ -38,7 +38,7 @@ EXAMPLE = ("feedline serve train.yaml --bind tcp://127.0.0.1:5555 --stream valid
 _FLOODABLE = ("asyncio", "aiohttp.server", "aiohttp.web", "aiohttp.access", "aiohttp.internal", "feedline",
               "feedline.service", "feedline.service.http", "feedline.service.auth", "zmq.auth")
 _HTTP_DEFAULTS = {f.name: f.default for f in dataclasses.fields(HttpOptions)}
-_OWN = frozenset({"bind", "keys", "progress", "state_file"})
+_OWN = frozenset({"bind", "keys", "progress"})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,10 +62,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream", action="append", default=[], metavar="NAME=SPEC",
                         help="serve another named stream from a spec file (repeatable), e.g. validation=val.yaml")
     parser.add_argument("--keys", metavar="DIR", help="CurveZMQ keys from 'feedline keys generate DIR'")
-    parser.add_argument("--state", metavar="FILE",
-                        help="resume shared mode (and so --http) from FILE when it exists, and keep FILE current at "
-                             "each acked step (rewritten atomically): a restart with the same --state continues "
-                             "after the last acked step")
     parser.add_argument("--stop-with-stdin", action="store_true",
                         help="stop (draining, as on SIGTERM) when standard input ends: a parent holding the pipe "
                              "takes the server with it however it exits (feedline.service.serve_process uses this)")
@@ -91,8 +87,7 @@ def run(args: argparse.Namespace) -> int:
     bind = args.bind or ("tcp://127.0.0.1:0" if http is not None else DEFAULT_BIND)
     streams = load_streams(spec, extra)  # type: ignore[arg-type]
     options = options_from_args(ServerOptions, args, skip=_OWN, bind=bind,
-                                keys=ServerKeys.load(args.keys) if args.keys else None, progress=True,
-                                state_file=args.state)
+                                keys=ServerKeys.load(args.keys) if args.keys else None, progress=True)
     server = Server(streams, options)
     logging.getLogger("feedline").setLevel(min(logging.getLogger().level, logging.INFO))
     limit_log_rate(_FLOODABLE)
