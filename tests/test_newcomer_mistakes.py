@@ -177,3 +177,18 @@ def test_load_dataset_mistakes_name_the_fix(tmp_path: Path) -> None:
         list(feedline.load_dataset("json", data_files=str(f), split="train").skip(2).map(boom))
     if sys.version_info >= (3, 11):  # ... told where (exception notes)
         assert any("boom" in n and "row 0 of its input" in n for n in e.value.__notes__)
+
+
+def test_spec_check_checks_the_streams_overrides_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from feedline._cli.commands import spec as spec_command
+
+    f = tmp_path / "serve.yaml"
+    f.write_text("sources: [a.jsonl]\ntask: clm\nstreams:\n  validation: {sources: [b.jsonl], epochs: 1}\n")
+    assert spec_command.run(argparse.Namespace(check=str(f), schema=False, markdown=False)) == 0
+    out = capsys.readouterr().out
+    assert "valid;" in out and "streams validation" in out
+    f.write_text("sources: [a.jsonl]\ntask: clm\nstreams:\n  validation: {sourcs: [b.jsonl]}\n")
+    with pytest.raises(SpecError, match="streams.validation: sourcs: unknown key; did you mean 'sources'"):
+        spec_command.run(argparse.Namespace(check=str(f), schema=False, markdown=False))

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from feedline._pipeline import Pipeline
-from feedline._spec import Spec, read_spec_file
+from feedline._spec import Spec
 from feedline.errors import SpecError
 
 __all__ = ["DEFAULT_STREAM", "load_streams", "parse_stream_option"]
@@ -37,8 +37,7 @@ def load_streams(spec: Spec | Mapping[str, Any] | str | os.PathLike[str],
     base: Path | None = None
     if isinstance(spec, (str, os.PathLike)):
         base = Path(spec).resolve().parent
-        spec = Spec.from_mapping(read_spec_file(spec), base=base)
-    main = Spec.load(spec)
+    main = Spec.load(spec)  # a file's errors name its file:line
     named: dict[str, Any] = dict(main.streams or {})
     named.update(extra or {})
     if DEFAULT_STREAM in named:

@@ -31,9 +31,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.check:
         from feedline._cli._common import load_spec
+        from feedline._service.streams import load_streams
 
         spec = load_spec(args.check)
-        print(f"{args.check}: valid; task {spec.task.kind}, batching {spec.batching.strategy}, hash {spec.hash()}")
+        others = sorted(load_streams(spec if args.check == "-" else args.check))[1:]  # streams: overrides checked too
+        print(f"{args.check}: valid; task {spec.task.kind}, batching {spec.batching.strategy}, hash {spec.hash()}"
+              + (f"; streams {', '.join(others)}" if others else ""))
         return 0
     tasks, batchers = registries()
     if args.schema:
