@@ -56,6 +56,10 @@ MISTAKES = [
     (_spec(parallel="thread"), "parallel.placement: 'thread' is not allowed; did you mean 'threads'?", "'processes'"),
     (_spec(partitions="2"), "partitions: expected an integer, got '2'", ""),
     (_spec(seed="1"), "seed: expected an integer, got '1'", ""),
+    (_spec(sources=3), "sources: expected a list of sources, a path or a mapping", ""),
+    (_spec(sources=[["a.jsonl"]]), "sources[0]: expected a path or a mapping such as {path: corpus.jsonl", ""),
+    (_spec(mix="cycle"), "mix: expected a mapping of options (stopping), got str 'cycle'", ""),
+    (_src(cache="/tmp/c"), "sources[0].cache: expected a mapping of options (dir, max_bytes)", ""),
     (_spec(task=["clm"]), "task: expected a kind (task: clm) or a mapping", "got list"),
     (_spec(task={"kind": "clm", "max_lenght": 3}), "task.max_lenght: unknown key; did you mean 'max_length'?",
      "allowed with kind 'clm': kind, max_length"),
@@ -72,6 +76,12 @@ def test_a_mistake_names_its_key_path_and_the_fix(spec: dict[str, object], start
         feedline.Spec.load(spec)
     assert str(e.value).startswith(start), str(e.value)
     assert also in str(e.value)
+
+
+def test_a_pathlib_path_is_a_source(tmp_path: Path) -> None:
+    spec = feedline.Spec.load(_spec(sources=[tmp_path / "a.jsonl"]))
+    assert spec.sources[0].path == str(tmp_path / "a.jsonl")
+    assert feedline.Spec.load(_spec(sources=tmp_path / "a.jsonl")).hash() == spec.hash()
 
 
 def test_a_spec_file_error_names_the_file_and_line(tmp_path: Path) -> None:

@@ -61,9 +61,10 @@ def build(cls: type[T], data: Any, path: str) -> T:
         return data
     if data is None:
         data = {}
-    if not isinstance(data, Mapping):
-        raise SpecError(f"{path or 'spec'}: expected a mapping of options, got {type(data).__name__} {data!r:.60}")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    if not isinstance(data, Mapping):
+        keys = ", ".join(k for k in fields if k not in ("options", "iterable"))
+        raise SpecError(f"{path or 'spec'}: expected a mapping of options ({keys}), got {type(data).__name__} {data!r:.60}")
     hints = get_type_hints(cls)
     kwargs: dict[str, Any] = {}
     for key, value in data.items():

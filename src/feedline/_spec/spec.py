@@ -111,10 +111,17 @@ def _default(cls: type, name: str) -> Any:
 def _sources(raw: Any, ctx: _Context) -> tuple[SourceSpec, ...]:
     if not raw:
         raise SpecError("sources: at least one source is required, e.g. sources: [{path: corpus.jsonl}]")
-    if isinstance(raw, (str, Mapping)):
+    if isinstance(raw, (str, os.PathLike, Mapping)):
         raw = [raw]
     out = []
+    if not isinstance(raw, (list, tuple)):
+        raise SpecError(f"sources: expected a list of sources, a path or a mapping, got {type(raw).__name__} {raw!r:.60}")
     for i, s in enumerate(raw):
+        if isinstance(s, os.PathLike):  # a pathlib.Path from Python
+            s = os.fspath(s)
+        if not isinstance(s, (str, Mapping, SourceSpec)):
+            raise SpecError(f"sources[{i}]: expected a path or a mapping such as {{path: corpus.jsonl, text: text}}, "
+                            f"got {type(s).__name__} {s!r:.60}")
         src = build(SourceSpec, {"path": s} if isinstance(s, str) else s, f"sources[{i}]")
         _check_format(src.format, f"sources[{i}].format", ctx.registry)
         if ctx.base is not None and src.path:
