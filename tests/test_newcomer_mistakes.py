@@ -202,3 +202,16 @@ def test_spec_check_checks_the_streams_overrides_too(tmp_path: Path, capsys: pyt
     f.write_text("sources: [a.jsonl]\ntask: clm\nstreams:\n  validation: {sourcs: [b.jsonl]}\n")
     with pytest.raises(SpecError, match="streams.validation: sourcs: unknown key; did you mean 'sources'"):
         spec_command.run(argparse.Namespace(check=str(f), schema=False, markdown=False))
+
+
+def test_interleave_refuses_columns_of_different_types_as_datasets_does(tmp_path: Path) -> None:
+    (tmp_path / "s.jsonl").write_text('{"x": "a", "y": 1}\n{"x": "b", "y": 2}\n')
+    (tmp_path / "i.jsonl").write_text('{"x": 1}\n{"x": 2}\n')
+    (tmp_path / "n.jsonl").write_text('{"x": null, "z": true}\n')
+    a, b, n = (feedline.load_dataset("json", data_files=str(tmp_path / f), split="train")
+               for f in ("s.jsonl", "i.jsonl", "n.jsonl"))
+    with pytest.raises(SpecError, match=r"column 'x' is Value\('string'\) in datasets\[0\] but Value\('int64'\) in "
+                                        r"datasets\[1\].*cast one"):
+        feedline.interleave_datasets([a, b])
+    rows = list(feedline.interleave_datasets([a, n]))  # a null column and missing ones align (None), as datasets
+    assert rows[:2] == [{"x": "a", "y": 1, "z": None}, {"x": None, "y": None, "z": True}]

@@ -94,8 +94,8 @@ CHILD = textwrap.dedent("""
         loader = feedline.Loader(eval(sys.argv[1]))
         next(loader)
         stage = loader._stage
-        print(" ".join(str(p) for p in stage._parent.parent.parent.runner.pids()), flush=True)
-        try:
+        try:  # entered before the pids are told: the test's Ctrl-C may follow them at once
+            print(" ".join(str(p) for p in stage._parent.parent.parent.runner.pids()), flush=True)
             time.sleep(120)
         except KeyboardInterrupt:
             loader.close()

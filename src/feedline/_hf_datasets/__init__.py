@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
+from typing import Any
 
 from feedline._hf_datasets.dataset import IterableDataset
 from feedline._hf_datasets.interleave import STOPPING, InterleaveRoot
@@ -42,6 +43,7 @@ def interleave_datasets(datasets: Sequence[IterableDataset], probabilities: Sequ
                             "stream; load every dataset with feedline.load_dataset")
     if stopping_strategy not in STOPPING:
         raise SpecError(f"stopping_strategy: {stopping_strategy!r} is not one of {', '.join(STOPPING)}")
+    _check_aligned(children)
     if probabilities is not None:
         if len(probabilities) != len(children):
             raise SpecError(f"probabilities: {len(probabilities)} given for {len(children)} datasets")
@@ -51,3 +53,23 @@ def interleave_datasets(datasets: Sequence[IterableDataset], probabilities: Sequ
                           0 if probabilities is None else secrets.randbits(32) if seed is None else int(seed),
                           stopping_strategy)
     return IterableDataset(root)
+
+
+def _check_aligned(children: Sequence[IterableDataset]) -> None:
+    """Refuse, as ``datasets`` does, a column whose known type differs between the datasets (a string
+    column interleaved with an integer one), rather than rows of mixed types in one column."""
+    seen: dict[str, tuple[int, Any]] = {}
+    for i, c in enumerate(children):
+        try:
+            features = c.features
+        except ImportError:  # datasets absent: types unknown
+            return
+        for name, kind in (features or {}).items():
+            if getattr(kind, "dtype", None) == "null":
+                continue
+            if name in seen and seen[name][1] != kind:
+                j, other = seen[name]
+                raise SpecError(f"interleave_datasets: column {name!r} is {other} in datasets[{j}] but {kind} in "
+                                f"datasets[{i}]; the rows cannot be aligned (datasets refuses them too): cast one, "
+                                f"e.g. .map(lambda r: {{{name!r}: str(r[{name!r}])}}, features=...), or rename it")
+            seen.setdefault(name, (i, kind))

@@ -202,7 +202,10 @@ def markdown(tasks: Mapping[str, type], batchers: Mapping[str, type]) -> str:
            "Generated from the spec's dataclasses by `feedline spec --markdown`; `tests/test_spec_reference.py` "
            "fails when it is out of date. `feedline spec --schema` prints the same as a JSON Schema for "
            "editors (e.g. `# yaml-language-server: $schema=feedline.schema.json` atop a spec).", "",
-           "An unknown key is refused with a did-you-mean and the section's keys; `Spec.hash()` covers every key "
+           "An unknown key is refused with a did-you-mean and the section's keys, a wrong value with its key path "
+           "and what is allowed (from a file, with its line: `train.yaml:3: sources[0].formt: unknown key; did you "
+           "mean 'format'? (allowed: ...)`); `feedline spec --check FILE` checks a file (its `streams` too) "
+           "without reading any data. `Spec.hash()` covers every key "
            "that changes the batches (not `root`, `engine`, `workers`, `prefetch`, `reject_limit`, `streams`, "
            "the tokenizer's `backend`).", ""]
 
