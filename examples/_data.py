@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -81,3 +83,18 @@ def keyword_label_tsv(out: str | os.PathLike[str], rows: int = 4000) -> tuple[st
                     if n >= rows:
                         break
     return str(path), list(KEYWORDS)
+
+
+def run(main: Callable[[], object]) -> None:
+    """Run an example's ``main``; a feedline error (a missing data path, a wrong tokenizer path, a
+    bad option) or a model that cannot be loaded (``OSError`` from ``from_pretrained``) ends it with
+    its message and the hint to see ``--help``, not a traceback."""
+    from feedline import FeedlineError
+
+    try:
+        code = main()
+    except (FeedlineError, OSError) as err:
+        name = Path(sys.argv[0]).name
+        sys.exit(f"{name}: {type(err).__name__}: {err}\n(see: python examples/{name} --help for what to pass)")
+    if isinstance(code, int) and code:
+        sys.exit(code)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _data import keyword_label_tsv, shared, tokenizer
+from _data import keyword_label_tsv, run, shared, tokenizer
 
 from feedline.tools import join_predictions
 from feedline.torch import TorchLoader
@@ -92,4 +92,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

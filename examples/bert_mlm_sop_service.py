@@ -22,14 +22,15 @@ import subprocess
 import sys
 import time
 
-from _data import demo_corpus, shared, tokenizer
+from _data import demo_corpus, run, shared, tokenizer
 
 
 def build_spec(args: argparse.Namespace) -> dict[str, object]:
     data = args.data or str(shared("prose", "wikipedia_xml", "enwiki-table-markup.xml.bz2") or demo_corpus())
     # the buffer holds whole pages; the 5-page sample needs a small one (a full dump: thousands)
     buffer = args.shuffle_buffer if args.shuffle_buffer is not None else (1000 if args.data else 4)
-    return {"sources": [{"path": data}], "tokenizer": args.tokenizer, "seed": 42, "epochs": args.epochs,
+    epochs = args.epochs if args.epochs is not None else (1 if args.data else None)  # the sample: ~10 steps a pass
+    return {"sources": [{"path": data}], "tokenizer": args.tokenizer, "seed": 42, "epochs": epochs,
             "shuffle": {"buffer": buffer},
             "task": {"kind": "sop", "max_length": args.seq_len, "mlm_probability": 0.15},
             "batching": {"strategy": "pad", "batch_size": args.batch_size, "pad_to_multiple_of": 8}}
@@ -67,7 +68,7 @@ def worker(args: argparse.Namespace) -> None:
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
     loader = TorchLoader(args.worker, device=device if device.type == "cuda" else None)  # rank from torchrun
-    start = time.perf_counter()
+    start, losses = time.perf_counter(), []
     for step, batch in enumerate(loader, start=1):
         out = ddp(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                   token_type_ids=batch["token_type_ids"], labels=batch["labels"],
@@ -75,9 +76,11 @@ def worker(args: argparse.Namespace) -> None:
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         opt.step()
-        if rank == 0 and (step % 10 == 0 or step == args.steps):
-            print(json.dumps({"step": step, "loss": round(out.loss.item(), 4), "rows_per_rank": len(batch["input_ids"]),
+        losses.append(out.loss.item())
+        if rank == 0 and (step == 1 or step % 10 == 0 or step == args.steps):  # loss: the mean since the last line
+            print(json.dumps({"step": step, "loss": round(sum(losses) / len(losses), 4), "rows_per_rank": len(batch["input_ids"]),
                               "seconds": round(time.perf_counter() - start, 1)}), flush=True)
+            losses.clear()
         if step >= args.steps:
             break
     state = loader.state_dict()  # identical on every rank: save it with the checkpoint
@@ -92,7 +95,8 @@ def main() -> int:
     p.add_argument("--data", help="a Wikipedia dump (pages-articles .xml.bz2, cirrussearch .json.gz) or any source")
     p.add_argument("--tokenizer", help="default: bert-base-uncased from ../shared/data, else a WordPiece trained here")
     p.add_argument("--shuffle-buffer", type=int, help="records (pages) in the shuffle buffer (default: 1000; 4 for the sample)")
-    p.add_argument("--epochs", type=int, default=1, help="passes over the data (training stops at --steps or here)")
+    p.add_argument("--epochs", type=int, help="passes over the data (training stops at --steps or here; "
+                                              "default: 1 with --data, the sample repeats)")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=16, help="global rows per step")
@@ -111,4 +115,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import torch
-from _data import demo_corpus, shared, trained_tokenizer
+from _data import demo_corpus, run, shared, trained_tokenizer
 from _models import GPT, batch_tokens
 
 import feedline
@@ -82,7 +82,7 @@ def main() -> None:
                 heads=max(1, args.d_model // 64), max_len=args.seq_len).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     loader = TorchLoader(spec, device=device if device.type == "cuda" else None)
-    start, tokens, trained = time.perf_counter(), 0, 0
+    start, tokens, trained, losses = time.perf_counter(), 0, 0, []
     for step, batch in enumerate(loader, start=1):
         loss = model(batch)
         opt.zero_grad(set_to_none=True)
@@ -90,14 +90,16 @@ def main() -> None:
         opt.step()
         tokens += batch_tokens(batch)
         trained += int((batch["labels"] != -100).sum())
-        if step % 20 == 0 or step == args.steps:
-            print(json.dumps({"step": step, "loss": round(loss.item(), 4), "row_fill": round(tokens / (step * batch["input_ids"].numel()), 3),
+        losses.append(loss.item())
+        if step == 1 or step % 20 == 0 or step == args.steps:  # loss: the mean since the last line
+            print(json.dumps({"step": step, "loss": round(sum(losses) / len(losses), 4), "row_fill": round(tokens / (step * batch["input_ids"].numel()), 3),
                               "assistant_share": round(trained / max(1, tokens), 3),
                               "seconds": round(time.perf_counter() - start, 1)}), flush=True)
+            losses.clear()
         if step >= args.steps:
             break
     loader.close()
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

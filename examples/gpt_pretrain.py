@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import torch
-from _data import demo_corpus, shared, tokenizer, trained_tokenizer
+from _data import demo_corpus, run, shared, tokenizer, trained_tokenizer
 from _models import GPT, batch_tokens
 
 import feedline
@@ -88,6 +88,7 @@ def main() -> None:
         print(f"{loader.world_size} rank(s); {sum(x.numel() for x in model.parameters()):,} parameters; data {data}")
 
     step, tokens, start = loader.step, 0, time.perf_counter()
+    losses: list[float] = []  # since the last line printed: each line shows their mean (less noisy than one batch)
     for batch in loader:
         loss = model({k: v.to(device) for k, v in batch.items()})
         opt.zero_grad(set_to_none=True)
@@ -96,9 +97,13 @@ def main() -> None:
         opt.step()
         step += 1
         tokens += batch_tokens(batch)
-        if loader.rank == 0 and (step % 20 == 0 or step == args.steps):
-            rate = tokens / (time.perf_counter() - start)
-            print(json.dumps({"step": step, "loss": round(loss.item(), 4), "tokens_per_s": round(rate)}), flush=True)
+        losses.append(loss.item())
+        if step == 1 or step % 20 == 0 or step == args.steps:
+            if loader.rank == 0:
+                rate = tokens / (time.perf_counter() - start)
+                print(json.dumps({"step": step, "loss": round(sum(losses) / len(losses), 4), "tokens_per_s": round(rate)}),
+                      flush=True)
+            losses.clear()
         if args.checkpoint and loader.rank == 0 and (step % args.save_every == 0 or step == args.steps):
             torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "loader": loader.state_dict()},
                        args.checkpoint)
@@ -108,4 +113,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -20,7 +20,7 @@ import sys
 import time
 
 import torch
-from _data import demo_corpus, shared, tokenizer
+from _data import demo_corpus, run, shared, tokenizer
 
 import feedline
 from feedline.torch import TorchLoader
@@ -103,4 +103,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

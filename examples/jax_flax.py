@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from _data import demo_corpus, shared, tokenizer
+from _data import demo_corpus, run, shared, tokenizer
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -89,11 +89,15 @@ def main() -> None:
         updates, opt_state = opt.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    start = time.perf_counter()
+    start, losses = time.perf_counter(), []
     for step, batch in enumerate(loader, start=1):
         params, opt_state, loss = train_step(params, opt_state, {"input_ids": batch["input_ids"], "labels": batch["labels"]})
-        if jax.process_index() == 0 and (step % 20 == 0 or step == args.steps):
-            print(json.dumps({"step": step, "loss": round(float(loss), 4), "devices": jax.device_count(),
+        losses.append(loss)
+        if step == 1 or step % 20 == 0 or step == args.steps:  # loss: the mean since the last line
+            mean = float(jnp.mean(jnp.stack(losses)))
+            losses.clear()
+        if jax.process_index() == 0 and (step == 1 or step % 20 == 0 or step == args.steps):
+            print(json.dumps({"step": step, "loss": round(mean, 4), "devices": jax.device_count(),
                               "seconds": round(time.perf_counter() - start, 1)}), flush=True)
         if step >= args.steps:
             break
@@ -104,4 +108,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

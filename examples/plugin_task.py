@@ -83,7 +83,7 @@ class ShuffledWords(Task):
         return out
 
 
-if __name__ == "__main__":
+def main() -> None:
     import feedline
 
     if len(sys.argv) not in (1, 3):
@@ -103,3 +103,13 @@ if __name__ == "__main__":
     loader.close()
     for name, arr in batch.items():
         print(f"{name:16} {arr.dtype} {arr.shape}")
+    inputs, labels = batch["input_ids"][0], batch["labels"][0]
+    tok = feedline.load_tokenizer(tokenizer)
+    print("shuffled:", tok.decode([int(t) for t in inputs if t != tok.pad_id]))
+    print("original:", tok.decode([int(t) for t in labels if t >= 0 and t != tok.pad_id]))
+
+
+if __name__ == "__main__":
+    from _data import run
+
+    run(main)

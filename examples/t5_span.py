@@ -19,7 +19,7 @@ import json
 import time
 
 import torch
-from _data import demo_corpus, shared, tokenizer
+from _data import demo_corpus, run, shared, tokenizer
 
 import feedline
 from feedline.torch import TorchLoader
@@ -31,7 +31,7 @@ def main() -> None:
     p.add_argument("--tokenizer", help="default: T5 from ../shared/data, else a unigram with sentinels trained here")
     p.add_argument("--epochs", type=int, default=1, help="passes over the data (training stops at --steps or here)")
     p.add_argument("--shuffle-buffer", type=int, default=8, help="documents in the shuffle buffer (articles are long)")
-    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--steps", type=int, default=40)
     p.add_argument("--seq-len", type=int, default=128, help="encoder input length after corruption")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--d-model", type=int, default=128)
@@ -56,21 +56,23 @@ def main() -> None:
     model = T5ForConditionalGeneration(config).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     loader = TorchLoader(spec, device=device if device.type == "cuda" else None)
-    start = time.perf_counter()
+    start, losses = time.perf_counter(), []
     for step, batch in enumerate(loader, start=1):
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                     decoder_input_ids=batch["decoder_input_ids"], labels=batch["labels"])
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         opt.step()
-        if step % 20 == 0 or step == args.steps:
-            print(json.dumps({"step": step, "loss": round(out.loss.item(), 4), "inputs": list(batch["input_ids"].shape),
+        losses.append(out.loss.item())
+        if step == 1 or step % 20 == 0 or step == args.steps:  # loss: the mean since the last line
+            print(json.dumps({"step": step, "loss": round(sum(losses) / len(losses), 4), "inputs": list(batch["input_ids"].shape),
                               "targets": list(batch["labels"].shape), "seconds": round(time.perf_counter() - start, 1)}),
                   flush=True)
+            losses.clear()
         if step >= args.steps:
             break
     loader.close()
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

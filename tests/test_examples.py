@@ -49,17 +49,20 @@ def run_example(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[s
 def test_gpt_pretrain_packs_shards_and_resumes(run_example, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     needs("zstandard")
     small = ["--work", str(tmp_path), "--seq-len", "64", "--batch-size", "4", "--d-model", "32", "--layers", "1",
-             "--checkpoint", str(tmp_path / "ckpt.pt"), "--save-every", "2", "--pack-window", "16"]
-    first = run_example("gpt_pretrain.py", *small, "--steps", "4")
-    assert first[-1]["step"] == 4 and list(tmp_path.glob("shards/*.jsonl.zst"))
-    resumed = run_example("gpt_pretrain.py", *small, "--steps", "6")
-    assert resumed[-1]["step"] == 6  # continued from the checkpoint's loader state at step 4
+             "--checkpoint", str(tmp_path / "ckpt.pt"), "--save-every", "10", "--pack-window", "16"]
+    first = run_example("gpt_pretrain.py", *small, "--steps", "20", "--lr", "1e-2")
+    assert first[-1]["step"] == 20 and list(tmp_path.glob("shards/*.jsonl.zst"))
+    assert first[-1]["loss"] < first[0]["loss"] - 0.5, first  # its point: the loss falls (step 1 vs 2-20)
+    resumed = run_example("gpt_pretrain.py", *small, "--steps", "22")
+    assert resumed[0]["step"] == 22  # continued from the checkpoint's loader state at step 20
 
 
 def test_t5_span(run_example) -> None:  # type: ignore[no-untyped-def]
     needs("transformers")
-    out = run_example("t5_span.py", "--steps", "2", "--seq-len", "32", "--batch-size", "4", "--d-model", "32", "--layers", "1")
-    assert out[-1]["step"] == 2 and out[-1]["inputs"] == [4, 32]
+    out = run_example("t5_span.py", "--steps", "20", "--seq-len", "32", "--batch-size", "4", "--d-model", "32", "--layers", "1",
+                      "--lr", "1e-2")
+    assert out[-1]["step"] == 20 and out[-1]["inputs"] == [4, 32]
+    assert out[-1]["loss"] < out[0]["loss"] - 0.5, out
 
 
 def test_goemotions_trainer_then_batch_inference(run_example, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -67,6 +70,7 @@ def test_goemotions_trainer_then_batch_inference(run_example, tmp_path: Path) ->
     out = run_example("goemotions_trainer.py", "--work", str(tmp_path / "goe"), "--steps", "3", "--seq-len", "32",
                       "--batch-size", "4", "--hidden", "32", "--layers", "1", "--eval-batches", "2")
     assert out[-1]["steps"] == 3 and 0.0 <= out[-1]["dev_micro_f1"] <= 1.0
+    assert 0.0 < out[-1]["baseline_micro_f1"] < 1.0  # the most frequent label alone, printed beside the F1
     state = json.loads((tmp_path / "goe" / "model" / "loader_state.json").read_text())
     assert state["step"] == 3  # exact: the pass-through DataLoader does not read ahead
     preds = tmp_path / "preds.jsonl"
@@ -80,9 +84,10 @@ def test_goemotions_trainer_then_batch_inference(run_example, tmp_path: Path) ->
 
 def test_chat_sft(run_example, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     needs("jinja2")
-    out = run_example("chat_sft.py", "--work", str(tmp_path), "--steps", "2", "--seq-len", "256", "--batch-size", "2",
-                      "--d-model", "32", "--layers", "1")
-    assert out[-1]["step"] == 2 and 0 < out[-1]["assistant_share"] < 1
+    out = run_example("chat_sft.py", "--work", str(tmp_path), "--steps", "20", "--seq-len", "128", "--batch-size", "2",
+                      "--d-model", "32", "--layers", "1", "--lr", "1e-2")
+    assert out[-1]["step"] == 20 and 0 < out[-1]["assistant_share"] < 1
+    assert out[-1]["loss"] < out[0]["loss"] - 0.5, out  # the loss on assistant tokens falls
 
 
 def test_plugin_task_runs_without_arguments(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -91,6 +96,8 @@ def test_plugin_task_runs_without_arguments(monkeypatch: pytest.MonkeyPatch, cap
     runpy.run_path(str(EXAMPLES / "plugin_task.py"), run_name="__main__")
     out = capsys.readouterr().out
     assert "input_ids" in out and "labels" in out  # one batch of the plug-in task, shapes and dtypes
+    shuffled, original = (line.split(": ", 1)[1].split() for line in out.splitlines()[-2:])
+    assert sorted(shuffled) == sorted(original)  # the same words, in windows shuffled
     monkeypatch.setattr(sys, "argv", ["plugin_task.py", "only-one-argument"])
     with pytest.raises(SystemExit, match="usage: python examples/plugin_task.py"):
         runpy.run_path(str(EXAMPLES / "plugin_task.py"), run_name="__main__")
@@ -107,8 +114,10 @@ def test_gpu_check_without_cuda_says_what_to_pass(run_example) -> None:  # type:
 
 def test_jax_flax(run_example, corpus: str) -> None:  # type: ignore[no-untyped-def]
     needs("jax", "flax", "optax")
-    out = run_example("jax_flax.py", "--data", corpus, "--steps", "2", "--seq-len", "32", "--batch-size", "4", "--d-model", "32", "--layers", "1")
-    assert out[-1]["step"] == 2
+    out = run_example("jax_flax.py", "--data", corpus, "--steps", "20", "--seq-len", "32", "--batch-size", "4", "--d-model", "32",
+                      "--layers", "1", "--lr", "1e-2")
+    assert out[-1]["step"] == 20
+    assert out[-1]["loss"] < out[0]["loss"] - 0.5, out
 
 
 def service_available() -> None:
