@@ -1,6 +1,6 @@
 """BERT pre-training (MLM + sentence-order prediction) from a Wikipedia dump, through the loader service, on two torchrun ranks.
 
-    python examples/bert_mlm_sop_service.py                       # small: a few minutes on a CPU
+    python examples/bert_mlm_sop_service.py                       # small: 100 steps, ~3 CPU-minutes
     python examples/bert_mlm_sop_service.py --data enwiki-latest-pages-articles.xml.bz2 \\
         --tokenizer bert-base-uncased --seq-len 512 --batch-size 256 --hidden 768 --layers 12 \\
         --nproc 8 --steps 100000 --backend nccl
@@ -11,7 +11,11 @@ global batch over ZeroMQ (``TorchLoader(address)``: rank and world size from tor
 environment) and train a ``BertForPreTraining`` under DDP, with ``sentence_order_label`` fed to
 the two-way sequence head. This is Sabertooth/ALBERT-style SOP pre-training without a
 preprocessing pass. Without ``--data``, the 5-page Wikipedia export in ``../shared/data`` is
-used (or the demo corpus when that is absent).
+used (or the demo corpus when that is absent), repeated until ``--steps``.
+
+Default run, measured on a loaded 2-core machine (load 17-18): 174 CPU-seconds over the server,
+torchrun and two ranks (120 user + 54 sys), 6:25 wall, peak RSS 1.18 GB (the largest process);
+the MLM+SOP loss falls from 11.05 (step 1) to 7.38 (mean of steps 91-100).
 """
 
 from __future__ import annotations

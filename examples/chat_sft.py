@@ -1,6 +1,6 @@
 """Chat SFT with packing: chat template applied, loss on assistant turns only, documents never mixed.
 
-    python examples/chat_sft.py                                   # small: ~1-2 minutes on 2 CPU cores
+    python examples/chat_sft.py                                   # small: 150 steps, ~1 CPU-minute
     python examples/chat_sft.py --data 'sft/*.jsonl' --tokenizer Qwen/Qwen2.5-0.5B --seq-len 4096 \\
         --batch-size 64 --d-model 512 --layers 8 --steps 5000 --device cuda
 
@@ -13,6 +13,11 @@ used, with Qwen2.5's tokenizer and ChatML template on a GPU; on a CPU with a 4,0
 trained here and the same ChatML template supplied in the spec (Qwen's 151,646-token output layer
 would need ~7 GB and many minutes on a CPU; ``--tokenizer`` picks any). Without the threads,
 conversations are made from the demo corpus.
+
+Default run, measured on a loaded 2-core machine (load 15-27): 45 CPU-seconds, 4:16 wall (about
+a minute on two idle cores), peak RSS 630 MB; the assistant-token loss went from 6.1 (step 20)
+to 5.1-5.5 (steps 120-150), rows ~89 % full, ~66 % of tokens trained on; 5 of the 100
+OpenAssistant threads are skipped (no whole assistant turn fits in 256 tokens: ``--seq-len``).
 """
 
 from __future__ import annotations

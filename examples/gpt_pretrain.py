@@ -1,6 +1,6 @@
 """GPT pre-training from ``.jsonl.zst`` shards with packing, resumable mid-epoch.
 
-    python examples/gpt_pretrain.py                                  # small: ~1-2 minutes on 2 CPU cores
+    python examples/gpt_pretrain.py                                  # small: 200 steps, ~1 CPU-minute
     python examples/gpt_pretrain.py --data 'pile/*.jsonl.zst' --tokenizer gpt2 \\
         --seq-len 1024 --batch-size 64 --d-model 512 --layers 8 --steps 20000 --device cuda
     torchrun --nproc_per_node 8 examples/gpt_pretrain.py ...         # ranks from the environment
@@ -12,6 +12,12 @@ and on a CPU a 4,096-token BPE trained here (a 50,257-token output layer would m
 documents per row, ``position_ids`` restarting per document, and the model attends only within
 a document. ``--checkpoint`` saves the model, optimizer and loader state every
 ``--save-every`` steps; rerunning with the same flags resumes exactly where it stopped.
+
+Default run, measured on a loaded 2-core machine (load 9-15): 51 CPU-seconds (43 user + 8 sys),
+2:45 wall at 31 % of a core (about a minute on two idle cores, estimated from the CPU time), peak RSS 770 MB, 0.9 M
+parameters. The loss falls from ~8.3 (ln 4096, untrained) at step 1 to ~6.3 by step 40 and then stays near
+6.3 (the unigram level) to step 200: a longer run (``--steps 2000``) is needed to go below it.
+Each printed loss is the mean since the previous line.
 """
 
 from __future__ import annotations

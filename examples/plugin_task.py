@@ -20,6 +20,9 @@ Here each document's words are shuffled within windows of ``window`` words with 
 Run it (without arguments it reads the demo corpus with a tokenizer trained on it)::
 
     python examples/plugin_task.py [path/to/corpus.jsonl path/to/tokenizer.json]
+
+It prints one batch's fields and the first row decoded, shuffled and original (measured: 0.5
+CPU-seconds, 5 s wall on a loaded machine, 56 MB RSS).
 """
 
 from __future__ import annotations
