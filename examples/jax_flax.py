@@ -1,6 +1,6 @@
 """A JAX/Flax training loop fed by feedline: per-process batches assembled into global arrays.
 
-    python examples/jax_flax.py                                    # small: a minute on a CPU
+    python examples/jax_flax.py                                    # small: 200 steps, ~1 CPU-minute
     python examples/jax_flax.py --data 'corpus/*.jsonl' --seq-len 512 --batch-size 256 --d-model 512 --steps 10000
     # multi-host: run one process per host after jax.distributed.initialize(); each reads its slice
 
@@ -9,6 +9,10 @@ every global batch and, given a ``NamedSharding``, assembles them with
 ``jax.make_array_from_process_local_data`` into global arrays sharded along the batch axis
 over all devices (data parallelism; the jitted step is the same on one device or many). Its
 ``state_dict()`` goes into the checkpoint beside the parameters.
+
+Default run, measured on a loaded 2-core machine (load 6-12): 73 CPU-seconds (55 user + 18 sys),
+2:09 wall, peak RSS 905 MB; the loss falls from 8.79 (step 1) to 7.09 (steps 2-20) and 5.84
+(steps 181-200), each printed loss the mean since the previous line.
 """
 
 from __future__ import annotations
