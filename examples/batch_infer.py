@@ -10,8 +10,8 @@ rows that only fill the last batch have key -1. The loop keeps keys and predicti
 write one JSON line per record: ``{"key", "text", "labels"}``, in source order. Without
 ``--model`` a small untrained classifier stands in, which shows the plumbing, not accuracy.
 
-Measured on a loaded 2-core machine (load 6) with ``--model`` from goemotions_trainer.py's default
-run: the 5,427 GoEmotions test records in 20 CPU-seconds, 38 s wall, peak RSS 530 MB, every
+Measured on the shared 2-core machine (load ~5) with ``--model`` from goemotions_trainer.py's
+default run: the 5,427 GoEmotions test records in 17 s wall, 15 CPU-seconds, peak RSS 500 MB, every
 prediction non-empty (``["neutral"]`` throughout: that model learned the label priors only).
 """
 

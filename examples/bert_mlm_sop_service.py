@@ -1,6 +1,6 @@
 """BERT pre-training (MLM + sentence-order prediction) from a Wikipedia dump, through the loader service, on two torchrun ranks.
 
-    python examples/bert_mlm_sop_service.py                       # small: 100 steps, ~3 CPU-minutes
+    python examples/bert_mlm_sop_service.py                       # small: 60 steps, ~1-2 minutes
     python examples/bert_mlm_sop_service.py --data enwiki-latest-pages-articles.xml.bz2 \\
         --tokenizer bert-base-uncased --seq-len 512 --batch-size 256 --hidden 768 --layers 12 \\
         --nproc 8 --steps 100000 --backend nccl
@@ -13,9 +13,11 @@ the two-way sequence head. This is Sabertooth/ALBERT-style SOP pre-training with
 preprocessing pass. Without ``--data``, the 5-page Wikipedia export in ``../shared/data`` is
 used (or the demo corpus when that is absent), repeated until ``--steps``.
 
-Default run, measured on a loaded 2-core machine (load 17-18): 174 CPU-seconds over the server,
-torchrun and two ranks (120 user + 54 sys), 6:25 wall, peak RSS 1.18 GB (the largest process);
-the MLM+SOP loss falls from 11.05 (step 1) to 7.38 (mean of steps 91-100).
+Measured on the shared 2-core machine at load ~5 with ``--steps 100``: 2:45 wall, 164
+CPU-seconds over the server, torchrun and two ranks (113 user + 51 sys), peak RSS 1.17 GB (the
+largest process); the MLM+SOP loss (mean since the previous line) falls from 11.05 (step 1) to
+7.59 (steps 51-60, reached 96 s into training) and then levels off (7.38 at 91-100): hence the
+default of 60 steps.
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ def main() -> int:
     p.add_argument("--shuffle-buffer", type=int, help="records (pages) in the shuffle buffer (default: 1000; 4 for the sample)")
     p.add_argument("--epochs", type=int, help="passes over the data (training stops at --steps or here; "
                                               "default: 1 with --data, the sample repeats)")
-    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--steps", type=int, default=60)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=16, help="global rows per step")
     p.add_argument("--hidden", type=int, default=128)

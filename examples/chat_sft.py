@@ -14,10 +14,11 @@ trained here and the same ChatML template supplied in the spec (Qwen's 151,646-t
 would need ~7 GB and many minutes on a CPU; ``--tokenizer`` picks any). Without the threads,
 conversations are made from the demo corpus.
 
-Default run, measured on a loaded 2-core machine (load 15-27): 45 CPU-seconds, 4:16 wall (about
-a minute on two idle cores), peak RSS 630 MB; the assistant-token loss went from 6.1 (step 20)
-to 5.1-5.5 (steps 120-150), rows ~89 % full, ~66 % of tokens trained on; 5 of the 100
-OpenAssistant threads are skipped (no whole assistant turn fits in 256 tokens: ``--seq-len``).
+Default run on the shared 2-core machine at load ~4: 62 s wall, 43 CPU-seconds, peak RSS 620 MB
+(at load 15-27: 4:16 wall, 45 CPU-s). The assistant-token loss (mean since the previous line)
+falls from 8.35 (step 1) to 7.31 (steps 2-20) and 4.96 (141-150); rows ~89 % full, ~66 % of
+tokens trained on; 5 of the 100 OpenAssistant threads are skipped (no whole assistant turn fits
+in 256 tokens: ``--seq-len``).
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ the model (``save_pretrained``), ``loader_state.json`` and micro-F1 on the dev s
 ``../shared/data``, a keyword-labelled stand-in in the same layout is generated.
 
 The last line prints ``dev_micro_f1`` beside ``baseline_micro_f1``, the score of predicting the
-most frequent label alone (``neutral``: 0.294 on the first 3,200 dev rows). The default run, measured on
-a loaded 2-core machine (load 6-17): 174 CPU-seconds, 13:29 wall, peak RSS 665 MB, BCE loss 0.45
-(steps 1-20) to 0.15; dev micro-F1 0.294, no better than that baseline: a small BERT trained
+most frequent label alone (``neutral``: 0.294 on the first 3,200 dev rows). The default run on the
+shared 2-core machine at load ~5: 1:22 wall, 72 CPU-seconds, peak RSS 675 MB (at load 6-17: 13:29
+wall, 174 CPU-s); BCE loss 0.45 (steps 1-20) to 0.15; dev micro-F1 0.294, no better than that baseline: a small BERT trained
 from scratch for 200 steps has learned the label priors only. A pretrained ``--model`` (with
 its tokenizer) is what makes the F1 meaningful; the run shows the plumbing (Trainer, exact
 loader state, evaluation) and prints the baseline so the F1 is not misread.

@@ -10,8 +10,8 @@ every global batch and, given a ``NamedSharding``, assembles them with
 over all devices (data parallelism; the jitted step is the same on one device or many). Its
 ``state_dict()`` goes into the checkpoint beside the parameters.
 
-Default run, measured on a loaded 2-core machine (load 6-12): 73 CPU-seconds (55 user + 18 sys),
-2:09 wall, peak RSS 905 MB; the loss falls from 8.79 (step 1) to 7.09 (steps 2-20) and 5.84
+Default run on the shared 2-core machine at load ~5: 57 s wall, 69 CPU-seconds (51 user + 18
+sys), peak RSS 920 MB (at load 6-12: 2:09 wall, 73 CPU-s); the loss falls from 8.79 (step 1) to 7.09 (steps 2-20) and 5.84
 (steps 181-200), each printed loss the mean since the previous line.
 """
 
