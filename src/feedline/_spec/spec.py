@@ -32,6 +32,19 @@ from typing import Any, Literal
 
 from feedline._core.callables import importable
 from feedline._core.options import build, close_match, to_plain
+from feedline._spec.parse import (
+    _batching,
+    _Context,
+    _engine,
+    _parallel,
+    _shuffle,
+    _sources,
+    _task,
+    _transforms,
+    join_root,
+    portable_path,
+    read_spec_file,
+)
 from feedline._spec.sections import (
     Backend,
     BatchingSpec,
@@ -57,160 +70,6 @@ __all__ = ["BatchingSpec", "EngineSpec", "MixSpec", "ParallelSpec", "Registry", 
 # section returns, goes through core.options.build. ``hash: False`` leaves a field out of the hash.
 
 NOT_HASHED: Mapping[str, Any] = {"hash": False}
-
-
-@dataclass(frozen=True)
-class _Context:
-    base: str | None
-    registry: Registry
-    relative: list[int] = field(default_factory=list)  # sources (and -1: the tokenizer) written relative
-
-
-def join_root(root: str | os.PathLike[str] | None, path: str) -> str:
-    """``path`` resolved against ``root`` (a folder or a URL prefix); absolute paths and URLs unchanged.
-
-        >>> join_root("s3://bucket/corpus", "en/*.jsonl")
-        's3://bucket/corpus/en/*.jsonl'
-        >>> join_root(None, "corpus.jsonl")
-        'corpus.jsonl'
-    """
-    if root is None or not path or "://" in path or os.path.isabs(path):
-        return path
-    root = str(root)
-    if "://" in root:
-        return root.rstrip("/") + "/" + path
-    return str(Path(root) / path)
-
-
-def portable_path(root: str | None, path: str) -> str:
-    """``path`` as the hash sees it: relative to ``root`` where it lies under it, normalized.
-
-        >>> portable_path("/data/run", "/data/run/./corpus/a.jsonl")
-        'corpus/a.jsonl'
-        >>> portable_path(None, "./corpus/../corpus/a.jsonl")
-        'corpus/a.jsonl'
-    """
-    if "://" in path:
-        if root and "://" in root and path.startswith(root.rstrip("/") + "/"):
-            return path[len(root.rstrip("/")) + 1:]
-        return path
-    norm = os.path.normpath(path)
-    if root is not None and "://" not in root:
-        r = os.path.normpath(root)
-        if norm == r:
-            return "."
-        if norm.startswith(r.rstrip(os.sep) + os.sep):
-            norm = norm[len(r.rstrip(os.sep)) + 1:]
-    return norm.replace(os.sep, "/")
-
-
-def _default(cls: type, name: str) -> Any:
-    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
-
-
-def _sources(raw: Any, ctx: _Context) -> tuple[SourceSpec, ...]:
-    if not raw:
-        raise SpecError("sources: at least one source is required, e.g. sources: [{path: corpus.jsonl}]")
-    if isinstance(raw, (str, os.PathLike, Mapping)):
-        raw = [raw]
-    out = []
-    if not isinstance(raw, (list, tuple)):
-        raise SpecError(f"sources: expected a list of sources, a path or a mapping, got {type(raw).__name__} {raw!r:.60}")
-    for i, s in enumerate(raw):
-        if isinstance(s, os.PathLike):  # a pathlib.Path from Python
-            s = os.fspath(s)
-        if not isinstance(s, (str, Mapping, SourceSpec)):
-            raise SpecError(f"sources[{i}]: expected a path or a mapping such as {{path: corpus.jsonl, text: text}}, "
-                            f"got {type(s).__name__} {s!r:.60}")
-        src = build(SourceSpec, {"path": s} if isinstance(s, str) else s, f"sources[{i}]")
-        _check_format(src.format, f"sources[{i}].format", ctx.registry)
-        if ctx.base is not None and src.path:
-            resolved = join_root(ctx.base, src.path)
-            if resolved != src.path:
-                ctx.relative.append(i)
-                src = dataclasses.replace(src, path=resolved)
-        out.append(src)
-    return tuple(out)
-
-
-def _check_format(fmt: str, path: str, registry: Registry) -> None:
-    known = sorted(registry.formats()) if registry.formats is not None else None
-    if known is not None and fmt != "auto" and fmt not in known:
-        raise SpecError(f"{path}: {fmt!r} is not a format{close_match(fmt, ['auto', *known])} "
-                        f"(formats: auto, {', '.join(known)})")
-
-
-def _check_keys(raw: Mapping[str, Any], known: list[str], path: str, owner: str) -> None:
-    """Refuse an unknown key of a section that holds common keys beside a kind's options,
-    with a close match and every key the section takes (``owner`` says whose options they are)."""
-    for key in raw:
-        if key not in known:
-            raise SpecError(f"{path}.{key}: unknown key{close_match(str(key), known)} "
-                            f"(allowed with {owner}: {', '.join(known)})")
-
-
-def _task(raw: Any, ctx: _Context) -> TaskSpec:
-    if raw is not None and not isinstance(raw, (str, Mapping)):
-        raise SpecError(f"task: expected a kind (task: clm) or a mapping (task: {{kind: clm, max_length: 1024}}), "
-                        f"got {type(raw).__name__} {raw!r:.60}")
-    raw = {"kind": raw} if isinstance(raw, str) else dict(raw or {})
-    kind = raw.pop("kind", _default(TaskSpec, "kind"))
-    options_cls = ctx.registry.task(kind).Options
-    _check_keys(raw, ["kind", *(f.name for f in dataclasses.fields(options_cls))], "task", f"kind {kind!r}")
-    return build(TaskSpec, {"kind": kind, "options": build(options_cls, raw, "task")}, "task")
-
-
-def _batching(raw: Any, ctx: _Context) -> BatchingSpec:
-    if raw is not None and not isinstance(raw, Mapping):
-        raise SpecError(f"batching: expected a mapping such as {{strategy: pad, batch_size: 32}}, "
-                        f"got {type(raw).__name__} {raw!r:.60}")
-    raw = dict(raw or {})
-    names = [f.name for f in dataclasses.fields(BatchingSpec) if f.name != "options"]
-    common = {name: raw.pop(name) for name in names if name in raw}
-    strategy = common.get("strategy", _default(BatchingSpec, "strategy"))
-    options_cls = ctx.registry.batcher(strategy).Options
-    _check_keys(raw, [*names, *(f.name for f in dataclasses.fields(options_cls))], "batching",
-                f"strategy {strategy!r}")
-    options = build(options_cls, raw, "batching")
-    return build(BatchingSpec, {**common, "options": options}, "batching")
-
-
-def _shuffle(raw: Any, ctx: _Context) -> ShuffleSpec | None:
-    if raw is None or raw is False:
-        return None
-    if raw is True:
-        raw = {}
-    if isinstance(raw, int) and not isinstance(raw, bool):
-        raw = {"buffer": raw}
-    if not isinstance(raw, Mapping):
-        raise SpecError(f"shuffle: expected a buffer size (shuffle: 10000), {{buffer: 10000, shards: true}}, true "
-                        f"(the defaults) or false/null (off), got {type(raw).__name__} {raw!r:.60}")
-    return build(ShuffleSpec, raw, "shuffle")
-
-
-def _transforms(raw: Any, ctx: _Context) -> tuple[TransformSpec, ...]:
-    from feedline._core.callables import resolve
-
-    if raw is None:
-        return ()
-    if isinstance(raw, Mapping) or not isinstance(raw, (list, tuple)):
-        raise SpecError(f"transforms: expected a list such as [{{map: 'pkg.mod:func'}}, {{filter: 'pkg.mod:func'}}], "
-                        f"got {raw!r:.60}")
-    out = []
-    for i, t in enumerate(raw):
-        spec = build(TransformSpec, t, f"transforms[{i}]")
-        if isinstance(spec.fn, str):
-            resolve(spec.fn, f"transforms[{i}].{spec.kind}")  # a typo fails here, not at the first record
-        out.append(spec)
-    return tuple(out)
-
-
-def _engine(raw: Any, ctx: _Context) -> EngineSpec:
-    return build(EngineSpec, {"kind": raw} if isinstance(raw, str) else raw, "engine")
-
-
-def _parallel(raw: Any, ctx: _Context) -> ParallelSpec:
-    return build(ParallelSpec, {"placement": raw} if isinstance(raw, str) else (raw or {}), "parallel")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -504,25 +363,3 @@ def _default_registry() -> Registry:
     if not _REGISTRY:
         raise SpecError("no task/batcher registry is installed; import feedline (which installs it) or pass registry=")
     return _REGISTRY[0]
-
-
-def read_spec_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a ``.yaml``/``.yml``/``.json`` spec file (``-`` reads standard input)."""
-    import sys
-
-    import yaml
-
-    p = str(path)
-    try:
-        text = sys.stdin.read() if p == "-" else Path(p).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(f"{p}: spec file not found") from None
-    except OSError as e:
-        raise SpecError(f"{p}: cannot read spec file ({e.strerror})") from e
-    try:
-        data = json.loads(text) if p.endswith(".json") else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise SpecError(f"{p}: not valid {'JSON' if p.endswith('.json') else 'YAML'}: {e}") from e
-    if not isinstance(data, dict):
-        raise SpecError(f"{p}: a spec must be a mapping at the top level, got {type(data).__name__}")
-    return data
