@@ -9,6 +9,7 @@ skipped in chunks as :class:`Oversized`; :func:`is_broken` tells a damaged strea
 from __future__ import annotations
 
 import codecs
+import functools
 import io
 import zlib
 from collections.abc import Generator, Iterator
@@ -145,10 +146,17 @@ def is_utf16(path: str) -> bool:
     if codec_of(path) is not None:
         return False
     if is_url(path):
-        return url_head(path, 2) in _UTF16
+        return _remote_is_utf16(path)
     try:
         with open(path, "rb") as f:
             head = f.read(2)
     except OSError:
         return False
     return head in _UTF16
+
+
+@functools.lru_cache(maxsize=4096)
+def _remote_is_utf16(url: str) -> bool:
+    """:func:`is_utf16` of a URL, asked of the store once per process (a read of every split and
+    every re-read of records would each cost a request otherwise)."""
+    return url_head(url, 2) in _UTF16
