@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
+from feedline._sources.remote import PositionedRaw
 from feedline.errors import SpecError
 
 __all__ = ["ObjectCache", "object_identity"]
@@ -128,7 +129,7 @@ class ObjectCache:
                 os.remove(path)
 
 
-class _Tee(io.RawIOBase):
+class _Tee(PositionedRaw):
     """Reads ``source`` and writes what it reads to a temporary file, kept only if it is the whole object."""
 
     def __init__(self, source: IO[bytes], final: str, size: int, done: Callable[[str], None]) -> None:
@@ -137,15 +138,6 @@ class _Tee(io.RawIOBase):
         self.tmp = os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.{os.getpid()}.{secrets.token_hex(4)}")
         self.copy: Any = open(self.tmp, "wb")  # noqa: SIM115 (closed when the copy is kept or abandoned)
         self.pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         target = offset + (self.pos if whence == io.SEEK_CUR else self.size if whence == io.SEEK_END else 0)

@@ -20,7 +20,7 @@ from typing import IO, Any
 
 from feedline.errors import MissingDependency, SourceError
 
-__all__ = ["ResumingStream", "access_error", "missing_backend", "open_url", "url_head"]
+__all__ = ["PositionedRaw", "ResumingStream", "access_error", "missing_backend", "open_url", "url_head"]
 
 log = logging.getLogger("feedline")
 
@@ -42,8 +42,22 @@ def missing_backend(url: str, error: BaseException) -> MissingDependency:
                              f"install them with: pip install fsspec {install}")
 
 
+class PositionedRaw(io.RawIOBase):
+    """A readable, seekable raw stream that keeps its own offset in ``pos`` (subclasses: ``seek``, ``readinto``)."""
 
-class ResumingStream(io.RawIOBase):
+    pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+
+class ResumingStream(PositionedRaw):
     """A forward-only raw stream over ``url`` that survives dropped connections.
 
     Args:
@@ -67,15 +81,6 @@ class ResumingStream(io.RawIOBase):
         self._f: Any = None
 
     # --------------------------------------------------------------- io protocol
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         """Move to ``offset``: the next read opens the object there (a ranged request), nothing is re-read."""
         if whence == io.SEEK_CUR:
