@@ -32,6 +32,7 @@ from feedline._core.dataset import Dataset, DatasetIterator, State
 from feedline._core.deferred import materialize
 from feedline._core.record import Example, Key, Record
 from feedline._partitions.compose import Composed, quotas
+from feedline._partitions.rows import row_count
 from feedline._sources.deal import partition_seed
 from feedline._sources.mix import Mixture
 from feedline._sources.shuffle import ShuffleBuffer
@@ -280,7 +281,7 @@ class GlobalStreamIterator(DatasetIterator[tuple[int, Batch, State]]):
             full = complete_batch(batch, b.batch_size, self.gs.world_size, b.remainder, p.task.pad_values)
             if full is None:
                 if self.step == 0:  # the only batch: dropping it would end the stream empty, silently
-                    rows = len(next(iter(batch.values())))
+                    rows = row_count(batch)
                     raise SpecError(
                         f"the stream holds {rows} rows, fewer than batching.batch_size={b.batch_size}, and "
                         "batching.remainder: drop dropped them all (0 batches); lower batch_size, or set "

@@ -17,7 +17,6 @@ Workers exit when the parent dies, even by SIGKILL, and ignore Ctrl-C (the paren
 from __future__ import annotations
 
 import multiprocessing
-import os
 import queue
 import threading
 import weakref
@@ -29,6 +28,7 @@ from feedline._core.dataset import State
 from feedline._partitions.placement import Make, Placement
 from feedline._partitions.worker import run_worker
 from feedline._spec import ParallelSpec
+from feedline._tasks.map import usable_cores
 from feedline.errors import FeedlineError, SpecError
 
 __all__ = ["MAX_RESTARTS", "ProcessPlacement"]
@@ -46,7 +46,7 @@ class _Worker:
         ctx = multiprocessing.get_context("spawn")
         self.owned = owned
         self.conn, child = ctx.Pipe(duplex=True)
-        threads = max(1, (os.cpu_count() or 1) // placement.workers)
+        threads = max(1, usable_cores() // placement.workers)
         self.process = ctx.Process(target=run_worker, args=(child, placement.make, owned, placement.options.prefetch, threads),
                                    name=f"feedline-partitions-{index}", daemon=True)
         try:
@@ -98,13 +98,14 @@ class ProcessPlacement(Placement):
 
     def __init__(self, make: Make, k: int, options: ParallelSpec) -> None:
         super().__init__(make, k, options)
-        self.workers = min(k, options.processes or min(k, os.cpu_count() or 1))
+        self.workers = min(k, options.processes or usable_cores())
         self._pool: list[_Worker | None] = [None] * self.workers
         # A placement dropped without close() (a loader never closed) stops its workers when collected.
         weakref.finalize(self, _kill_all, self._pool)
         self._queues: list[deque[Any]] = [deque() for _ in range(k)]
         self._taken: list[State | None] = [None] * k   # each partition's state after the last batch handed out
         self._ended = [False] * k
+        self._failed: list[BaseException | None] = [None] * k  # a partition's error, raised again when asked
         self._gen = 0
         self.restarts = [0] * self.workers
 
@@ -122,6 +123,9 @@ class ProcessPlacement(Placement):
     def next(self, p: int) -> tuple[Batch, State] | None:
         if self._ended[p]:
             return None
+        failed = self._failed[p]
+        if failed is not None:  # its worker stopped the partition: asking again must not wait forever
+            raise failed
         for v in range(self.workers):  # all at once: they start (import, load the tokenizer) in parallel
             self._worker(v)
         w = self.owner(p)
@@ -149,6 +153,7 @@ class ProcessPlacement(Placement):
         elif kind == "end":
             self._queues[p].append(_END)
         else:
+            self._failed[p] = msg[3]
             raise msg[3]
 
     def _restart(self, w: int) -> None:
@@ -172,6 +177,7 @@ class ProcessPlacement(Placement):
         self._gen += 1
         self._taken = list(states)
         self._ended = [False] * self.k
+        self._failed = [None] * self.k
         for q in self._queues:
             q.clear()
         for worker in self._pool:

@@ -59,6 +59,8 @@ class RayPlacement(Placement):
         super().__init__(make, k, options)
         self.ray = connect(EngineSpec(kind="ray", address=options.address))
         self._remote = self.ray.remote(PartitionActor)
+        errors = self.ray.exceptions  # what a lost actor or node raises (an error of the pipeline is RayTaskError)
+        self._lost = (errors.RayActorError, errors.ActorDiedError, errors.ActorUnavailableError, errors.WorkerCrashedError)
         self._actors: list[Any] = [None] * k
         self._pending: list[deque[Any]] = [deque() for _ in range(k)]
         self._taken: list[State | None] = [None] * k
@@ -76,20 +78,16 @@ class RayPlacement(Placement):
     def next(self, p: int) -> tuple[Batch, State] | None:
         if self._ended[p]:
             return None
-        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, WorkerCrashedError
-
-        lost = (RayActorError, ActorDiedError, ActorUnavailableError, WorkerCrashedError)
         for q in range(self.k):  # every actor starts building its pipeline now, not when first asked
             if self._actors[q] is None and not self._ended[q]:
                 self.actor(q)
                 self._fill(q)
         while True:
-            actor, pending = self.actor(p), self._pending[p]
-            while len(pending) < self.options.prefetch:
-                pending.append(actor.next.remote())
+            self.actor(p)
+            self._fill(p)
             try:
-                got = self.ray.get(pending.popleft())
-            except lost as e:
+                got = self.ray.get(self._pending[p].popleft())
+            except self._lost as e:
                 self._lose(p, e)
                 continue
             except self.ray.exceptions.RayTaskError as e:  # the pipeline's own error, raised as it was
