@@ -29,21 +29,28 @@ def test_dropping_the_only_batch_is_an_error_naming_the_fix(tmp_path: Path, smal
     assert full and all(len(b["input_ids"]) == 8 for b in full)
 
 
-def test_an_unreadable_file_stops_the_run_unless_told_to_skip(tmp_path: Path, small_tokenizer: str) -> None:
-    if os.geteuid() == 0:
-        pytest.skip("root reads files whatever their mode; tests/test_sources_remote.py covers a 404 URL")
+def test_an_unreadable_file_stops_the_run_unless_told_to_skip(tmp_path: Path, small_tokenizer: str,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    from feedline._sources import files
+
     make_corpus(tmp_path / "c", files=2, docs=20)
     bad = sorted((tmp_path / "c").iterdir())[0]
-    bad.chmod(0)
-    try:
-        spec = _spec(str(tmp_path / "c"), small_tokenizer, batching={"strategy": "pad", "batch_size": 2})
-        with pytest.raises(SourceError, match=rf"{bad.name}.*on_unreadable: skip"):
-            list(feedline.Loader(spec))
-        loader = feedline.Loader({**spec, "on_unreadable": "skip"})
-        assert list(loader)
-        assert loader.stats()["rejected"].get("unreadable") == 1
-    finally:
-        bad.chmod(0o644)
+    real_open = builtins.open
+
+    def denied(path: object, *args: object, **kwargs: object) -> object:  # root reads any mode: deny this one file
+        if os.fspath(path) == str(bad):  # type: ignore[arg-type]
+            raise PermissionError(13, "Permission denied", str(bad))
+        return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(files, "open", denied, raising=False)  # the readers' one way to open a file's bytes
+    spec = _spec(str(tmp_path / "c"), small_tokenizer, batching={"strategy": "pad", "batch_size": 2})
+    with pytest.raises(SourceError, match=rf"{bad.name}.*Permission denied.*on_unreadable: skip"):
+        list(feedline.Loader(spec))
+    loader = feedline.Loader({**spec, "on_unreadable": "skip"})
+    assert list(loader)
+    assert loader.stats()["rejected"].get("unreadable") == 1
 
 
 def test_an_unreachable_dataset_is_an_error(monkeypatch: pytest.MonkeyPatch, small_tokenizer: str) -> None:

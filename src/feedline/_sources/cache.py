@@ -93,10 +93,6 @@ class ObjectCache:
             self.misses += 1
         return io.BufferedReader(_Tee(opener(), local, size, self._admit), buffer_size=1 << 20)  # type: ignore[arg-type]
 
-    def usage(self) -> int:
-        """Bytes held in the cache now (finished copies only)."""
-        return sum(size for _, size, _ in self._entries())
-
     def _entries(self) -> list[tuple[float, int, str]]:
         out = []
         with os.scandir(self.directory) as it:

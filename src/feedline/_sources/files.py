@@ -119,10 +119,14 @@ def size_of(path: str) -> int | None:
 _CACHES: dict[str, ObjectCache] = {}
 
 
-def use_cache(urls: list[str], cache: ObjectCache) -> None:
-    """Read ``urls`` through ``cache`` from now on (in this process)."""
+def use_cache(urls: list[str], cache: ObjectCache | None) -> None:
+    """Read ``urls`` through ``cache`` from now on (in this process); ``None`` reads them directly."""
     for url in urls:
-        if is_url(url):
+        if not is_url(url):
+            continue
+        if cache is None:
+            _CACHES.pop(url, None)
+        else:
             _CACHES[url] = cache
 
 

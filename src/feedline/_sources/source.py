@@ -91,8 +91,8 @@ class FileSource(Dataset[Record]):
     def files(self) -> list[str]:
         if self._files is None:
             self._files = list_files(self.spec)
-            if self.spec.cache is not None:
-                use_cache(self._files, ObjectCache(self.spec.cache.dir, self.spec.cache.max_bytes))
+            c = self.spec.cache  # every listing says it: a later source of these URLs without cache: reads directly
+            use_cache(self._files, ObjectCache(c.dir, c.max_bytes) if c is not None else None)
         return self._files
 
     @property

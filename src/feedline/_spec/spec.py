@@ -250,7 +250,7 @@ class Spec:
         d = to_plain(self)
         relative = d.pop("relative")
         for i in relative:  # written relative to root: so they stay (another process resolves them the same)
-            if i >= 0:
+            if 0 <= i < len(self.sources) and self.sources[i].path:
                 d["sources"][i]["path"] = portable_path(self.root, self.sources[i].path)
         if -1 in relative and self.tokenizer:
             d["tokenizer"] = portable_path(self.root, self.tokenizer)
@@ -312,7 +312,9 @@ class Spec:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def replace(self, **changes: Any) -> Spec:
-        """A copy with some top-level fields changed."""
+        """A copy with some top-level fields changed (new sources, root or tokenizer are taken as written)."""
+        if {"sources", "root", "tokenizer"} & changes.keys():
+            changes.setdefault("relative", ())
         return dataclasses.replace(self, **changes)
 
 
