@@ -105,6 +105,44 @@ def test_the_template_is_probed_once_per_conversation_shape() -> None:
     assert task._fields.probes == probes  # the steady state renders no probe
 
 
+# A template that validates values (a tool call must name a given tool), so it refuses the probe's
+# sentinels and the conversation's own values are looked up in its render; {% generation %} blocks.
+_KNOWN_TOOLS = ("{%- set names = (tools or []) | map(attribute='function') | map(attribute='name') | list %}"
+                "{%- for m in messages %}{%- for c in m.tool_calls or [] %}{%- if c.function.name not in names %}"
+                "{{ raise_exception('unknown tool: ' + c.function.name) }}{%- endif %}{%- endfor %}{%- endfor %}")
+
+
+def _validating(*, think: bool = True) -> str:
+    reply = ("{{ '<|im_start|>assistant\\n' }}{% generation %}" + (_THINK if think else "") + "{{ m.content or '' }}"
+             + _CALLS + "{{ '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}")
+    other = "{{ '<|im_start|>' + m.role + '\\n' + (m.content or '') + '<|im_end|>\\n' }}"
+    return _KNOWN_TOOLS + _TOOLS + _OPEN + "{%- if m.role == 'assistant' %}" + reply + "{%- else %}" + other + "{%- endif %}" + _CLOSE
+
+
+def test_a_template_that_refuses_the_probe_is_checked_on_its_one_render(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the probe fails, the conversation's values are looked up in the render the task already
+    made: one render per conversation (it rendered twice), the same examples and rejections."""
+    task = _task(_validating())
+    renders: list[int] = []
+    real = task._render
+
+    def counting(msgs: Any, tools: Any, **kw: Any) -> Any:
+        renders.append(len(msgs))
+        return real(msgs, tools, **kw)
+
+    monkeypatch.setattr(task, "_render", counting)
+    first = task.process([Record((0, 0, 0), 0, _CONV)])[0]
+    assert task.mode == "generation" and isinstance(first, list) and task._fields.probes == 1
+    renders.clear()
+    again = task.process([Record((0, 0, 0), 0, _CONV)])[0]
+    assert renders == [len(_CONV["messages"])]  # the probe's answer (it failed) is cached: no second render
+    assert isinstance(again, list) and again[0].fields["input_ids"].tolist() == first[0].fields["input_ids"].tolist()
+    assert again[0].fields["labels"].tolist() == first[0].fields["labels"].tolist()
+    out = _task(_validating(think=False)).process([Record((0, 0, 0), 0, _CONV)])[0]
+    assert not isinstance(out, list) and out.reason == "unrendered_content"
+    assert "message 5 (assistant): reasoning_content" in out.detail
+
+
 # a template with no end-of-turn text (as GLM-4's): "<|im_start|>" opens each turn, nothing closes it
 NO_EOT = _OPEN + "{{ '<|im_start|>' + m.role + '\\n' + m.content }}" + _CLOSE
 _TWO_TURNS = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello."},

@@ -141,3 +141,33 @@ def test_loader_with_sentencepiece_backend_packs_sentencepiece_ids(tmp_path: Pat
                 got += [tuple(row[s:e].tolist()) for s, e in itertools.pairwise(cu) if e > s]
     sp = spm.SentencePieceProcessor(model_file=model)
     assert sorted(got) == sorted(tuple(sp.encode(t, add_eos=True)) for t in texts)
+
+
+def test_sentencepiece_threads_keep_to_the_process_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each call's num_threads is the share a partition worker sets (RAYON_NUM_THREADS, as the
+    ``tokenizers`` pool reads it), 1 where TOKENIZERS_PARALLELISM turns pools off, else every usable
+    core: 2 worker processes on 8 cores encode on 4 threads each, not 8 (they used every CPU)."""
+    import os
+
+    from feedline._core import cores
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    tok = with_backend(load_tokenizer(str(shared("tokenizers", "t5", "spiece.model"))), "sentencepiece")
+    asked: list[int] = []
+    real = tok.encoder.sp.encode
+
+    def spy(*args: object, **kw: object) -> object:
+        asked.append(int(kw["num_threads"]))  # type: ignore[call-overload]
+        return real(*args, **kw)
+
+    monkeypatch.setattr(tok.encoder.sp, "encode", spy)
+    want = spm.SentencePieceProcessor(model_file=str(shared("tokenizers", "t5", "spiece.model"))).encode("The cat walks.")
+    assert tok.encode("The cat walks.", add_special_tokens=False).tolist() == want
+    monkeypatch.setenv("RAYON_NUM_THREADS", str(cores.usable_cores() // 2))  # what processes: 2 gives each worker
+    tok.encode("The cat walks.")
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    tok.encode("The cat walks.")
+    assert asked == [8, 4, 1]

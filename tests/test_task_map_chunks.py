@@ -4,6 +4,7 @@ stream cuts the same chunks (so it saves the same states) as an uninterrupted on
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import numpy as np
@@ -134,7 +135,7 @@ def test_threads_are_started_only_where_they_add_cores(wiki_spec: Spec, monkeypa
 
     task = Pipeline(wiki_spec).task
     monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
-    assert task_map.useful_threads(task) == task_map.auto_workers(task) == 1
+    assert task_map.useful_threads(task) == Pipeline(wiki_spec.replace(workers=0)).workers == 1
     runner = ThreadRunner(task, 14)
     assert runner.workers == 1 and runner.ahead == 3 and runner.ahead_bytes == task_map.INFLIGHT_BYTES
     monkeypatch.setattr(task_map, "usable_cores", lambda: 6)
@@ -144,3 +145,27 @@ def test_threads_are_started_only_where_they_add_cores(wiki_spec: Spec, monkeypa
     monkeypatch.setattr(type(task), "parallel_calls", True, raising=False)
     assert ThreadRunner(task, 4).workers == 4
     assert Pipeline({**wiki_spec.to_dict(), "workers": 0}).workers == 6
+
+
+def test_workers_lowered_is_said_once(wiki_spec: Spec, monkeypatch: pytest.MonkeyPatch,
+                                      caplog: pytest.LogCaptureFixture) -> None:
+    """workers: N above what adds cores is lowered with one warning naming both counts and why, once."""
+    from feedline._tasks import map as task_map
+
+    monkeypatch.setattr(task_map, "_told", set())
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    task = Pipeline(wiki_spec).task
+    with caplog.at_level(logging.INFO, logger="feedline"):
+        assert [ThreadRunner(task, 5).workers for _ in range(3)] == [1, 1, 1]
+        ThreadRunner(task, 1)
+    said = [r for r in caplog.records if "requested" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
+    assert "workers: 5 requested, 1 used" in said[0].getMessage() and "GIL" in said[0].getMessage()
+    monkeypatch.setattr(task_map, "usable_cores", lambda: 3)
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="feedline"):
+        assert ThreadRunner(task, 5).workers == 3 and ThreadRunner(task, 3).workers == 3
+    assert [r.getMessage() for r in caplog.records if "requested" in r.getMessage()] == [
+        f"workers: 5 requested, 3 used for task {task.kind!r}: the tokenizer's own pool is off "
+        "(TOKENIZERS_PARALLELISM) and 3 cores are usable"]

@@ -40,7 +40,7 @@ from feedline._sources.source import FileSource
 from feedline._sources.transform import Transform, steps_of
 from feedline._spec import MixSpec, Spec
 from feedline._tasks.base import Task, TaskContext
-from feedline._tasks.map import TaskMap, auto_workers
+from feedline._tasks.map import TaskMap, useful_threads
 from feedline._tasks.registry import task_class
 from feedline._tokenize.tokenizer import Tokenizer
 from feedline.errors import SpecError
@@ -149,8 +149,8 @@ class Pipeline:
 
     @property
     def workers(self) -> int:
-        """Threads calling the task (``spec.workers``; 0 = automatic: see ``auto_workers``)."""
-        return self.spec.workers or auto_workers(self.task)
+        """Threads calling the task (``spec.workers``; 0 = automatic: ``useful_threads``)."""
+        return self.spec.workers or useful_threads(self.task)
 
     def examples(self) -> Dataset[Example]:
         """Task examples, in order (through the task's own stream stage, if it has one)."""

@@ -2,7 +2,8 @@
 
 ``parallel: {placement: processes, processes: N}`` spawns ``N`` workers (0: one per partition, at
 most the cores); worker ``w`` owns partitions ``w, w + N, ...`` and runs each one's whole pipeline
-(:mod:`feedline._partitions.worker`), the tokenizer's pool sized to its share of the cores. Each
+(:mod:`feedline._partitions.worker`), the tokenizer's pool sized to its share of the cores
+(``RAYON_NUM_THREADS``, which sentencepiece's ``num_threads`` follows too: :func:`~feedline._core.cores.pool_threads`). Each
 batch crosses a pipe with the state after it; a thread per worker receives them into a queue, and
 at most ``parallel.prefetch`` batches per partition are ahead of the composing stage (credit), so
 memory is bounded.
@@ -24,11 +25,11 @@ from collections import deque
 from typing import Any
 
 from feedline._batching.base import Batch
+from feedline._core.cores import usable_cores
 from feedline._core.dataset import State
 from feedline._partitions.placement import Make, Placement
 from feedline._partitions.worker import run_worker
 from feedline._spec import ParallelSpec
-from feedline._tasks.map import usable_cores
 from feedline.errors import FeedlineError, SpecError
 
 __all__ = ["MAX_RESTARTS", "ProcessPlacement"]

@@ -51,7 +51,7 @@ def run_worker(conn: Connection, make: Callable[[int], Any], owned: list[int], p
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, name="feedline-parent-watch", daemon=True).start()
     if threads:
-        os.environ["RAYON_NUM_THREADS"] = str(threads)  # the tokenizer's pool: this worker's share of the cores
+        os.environ["RAYON_NUM_THREADS"] = str(threads)  # the tokenizer's pool (tokenizers, sentencepiece): this worker's share of the cores
     its: dict[int, Any] = {}
     credit = dict.fromkeys(owned, 0)
     ended: set[int] = set()

@@ -188,7 +188,7 @@ class Chat(Task):
             if not missing:
                 return prep
         else:
-            missing = self._fields.missing(prep[3], tools)
+            missing = self._fields.missing(prep[3], tools, rendered=prep[0])
         if missing and opts.unrendered == "reject":
             return (f"unrendered_content: the chat template does not render {describe(missing)}; give a "
                     "chat_template that renders it, or set task.unrendered: warn to train without it")

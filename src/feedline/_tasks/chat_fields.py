@@ -133,8 +133,12 @@ class FieldProbe:
         self._cache: dict[tuple[Any, ...], list[str] | None] = {}  # threads share it: a race costs a probe
         self.probes = 0  # renders spent on probes (for tests and measurements)
 
-    def missing(self, msgs: list[dict[str, Any]], tools: Any) -> list[str]:
-        """What of ``msgs``/``tools`` the template does not render (``'message 3 (assistant): tool_calls'``)."""
+    def missing(self, msgs: list[dict[str, Any]], tools: Any, rendered: str | None = None) -> list[str]:
+        """What of ``msgs``/``tools`` the template does not render (``'message 3 (assistant): tool_calls'``).
+
+        ``rendered``: the caller's render of ``msgs``/``tools``, if it has one; where the probe
+        failed, the conversation's own values are looked up in it (else it is rendered here).
+        """
         shape = conversation_shape(msgs, tools)
         found = self._cache.get(shape, _UNSEEN)
         if found is _UNSEEN:
@@ -142,7 +146,14 @@ class FieldProbe:
             if len(self._cache) >= _MAX_SHAPES:
                 self._cache.clear()
             self._cache[shape] = found
-        return found if found is not None else _by_values(self._render, msgs, tools)
+        if found is not None:
+            return found
+        if rendered is None:
+            try:
+                rendered = self._render(msgs, tools)
+            except Exception:  # not expected: the conversation rendered before it was checked
+                return []
+        return _by_values(rendered.lower(), msgs, tools)
 
     def _by_probe(self, shape: tuple[Any, ...]) -> list[str] | None:
         msgs, tools, expect = _probe(shape)
@@ -154,12 +165,9 @@ class FieldProbe:
         return list(dict.fromkeys(what for s, what in expect.items() if s not in text))
 
 
-def _by_values(render: Render, msgs: list[dict[str, Any]], tools: Any) -> list[str]:
-    """The fallback check on the conversation's own values (whitespace-trimmed, case-folded)."""
-    try:
-        text = render(msgs, tools).lower()
-    except Exception:  # not expected: the conversation rendered before it was checked
-        return []
+def _by_values(text: str, msgs: list[dict[str, Any]], tools: Any) -> list[str]:
+    """The fallback check on the conversation's own values (whitespace-trimmed, case-folded) in
+    ``text``, its render lower-cased."""
     out = []
     for i, m in enumerate(msgs):
         where = f"message {i + 1} ({m['role']})"

@@ -40,11 +40,13 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
 from feedline._core.block import ExampleBlock
+from feedline._core.cores import OFF, usable_cores
 from feedline._core.dataset import Dataset, DatasetIterator, State
 from feedline._core.record import Example, ExampleRef, Key, Record, Rejection
 from feedline._core.report import Rejections, add_counts, nothing_delivered, sum_rejected
@@ -52,13 +54,15 @@ from feedline._tasks.base import Task, TaskOutput
 from feedline._tasks.sizing import CHUNK_BYTES, INFLIGHT_BYTES, read_chunk, records_size
 from feedline.errors import SourceError, StateError
 
+log = logging.getLogger("feedline")
+
 __all__ = [
     "CHUNK_BYTES",
     "INFLIGHT_BYTES",
     "ChunkRunner",
     "TaskMap",
     "ThreadRunner",
-    "auto_workers",
+    "thread_count",
     "usable_cores",
     "useful_threads",
 ]
@@ -90,16 +94,9 @@ class ChunkRunner(Protocol):
     def close(self) -> None: ...
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (``sched_getaffinity`` where the OS has it, else ``cpu_count``)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
 def useful_threads(task: Task) -> int:
-    """How many chunks of ``task`` at once add throughput: the most threads a :class:`ThreadRunner` starts.
+    """How many chunks of ``task`` at once add throughput: the most threads a :class:`ThreadRunner`
+    starts, and ``workers: 0``'s count.
 
     One, where each call already spreads over every core: the ``tokenizers`` batch call runs on
     its own thread pool (Rayon) with the GIL released, and what remains is the task's Python under
@@ -110,21 +107,43 @@ def useful_threads(task: Task) -> int:
     a task that says so (``parallel_calls = True``, for plug-ins whose work releases the GIL).
     Partitions (``partitions: K``) are what add cores to the Python part.
     """
+    return _thread_limit(task)[0]
+
+
+def _thread_limit(task: Task) -> tuple[int, str]:
+    """:func:`useful_threads` and why, in words (for the log line when ``workers`` asks for more)."""
     if getattr(task, "parallel_calls", False):
-        return usable_cores()
+        cores = usable_cores()
+        return cores, f"the task's calls run apart (parallel_calls) and {cores} cores are usable"
     tokenizer = getattr(getattr(task, "ctx", None), "tokenizer", None)
-    if tokenizer is not None and os.environ.get("TOKENIZERS_PARALLELISM", "").lower() in ("0", "false", "off", "no"):
-        return usable_cores()
-    return 1
+    if tokenizer is not None and os.environ.get("TOKENIZERS_PARALLELISM", "").lower() in OFF:
+        cores = usable_cores()
+        return cores, f"the tokenizer's own pool is off (TOKENIZERS_PARALLELISM) and {cores} cores are usable"
+    return 1, ("each task call already spreads over every core (the tokenizer's thread pool) and more "
+               "calling threads only contend for the GIL; partitions: K adds cores")
 
 
-def auto_workers(task: Task) -> int:
-    """``workers: 0``: :func:`useful_threads` (one calling thread unless calls run apart outside the GIL)."""
-    return useful_threads(task)
+_told: set[tuple[str, int, int]] = set()  # (task kind, requested, used) already logged in this process
+
+
+def thread_count(task: Task, workers: int) -> int:
+    """The threads a :class:`ThreadRunner` starts for ``workers``: at most :func:`useful_threads`.
+
+    A request lowered is logged (a WARNING, once per process for each task kind and pair of counts):
+    the spec asked for threads it does not get.
+    """
+    limit, why = _thread_limit(task)
+    used = max(1, min(workers, limit))
+    kind = str(getattr(task, "kind", type(task).__name__))
+    if used < workers and (kind, workers, used) not in _told:
+        _told.add((kind, workers, used))
+        log.warning("workers: %d requested, %d used for task %r: %s", workers, used, kind, why)
+    return used
 
 
 class ThreadRunner:
-    """Process chunks on up to ``workers`` threads (no more than :func:`useful_threads`), that many + 2
+    """Process chunks on up to ``workers`` threads (no more than :func:`useful_threads`: see
+    :func:`thread_count`), that many + 2
     chunks in flight and no more text than ``ahead_bytes``: more threads never queue more work
     ahead of the chunk the stream waits for, nor take the GIL from the reader and the batcher.
 
@@ -134,7 +153,7 @@ class ThreadRunner:
 
     def __init__(self, task: Task, workers: int, ahead_bytes: int | None = INFLIGHT_BYTES) -> None:
         self.task = task
-        self.workers = max(1, min(workers, useful_threads(task)))
+        self.workers = thread_count(task, workers)
         self.ahead = self.workers + 2
         self.ahead_bytes = ahead_bytes
         self.pool: cf.ThreadPoolExecutor | None = None

@@ -13,12 +13,13 @@ and verifies them. :class:`TokenizerLike` is what the backends need of a tokeniz
 from __future__ import annotations
 
 import itertools
-import os
 from array import array
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
+
+from feedline._core.cores import pool_threads
 
 __all__ = ["Encoder", "FastEncoder", "FlatEncoder", "HfEncoder", "SentencePieceEncoder", "TokenizerLike", "join_ids",
            "split_ids"]
@@ -125,7 +126,9 @@ class SentencePieceEncoder(FlatEncoder):
 
     Args:
         proto: the serialized ``ModelProto`` (the ``.model`` file's bytes).
-        threads: sentencepiece's threads per call (default: one per CPU).
+        threads: sentencepiece's threads per call (default: :func:`~feedline._core.cores.pool_threads`
+            at each call: every usable core, or a partition worker's share, or 1 where
+            ``TOKENIZERS_PARALLELISM`` turns pools off).
 
     Raises:
         ImportError: ``sentencepiece`` is not installed.
@@ -141,10 +144,10 @@ class SentencePieceEncoder(FlatEncoder):
         self.sp.LoadFromSerializedProto(proto)
         self.add_bos = self.sp.bos_id() >= 0
         self.add_eos = not self.add_bos and self.sp.eos_id() >= 0
-        self.threads = threads or os.cpu_count() or 1
+        self.threads = threads
 
     def _encode_flat(self, texts: Sequence[str], add_special_tokens: bool) -> tuple[np.ndarray, np.ndarray]:
-        lists = self.sp.encode(list(texts), out_type=int, num_threads=self.threads,
+        lists = self.sp.encode(list(texts), out_type=int, num_threads=self.threads or pool_threads(),
                                add_bos=add_special_tokens and self.add_bos, add_eos=add_special_tokens and self.add_eos)
         bounds = np.zeros(len(lists) + 1, dtype=np.int64)
         np.cumsum(np.fromiter((len(x) for x in lists), dtype=np.int64, count=len(lists)), out=bounds[1:])
