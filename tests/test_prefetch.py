@@ -10,7 +10,7 @@ import pytest
 
 from feedline._core.dataset import DatasetIterator, State
 from feedline._core.prefetch import Prefetch
-from feedline.errors import FeedlineError, SourceError
+from feedline.errors import FeedlineError, SourceError, SpecError
 
 
 class Counter(DatasetIterator[int]):
@@ -191,7 +191,10 @@ def test_a_detached_stop_never_waits_for_a_busy_thread_nor_reuses_its_parent() -
 def test_without_detach_a_stop_still_joins_the_thread() -> None:
     release, inside = threading.Event(), threading.Event()
     parent = Slow(10, block_at=2, release=release, inside=inside)
-    it = Prefetch(parent, 1, detach=True)   # not a factory: nothing to rebuild, so it must wait
+    # an iterator cannot be rebuilt, so it cannot detach: refused, naming the fix, instead of silently joining
+    with pytest.raises(SpecError, match="detach=True needs a factory parent.*not the Slow itself.*detach=False"):
+        Prefetch(parent, 1, detach=True)
+    it = Prefetch(parent, 1)
     assert next(it)[0] == 0 and inside.wait(5)
     threading.Timer(0.2, release.set).start()
     it.set_state({"i": 5})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import subprocess
 import sys
@@ -129,6 +130,19 @@ def test_token_is_required_and_checked(env: dict, tmp_path: Path) -> None:
         records = list(feedline.records(infer))
         assert b["idxs"][0] == [0, 0, 0] and len(b["texts"]) == len(b["input_ids"])
         assert b["texts"][:3] == [r["text"] for r in records[:3]]
+        # later requests of a kept-alive connection pass the gateway's check, not the guard's: the same
+        # rule, so a token that is not UTF-8 is refused there too (it was a 500: a str that cannot encode)
+        conn = http.client.HTTPConnection(url.removeprefix("http://"), timeout=30)
+        try:
+            answers = []
+            for value in (f"Bearer {token}".encode(), b"Bearer \xff\xfe-not-utf8", b"bearer  " + token.encode()):
+                conn.request("GET", "/stats", headers={"Authorization": value})
+                r = conn.getresponse()
+                r.read()
+                answers.append(r.status)
+            assert answers == [200, 401, 200]
+        finally:
+            conn.close()
     finally:
         stop(proc)
 

@@ -125,3 +125,48 @@ def test_prometheus_rendering() -> None:
     assert 'feedline_rejected_records_total{reason="bad_json",stream="train"} 2.0' in text
     assert 'feedline_client_credit{client="ab",rank="1",stream="train"} 2.0' in text
     assert "spec_hash" not in text
+
+
+def test_plain_and_compact_batches_share_one_field_bound() -> None:
+    """One ``MAX_FIELDS`` (the batching layer's), which the protocol's decoder imports: a plain batch of
+    that many fields decodes, one more is refused naming the bound, and so is a compact layout listing more."""
+    from feedline._batching.compact import MAX_FIELDS, CompactBatch
+    from feedline._service import protocol
+
+    assert protocol.MAX_FIELDS is MAX_FIELDS
+    batch = {f"f{i}": np.full(2, i, np.int16) for i in range(MAX_FIELDS)}
+    header, payload = encode_batch(batch, step=1, state="{}")
+    assert len(decode_batch(unpack_header(header), [payload])) == MAX_FIELDS
+    header, payload = encode_batch({**batch, "one_more": np.zeros(2, np.int16)}, step=1, state="{}")
+    with pytest.raises(ProtocolError, match=f"{MAX_FIELDS + 1} fields \\(at most {MAX_FIELDS}\\)"):
+        decode_batch(unpack_header(header), [payload])
+    layout = {"max_length": 4, "max_docs": 2, "attention": "padding", "mask_first": False, "pad": {},
+              "fields": [[f"f{i}", "input_ids"] for i in range(MAX_FIELDS + 1)]}
+    with pytest.raises(ProtocolError, match="malformed compact batch layout"):
+        CompactBatch.from_wire(layout, {})
+
+
+@pytest.mark.parametrize("batching,length,docs", [
+    ({"strategy": "pack", "batch_size": 4}, 64, 64),
+    ({"strategy": "concat", "batch_size": 4, "max_length": 32, "max_docs_per_row": 5}, 32, 5),
+    ({"strategy": "pad", "batch_size": 4, "pad_to": "max_length", "pad_to_multiple_of": 24}, 72, None),
+    ({"strategy": "pad", "batch_size": 4}, None, None),
+])
+def test_welcome_limits_take_the_row_length_as_the_batchers_do(batching: dict, length: int | None,
+                                                              docs: int | None) -> None:
+    """``stream_limits`` asks the batchers' own ``row_length``: the same length, and the same refusal of a
+    fixed-length strategy without one, for a server's welcome and for a client given the spec."""
+    from feedline._service.client import RemoteLoader
+    from feedline._service.trust import stream_limits
+    from feedline._spec import Spec
+
+    spec = {"sources": ["a.txt"], "task": {"kind": "clm", "max_length": 64}, "batching": batching}
+    assert stream_limits(Spec.from_mapping(spec)) == {"rows": 4, "max_length": length, "max_docs": docs}
+    unbounded = {**spec, "task": {"kind": "clm", "max_length": None}}
+    if length is None:
+        assert stream_limits(Spec.from_mapping(unbounded))["max_length"] is None
+        return
+    with pytest.raises(SpecError, match=f"strategy '{batching['strategy']}' needs a row length: set batching.max_length"):
+        stream_limits(Spec.from_mapping({**unbounded, "batching": {**batching, "max_length": None}}))
+    with pytest.raises(SpecError, match="needs a row length"):   # before any connection, not an unbounded client
+        RemoteLoader("tcp://127.0.0.1:9", spec={**unbounded, "batching": {**batching, "max_length": None}})

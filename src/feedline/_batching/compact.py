@@ -40,11 +40,13 @@ from feedline._batching.rows import Attention, collate_flat
 from feedline._core.block import exclusive_cumsum, gather_spans, spans
 from feedline.errors import FeedlineError, ProtocolError
 
-__all__ = ["BatchLimits", "CompactBatch", "id_field"]
+__all__ = ["MAX_FIELDS", "BatchLimits", "CompactBatch", "id_field"]
 
 _ATTENTION = ("padding", "block_diagonal", "block_causal")
 _VALUES = "values/"   # wire array names of the token fields: "values/input_ids"
-_MAX_FIELDS = 64
+#: The most fields a wire batch may list, plain or compact (the service's protocol checks the same
+#: bound): a receiver refuses more before it reads any.
+MAX_FIELDS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +159,7 @@ class CompactBatch:
         length = _layout_count("max_length", length, max_length)
         docs_cap = _layout_count("max_docs", docs_cap, max_docs)
         if not (attention in _ATTENTION and isinstance(layout.get("mask_first"), bool) and isinstance(pads, dict)
-                and isinstance(fields, list) and 0 < len(fields) <= _MAX_FIELDS):
+                and isinstance(fields, list) and 0 < len(fields) <= MAX_FIELDS):
             raise ProtocolError(f"malformed compact batch layout {layout!r:.200}")
         docs = _counts(arrays, "docs", 1 << 31 if max_rows is None else max_rows, docs_cap, "documents per row")
         n_pieces = int(docs.sum(dtype=np.int64))   # < 2^31 values of < 2^31: cannot wrap

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from feedline._batching.base import Batch, Batcher, collate_blocks, collate_padded
+from feedline._batching.pack import row_length
 from feedline._core.block import ExampleBlock
 from feedline._core.dataset import DatasetIterator
 from feedline._core.record import Example
@@ -60,9 +61,7 @@ class _PadIterator(DatasetIterator[Batch]):
         opts: PadOptions = ds.options
         self.length = None
         if opts.pad_to == "max_length":
-            self.length = opts.max_length or ds.ctx.task.max_length
-            if self.length is None:
-                raise SpecError("batching.pad_to: max_length needs batching.max_length or task.max_length")
+            self.length = row_length(opts, ds.ctx.task.max_length, "pad")
         self.pad_values = ds.ctx.task.pad_values
 
     def __next__(self) -> Batch:

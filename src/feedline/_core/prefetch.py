@@ -24,7 +24,8 @@ Stopping (:meth:`Prefetch.set_state`, :meth:`Prefetch.close`) joins the thread, 
 the middle of producing an element. With ``detach=True`` (an event loop's stages: the service's
 producers) it never waits: a thread still inside its parent is left to finish in the background,
 where its parent is closed after it, and the next start builds a fresh parent from the factory
-(a parent an old thread may still be inside is never reused).
+(a parent an old thread may still be inside is never reused); an iterator parent, which cannot be
+rebuilt, is refused with ``detach=True``.
 
 State: exactly the parent's state (a prefetch stage adds no fields of its own), so a state
 saved with or without prefetching resumes either way.
@@ -40,7 +41,7 @@ from typing import Any
 
 from feedline._core.dataset import DatasetIterator, State
 from feedline._core.deferred import materialize
-from feedline.errors import FeedlineError
+from feedline.errors import FeedlineError, SpecError
 
 __all__ = ["Prefetch"]
 
@@ -71,6 +72,10 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         wake: called when an element (or the end, or an error) is queued into an empty queue.
         name: the thread's name.
         detach: never join a busy thread on the caller's thread (needs a factory parent).
+
+    Raises:
+        FeedlineError: ``depth`` below 1.
+        SpecError: ``detach=True`` with an iterator for a parent (it could not be rebuilt).
     """
 
     def __init__(self, parent: Any, depth: int, *, map: Callable[[Any], Any] | None = None,
@@ -81,11 +86,15 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         if callable(parent) and not hasattr(parent, "get_state"):
             self._factory: Callable[[], Any] | None = parent
             self._parent: Any = None
+        elif detach:
+            raise SpecError(f"{name}: detach=True needs a factory parent (a zero-argument callable returning the "
+                            f"iterator), not the {type(parent).__name__} itself: a stop leaves a busy thread inside "
+                            "its parent, so the next start must build a fresh one; pass the factory, or detach=False")
         else:
             self._factory, self._parent = None, parent
         self.depth = depth
         self.name = name
-        self.detach = detach and self._factory is not None
+        self.detach = detach
         self._map = map
         self._wake = wake
         self._state: State | None = None   # state after the last element handed out (a snapshot)

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
 import json
 import logging
 import threading
@@ -51,7 +50,7 @@ import numpy as np
 from feedline._pipeline import Pipeline
 from feedline._service.auth import ClientKeys
 from feedline._service.http_feed import Delivery, StreamFeed
-from feedline._service.http_guard import ConnectionGuard
+from feedline._service.http_guard import ConnectionGuard, bearer_matches
 from feedline._service.http_options import HttpOptions
 from feedline.errors import FeedlineError, SpecError, TransportError
 
@@ -195,14 +194,11 @@ class HttpGateway:
         @web.middleware
         async def auth(request: Any, handler: Any) -> Any:
             self.requests += 1
-            if token is not None and request.path != "/healthz":
-                given = request.headers.get("Authorization", "")
-                scheme, _, value = given.partition(" ")
-                if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), token):
-                    self.unauthorized += 1
-                    return _json_response(web, 401, {"error": "unauthorized",
-                                                     "message": "send 'Authorization: Bearer TOKEN'"},
-                                          headers={"WWW-Authenticate": 'Bearer realm="feedline"'})
+            if token is not None and request.path != "/healthz" \
+                    and not bearer_matches(request.headers.get("Authorization", ""), token):
+                self.unauthorized += 1
+                return _json_response(web, 401, {"error": "unauthorized", "message": "send 'Authorization: Bearer TOKEN'"},
+                                      headers={"WWW-Authenticate": 'Bearer realm="feedline"'})
             return await handler(request)
 
         return auth

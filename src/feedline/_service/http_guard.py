@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ConnectionGuard", "GuardCounters"]
+__all__ = ["ConnectionGuard", "GuardCounters", "bearer_matches"]
 
 MAX_HEAD = 16 << 10   # bytes of request line and headers a pending connection may send
 
@@ -92,9 +92,19 @@ class ConnectionGuard:
         for line in lines[1:]:
             name, _, value = line.partition(b":")
             if name.strip().lower() == b"authorization":
-                scheme, _, given = value.strip().partition(b" ")
-                return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.token)
+                return bearer_matches(value, self.token)
         return False
+
+
+def bearer_matches(authorization: bytes | str, token: bytes) -> bool:
+    """Whether an ``Authorization`` header value is ``Bearer TOKEN`` (the scheme in any case), the token
+    compared in constant time. The one check of the guard (raw headers) and the gateway (every later
+    request of a kept-alive connection); a value that is not UTF-8 (aiohttp keeps its bytes as
+    surrogates) is compared as its bytes, so it is refused, never an error.
+    """
+    raw = authorization.encode("utf-8", "surrogateescape") if isinstance(authorization, str) else authorization
+    scheme, _, given = raw.strip().partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), token)
 
 
 _UNAUTHORIZED = json.dumps({"error": "unauthorized", "message": "send 'Authorization: Bearer TOKEN'"}).encode()

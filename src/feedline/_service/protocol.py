@@ -53,7 +53,7 @@ import msgpack
 import numpy as np
 
 from feedline import errors
-from feedline._batching.compact import BatchLimits, CompactBatch
+from feedline._batching.compact import MAX_FIELDS, BatchLimits, CompactBatch
 from feedline._core.deferred import Deferred, materialize
 from feedline.errors import FeedlineError, ProtocolError, RecordError, TransportError
 
@@ -80,7 +80,6 @@ BYE_SHUTDOWN = "shutdown"    # the server is stopping: reconnect (to its success
 BYE_UNKNOWN = "unknown"      # the server does not know this client (it restarted): say hello again
 CLIENT_OPS = frozenset({"hello", "credit", "ping", "stats", "bye"})
 _DTYPE_KINDS = frozenset("biuf")
-_MAX_FIELDS = 64
 _MAX_NDIM = 8
 _MAX_DIM = 1 << 40   # no array dimension is larger (numpy refuses shapes whose size overflows)
 _ALIGN = 8          # every array starts at a multiple of this in the payload
@@ -164,8 +163,8 @@ def _decode_arrays(header: Mapping[str, Any], frames: Sequence[Any]) -> dict[str
     if len(frames) != 1:
         raise ProtocolError(f"a batch is a header and one payload frame, got {len(frames)} frames after the header "
                             "(a peer speaking protocol version 1?)")
-    if not isinstance(fields, list) or len(fields) > _MAX_FIELDS:
-        raise ProtocolError(f"batch header lists {_len(fields)} fields (at most {_MAX_FIELDS})")
+    if not isinstance(fields, list) or len(fields) > MAX_FIELDS:
+        raise ProtocolError(f"batch header lists {_len(fields)} fields (at most {MAX_FIELDS})")
     frame = frames[0]
     buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
     size = buf.nbytes

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from feedline._batching.compact import BatchLimits, id_field
+from feedline._batching.pack import row_length
 from feedline._service.protocol import PROTOCOL_VERSION, decode_batch
 from feedline._service.session import MAX_PREFETCH
 from feedline._spec import Spec
@@ -52,25 +53,26 @@ class WelcomeInfo:
 
 
 def stream_limits(spec: Spec) -> dict[str, int | None]:
-    """The ``batch`` entry of a welcome: what the batches of ``spec``'s stream hold at most.
+    """The ``batch`` entry of a welcome: what the batches of ``spec``'s stream hold at most (the row
+    length as the batchers take it: :func:`~feedline._batching.pack.row_length`).
 
         >>> stream_limits(Spec.from_mapping({"sources": ["a.txt"], "task": {"kind": "clm", "max_length": 64},
         ...                                  "batching": {"strategy": "pack", "batch_size": 4}}))
         {'rows': 4, 'max_length': 64, 'max_docs': 64}
+
+    Raises:
+        SpecError: a strategy with a fixed row length and no length given (as the batcher would).
     """
-    b = spec.batching
-    o = b.options
+    b, o = spec.batching, spec.batching.options
     task_length = getattr(spec.task.options, "max_length", None)
     length: int | None = None
     docs: int | None = None
     if b.strategy in ("pack", "concat"):
-        length = getattr(o, "max_length", None) or task_length
-        docs = getattr(o, "max_docs_per_row", None)
-    elif b.strategy == "pad" and getattr(o, "pad_to", None) == "max_length":
-        length = getattr(o, "max_length", None) or task_length
-        multiple = getattr(o, "pad_to_multiple_of", None)
-        if length is not None and multiple:
-            length = -(-length // multiple) * multiple
+        length, docs = row_length(o, task_length, b.strategy), o.max_docs_per_row
+    elif b.strategy == "pad" and o.pad_to == "max_length":
+        length = row_length(o, task_length, "pad")
+        if o.pad_to_multiple_of:
+            length = -(-length // o.pad_to_multiple_of) * o.pad_to_multiple_of
     return {"rows": b.batch_size, "max_length": length, "max_docs": docs}
 
 
