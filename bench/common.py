@@ -28,7 +28,8 @@ except ImportError:  # a bare GPU node (bench/gpu_node.py): process-tree meters 
     psutil = None
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
+# FEEDLINE_BENCH_DATA: the real data elsewhere (bench/gpu_node.py --data-root sets it for its child processes)
+DATA = Path(os.environ.get("FEEDLINE_BENCH_DATA") or ROOT.parent / "shared" / "data")
 CORPORA = Path(os.environ.get("FEEDLINE_BENCH_DIR", "/tmp/feedline-bench"))
 # Where results and plots go: outside the checkout unless FEEDLINE_BENCH_OUT=commit (bench/run.py
 # --update), so a trial run never overwrites the committed bench/results and docs/img.

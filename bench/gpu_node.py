@@ -37,6 +37,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
+# child processes (the scaling runs, gpu_check, spawned partitions) import this checkout's feedline too
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH", "")) if p)
 OPTIONAL = ("zmq", "zstandard", "fastokens")
 WHEELS = {"zmq": "pyzmq", "zstandard": "zstandard", "fastokens": "fastokens"}
 
@@ -176,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", help="the workers curve (default 0,1,4,14; quick 1,14)")
     ap.add_argument("--partitions", help="the K curve, in processes (default 2,8,14 where the spec has partitions; quick 2)")
     ap.add_argument("--seconds", type=float, help="scaling window (default 2.5; quick 1)")
+    ap.add_argument("--warmup", type=float, default=0.0,
+                    help="seconds after the first batch before the scaling window (default 0: the cold window)")
     ap.add_argument("--mb", type=float, help="corpus size per workload (default 32; quick 8)")
     ap.add_argument("--gpt-steps", type=int, help="default 80 (quick 4)")
     ap.add_argument("--gpt-warmup", type=int, help="default 10 (quick 1)")
@@ -198,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     import common  # the corpora and tokenizers read from the data found above
 
     common.DATA, common.GPT2, common.BERT = data, data / "tokenizers" / "gpt2", data / "tokenizers" / "bert-base-uncased"
+    os.environ["FEEDLINE_BENCH_DATA"] = str(data)  # the scaling runs' child processes read it too
     import scaling
 
     env = environment()
@@ -209,9 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         places = "processes" if "parallel" in scaling.spec_fields() and args.partitions else ""
         sargs = argparse.Namespace(workloads=",".join(scaling.WORKLOADS), workers=args.workers,
                                    partitions=("1," + args.partitions) if places else "", placements=places,
-                                   mb=args.mb, seconds=args.seconds, warmup=0.0, rounds=1, timeout=args.timeout)
+                                   mb=args.mb, seconds=args.seconds, warmup=args.warmup, rounds=1, timeout=args.timeout)
         rows = scaling.run(sargs)
-        print(f"scaling on {env['cores']} cores ({args.seconds:g} s windows from the first batch, one round)")
+        print(f"scaling on {env['cores']} cores ({args.seconds:g} s windows {args.warmup:g} s after the first batch, one round)")
         scaling.print_rows(rows)
         result["scaling"] = rows
     if not args.skip_training:
