@@ -219,3 +219,30 @@ def test_parquet_and_arrow_rows_equal_datasets(tmp_path: Path, kind: str) -> Non
             with new(sink, table.schema) as writer:
                 writer.write_table(table, max_chunksize=30)
     assert_same_rows_and_resume(kind.split("-")[0], path)
+
+
+@pytest.mark.parametrize("builder", ["text", "json"])
+def test_row_fix_stages_give_the_same_rows_by_next_take_and_fetch(tmp_path: Path, builder: str) -> None:
+    """The root's row fix (the text BOM, the JSON types: one shared stage) gives the same rows read
+    one by one, in takes, and re-read by key (what a buffer above it restores from), and resumes."""
+    from feedline._hf_datasets.stages import RowFix
+
+    path = tmp_path / f"rows.{'txt' if builder == 'text' else 'jsonl'}"
+    if builder == "text":
+        path.write_bytes(b"\xef\xbb\xbffirst\nsecond\n\nthird\nfourth\n")
+    else:
+        path.write_text('{"a": 1, "b": 2.5}\n{"a": 2}\n{"b": 3}\n{"a": 4, "b": 1, "c": "x"}\n{"a": 5, "b": 6}\n')
+    ds = feedline.load_dataset(builder, data_files=str(path), split="train")
+    stage = ds.stage()
+    assert isinstance(stage, RowFix)
+    one = list(iter(stage))
+    assert [r.data for r in one] == hf_rows(builder, path)
+    it = iter(stage)
+    taken = it.take(2) + it.take(10)
+    assert [(r.key, r.data) for r in taken] == [(r.key, r.data) for r in one]
+    assert stage.fetch([r.key for r in one[::-1]]) == {r.key: r.data for r in one}
+    it = iter(stage)
+    it.take(2)
+    again = iter(stage)
+    again.set_state(json.loads(json.dumps(it.get_state())))
+    assert [r.data for r in again] == [r.data for r in one[2:]]

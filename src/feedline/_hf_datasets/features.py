@@ -13,11 +13,11 @@ from __future__ import annotations
 import functools
 import io
 import os
-from collections.abc import Sequence
 from typing import Any
 
-from feedline._core.dataset import Dataset, DatasetIterator
+from feedline._core.dataset import Dataset
 from feedline._core.record import Key, Record
+from feedline._hf_datasets.stages import RowFix
 
 __all__ = ["JsonTypes", "column_names_of", "features_of", "json_schema"]
 
@@ -194,11 +194,11 @@ def _converter(tp: Any) -> Any:
     return plain
 
 
-class JsonTypes(Dataset[Record]):
+class JsonTypes(RowFix):
     """Cast JSON rows to the schema ``datasets`` infers for their split (see the module docstring)."""
 
     def __init__(self, parent: Dataset[Record], first_file: str) -> None:
-        self.parent = parent
+        super().__init__(parent)
         self.first_file = first_file
 
     @functools.cached_property
@@ -211,7 +211,7 @@ class JsonTypes(Dataset[Record]):
         fields, raw = self._fields
         return [(f.name, _keep if f.name in raw else _converter(f.type)) for f in fields or []]
 
-    def cast(self, data: dict[str, Any]) -> dict[str, Any]:
+    def fix(self, key: Key, data: dict[str, Any]) -> dict[str, Any]:
         if self._fields[0] is None:
             return data
         out = {name: convert(data.get(name)) for name, convert in self._converters}
@@ -219,23 +219,3 @@ class JsonTypes(Dataset[Record]):
             if k not in out:
                 out[k] = v  # a key the schema lacks (datasets would refuse the file): kept as read
         return out
-
-    def fetch(self, keys: Sequence[Key]) -> dict[Key, dict[str, Any]]:
-        return {k: self.cast(d) for k, d in self.parent.fetch(keys).items()}
-
-    def __iter__(self) -> _JsonTypesIterator:
-        return _JsonTypesIterator(self)
-
-
-class _JsonTypesIterator(DatasetIterator[Record]):
-    NAME = "json types"
-
-    def __init__(self, ds: JsonTypes) -> None:
-        self.ds = ds
-        self.parent: DatasetIterator[Record] = iter(ds.parent)
-
-    def __next__(self) -> Record:
-        rec = next(self.parent)
-        return Record(rec.key, rec.epoch, self.ds.cast(rec.data))
-
-

@@ -13,8 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from feedline._core.dataset import Dataset, DatasetIterator
+from feedline._core.dataset import Dataset
 from feedline._core.record import Key, Record
+from feedline._hf_datasets.stages import RowFix
 from feedline._spec import Spec
 from feedline.errors import SpecError
 
@@ -91,11 +92,11 @@ class FileRoot:
         return True
 
 
-class _TextBom(Dataset[Record]):
+class _TextBom(RowFix):
     """``datasets`` keeps a text file's byte-order mark on its first row; feedline's reader skips it."""
 
     def __init__(self, parent: Dataset[Record], sources: Sequence[Any]) -> None:
-        self.parent = parent
+        super().__init__(parent)
         self.sources = sources  # FileSource: their files are listed when first needed
         self._boms: dict[tuple[int, int], bool] = {}
 
@@ -109,21 +110,3 @@ class _TextBom(Dataset[Record]):
             with open_binary(self.sources[key[0]].files[key[1]]) as f:
                 found = self._boms[(key[0], key[1])] = f.read(3) == _BOM
         return {**data, "text": "\ufeff" + data["text"]} if found else data
-
-    def fetch(self, keys: Sequence[Key]) -> dict[Key, dict[str, Any]]:
-        return {k: self.fix(k, d) for k, d in self.parent.fetch(keys).items()}
-
-    def __iter__(self) -> _TextBomIterator:
-        return _TextBomIterator(self)
-
-
-class _TextBomIterator(DatasetIterator[Record]):
-    NAME = "text byte-order mark"
-
-    def __init__(self, ds: _TextBom) -> None:
-        self.ds = ds
-        self.parent: DatasetIterator[Record] = iter(ds.parent)
-
-    def __next__(self) -> Record:
-        rec = next(self.parent)
-        return Record(rec.key, rec.epoch, self.ds.fix(rec.key, rec.data))

@@ -10,10 +10,13 @@ itself by re-reading its rows' records (``fetch``) and running the stage's funct
   of the current batch and the outputs of it already returned (a restore re-reads that batch).
 - :class:`Slice`: rows ``[start, stop)`` of the parent (``skip``, ``take``, ``train[10:20]``).
   State ``{"parent", "seen"}``.
+- :class:`RowFix`: a pure function of each record's key and row, on reads and re-reads alike (the
+  JSON types ``datasets`` gives a split, a text file's byte-order mark). State: the parent's.
 """
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,7 +25,7 @@ from feedline._core.record import Key, Record
 from feedline._hf_datasets.functions import RowsFn
 from feedline.errors import StateError
 
-__all__ = ["RowOp", "Slice"]
+__all__ = ["RowFix", "RowOp", "Slice"]
 
 
 class RowOp(Dataset[Record]):
@@ -175,3 +178,37 @@ class SliceIterator(DatasetIterator[Record]):
 
     def restore(self, own: Mapping[str, Any]) -> None:
         self.seen = int(own["seen"])
+
+
+class RowFix(Dataset[Record]):
+    """One row out for each record of ``parent``: :meth:`fix` of its key and row, on reads and on
+    re-reads (:meth:`fetch`) alike. Keys pass through and ``fix`` is pure, so the state is the parent's."""
+
+    def __init__(self, parent: Dataset[Record]) -> None:
+        self.parent = parent
+
+    @abstractmethod
+    def fix(self, key: Key, data: dict[str, Any]) -> dict[str, Any]:
+        """The row of the record ``key`` as this stage gives it."""
+
+    def fetch(self, keys: Sequence[Key]) -> dict[Key, dict[str, Any]]:
+        return {k: self.fix(k, d) for k, d in self.parent.fetch(keys).items()}
+
+    def __iter__(self) -> _RowFixIterator:
+        return _RowFixIterator(self)
+
+
+class _RowFixIterator(DatasetIterator[Record]):
+    NAME = "row fix"
+
+    def __init__(self, ds: RowFix) -> None:
+        self.ds = ds
+        self.parent: DatasetIterator[Record] = iter(ds.parent)
+
+    def __next__(self) -> Record:
+        rec = next(self.parent)
+        return Record(rec.key, rec.epoch, self.ds.fix(rec.key, rec.data))
+
+    def take(self, n: int) -> list[Record]:
+        fix = self.ds.fix
+        return [Record(r.key, r.epoch, fix(r.key, r.data)) for r in self.parent.take(n)]
