@@ -182,6 +182,35 @@ def test_the_cache_is_not_part_of_the_stream_identity() -> None:
     assert a.hash() == b.hash() and b.sources[0].cache is not None and b.sources[0].cache.max_bytes == 20 << 30
 
 
+def test_cache_on_files_it_never_copies_is_said_once_naming_the_source(
+        s3: S3Fixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """cache: on local files or Parquet objects (read by ranged requests) copies nothing: one warning
+    per source names it and why, the records are the same; a hub or iterable source refuses it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from feedline._sources import source
+
+    monkeypatch.setattr(source, "_told_uncached", set())
+    (tmp_path / "local.jsonl").write_bytes(_docs(20, "local"))
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"text": [f"row {i}" for i in range(30)]}), buf)
+    url = _put(s3, "columns/part-0.parquet", buf.getvalue())
+    cache = {"dir": str(tmp_path / "cache")}
+    spec = {"sources": [{"path": str(tmp_path / "local.jsonl"), "cache": cache}, {"path": url, "cache": cache}],
+            "mix": {"stopping": "concat"}}
+    with caplog.at_level(logging.WARNING, logger="feedline"):
+        assert len(_texts(spec)) == 50 and len(_texts(spec)) == 50
+    said = [r.getMessage() for r in caplog.records if "cache: does nothing" in r.getMessage()]
+    assert len(said) == 2, said
+    assert said[0].startswith(f"sources[0] ({tmp_path / 'local.jsonl'}): cache: does nothing for 1 local file(s)")
+    assert said[1].startswith(f"sources[1] ({url}): cache: does nothing for 1 Parquet object(s)")
+    assert all("Remove cache: from this source" in m for m in said)
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").iterdir())
+    with pytest.raises(feedline.SpecError, match=r"cache: is for files at URLs.*hf:.*remove cache: from it"):
+        feedline.Spec.load({"sources": [{"hf": "some/dataset", "cache": cache}]})
+
+
 def test_an_interrupted_copy_leaves_nothing(s3: S3Fixture, tmp_path: Path) -> None:
     from feedline._sources.cache import ObjectCache
     from feedline._sources.remote import open_url

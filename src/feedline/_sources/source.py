@@ -18,6 +18,7 @@ exhausted source rather than an error (a small source need not feed every partit
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -28,12 +29,14 @@ from feedline._core.rng import permutation
 from feedline._sources.arrow import saved_dataset_files
 from feedline._sources.cache import ObjectCache
 from feedline._sources.deal import deal
-from feedline._sources.files import expand, use_cache
+from feedline._sources.files import expand, is_url, use_cache
 from feedline._sources.reader import Item, Reader, Split, detect_format, reader_class
 from feedline._spec import SourceSpec
 from feedline.errors import RecordError, SourceError, StateError
 
 __all__ = ["FileSource", "list_files", "make_reader", "source_format"]
+
+log = logging.getLogger("feedline")
 
 _SALT = 0x5047
 _FILE_LEVEL = frozenset({"unreadable", "truncated"})  # reasons about a file, not a record
@@ -52,6 +55,45 @@ def source_format(spec: SourceSpec, files: Sequence[str]) -> str:
         raise SourceError(f"{spec.label}: files of several formats ({', '.join(found)}); "
                           "narrow the path with a glob or give each format its own source")
     return found[0]
+
+
+_told_uncached: set[tuple[int, str]] = set()  # (source index, label) already warned in this process
+
+
+def uncached(spec: SourceSpec, files: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The files a source's ``cache:`` does nothing for: local files (read in place) and Parquet
+    objects (read by ranged requests, footer and column chunks, never as a whole object)."""
+    local = [f for f in files if not is_url(f)]
+    parquet = [f for f in files if is_url(f) and (spec.format == "parquet" or _is_parquet(f))]
+    return local, parquet
+
+
+def _is_parquet(path: str) -> bool:
+    try:
+        return detect_format(path) == "parquet"
+    except SourceError:
+        return False
+
+
+def say_uncached(spec: SourceSpec, index: int, files: Sequence[str]) -> None:
+    """Warn, once per process and source, that ``cache:`` is set on files it never serves.
+
+    A warning, not an error: the cache is no part of the stream's identity (the same batches
+    with or without it), and one spec rightly runs on a store and on a local copy (``root:``).
+    """
+    local, parquet = uncached(spec, files)
+    if not (local or parquet) or (index, spec.label) in _told_uncached:
+        return
+    _told_uncached.add((index, spec.label))
+    why = []
+    if local:
+        why.append(f"{len(local)} local file(s), read in place (such as {local[0]})")
+    if parquet:
+        why.append(f"{len(parquet)} Parquet object(s), read by ranged requests of the columns used, never "
+                   f"copied whole (such as {parquet[0]})")
+    log.warning("sources[%d] (%s): cache: does nothing for %s of its %d file(s); only whole objects of other "
+                "formats at URLs (s3://, gs://, https://) are copied. Remove cache: from this source to silence this",
+                index, spec.label, " and ".join(why), len(files))
 
 
 def make_reader(spec: SourceSpec, files: Sequence[str]) -> Reader:
@@ -93,6 +135,8 @@ class FileSource(Dataset[Record]):
             self._files = list_files(self.spec)
             c = self.spec.cache  # every listing says it: a later source of these URLs without cache: reads directly
             use_cache(self._files, ObjectCache(c.dir, c.max_bytes) if c is not None else None)
+            if c is not None:
+                say_uncached(self.spec, self.index, self._files)
         return self._files
 
     @property

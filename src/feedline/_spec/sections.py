@@ -115,7 +115,8 @@ class SourceSpec:
             as ``too_large`` while it is read, in bounded memory (default 32 MiB).
         tokens: for pre-tokenized formats (``tokens``, ``megatron``, ``flat``): how ids are stored.
         cache: for URLs (``s3://``, ``gs://``, ``https://``): keep whole objects in a local folder,
-            bounded by size, so later epochs and resumes read them from disk (not hashed).
+            bounded by size, so later epochs and resumes read them from disk (not hashed). Local
+            files and Parquet objects (read by ranged requests) are never copied: a warning says so.
         config, split, streaming, data_files, data_dir, revision: ``load_dataset`` arguments for ``hf``.
         iterable: a Python iterable of records or strings (not hashed; Python specs only).
     """
@@ -155,6 +156,9 @@ class SourceSpec:
             raise SpecError(f"split_bytes: {self.split_bytes} must be at least 65536")
         if self.max_record_bytes < 1:
             raise SpecError(f"max_record_bytes: {self.max_record_bytes} must be >= 1")
+        if self.cache is not None and self.path is None:
+            raise SpecError(f"cache: is for files at URLs (s3://, gs://, https://); a source of {'hf' if self.hf else 'iterable'}: "
+                            "has no objects to copy (datasets keeps its own cache of hub downloads): remove cache: from it")
         if self.keep_blank and self.unit != "line":
             raise SpecError(f"keep_blank: true keeps blank lines as records of unit: line, not unit: {self.unit}")
 
