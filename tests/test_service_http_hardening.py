@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,47 @@ def test_a_pause_longer_than_the_lease_repeats_no_batch(env: dict[str, Any]) -> 
     steps = first + rest
     assert steps == list(range(1, len(steps) + 1)), f"repeated or lost: {steps}"
     assert len(steps) >= 8 and stats["server"]["streams"]["train"]["shared"]["lease_expired"] == 0
+
+
+def test_a_given_back_batch_keeps_its_age_across_a_pause_longer_than_the_lease(env: dict[str, Any]) -> None:
+    """Two GETs at once: the first one's client is slow and hangs up after the second was served, so its
+    batch is given back when the feed's other credits are young. The feed still gives it back to the
+    server before its lease runs out (its age counts from its own grant), so over a pause longer
+    than the lease no lease expires, and every step goes out exactly once."""
+    from feedline._service.http_feed import StreamFeed
+    from feedline._service.options import ServerOptions
+    from feedline._service.server import Server
+    from feedline._service.streams import load_streams
+
+    server = Server(load_streams(env["spec"]), ServerOptions(bind="tcp://127.0.0.1:0", lease=3.0))
+    thread = threading.Thread(target=server.serve, daemon=True)
+    feed = StreamFeed(server.bind(), "train", keys=None, prefetch=2, timeout=30.0, hold=1.5)
+    thread.start()
+    try:
+        slow, served = feed.take(), feed.take()
+        assert slow is not None and served is not None
+        time.sleep(2.0)
+        assert not feed.release_stale()   # a GET is being served: nothing is given back under it
+        feed.ack(served.step)             # a young credit ...
+        feed.giveback(slow)               # ... and a batch granted 2 s ago, back at the front
+        steps, released_at = [served.step], None
+        pause_end = time.monotonic() + 4.0   # longer than the lease; the gateway checks every lease / 8
+        while time.monotonic() < pause_end:
+            if feed.release_stale() and released_at is None:
+                released_at = time.monotonic()
+            time.sleep(0.375)
+        assert released_at is not None and released_at < pause_end - 3.0, "the given-back batch was held too long"
+        while (d := feed.take()) is not None:
+            steps.append(d.step)
+            feed.ack(d.step)
+        queue = server.dispatcher.queues["train"]   # type: ignore[union-attr]
+        assert queue.lease_expired == 0 and feed.released == 1
+    finally:
+        feed.close()
+        feed.executor.shutdown()
+        server.stop()
+        thread.join(timeout=30)
+    assert sorted(steps) == list(range(1, feed.ended_at + 1)) and len(steps) >= 8, f"repeated or lost: {steps}"
 
 
 def _file_step(path: Path) -> int | None:

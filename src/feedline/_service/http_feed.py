@@ -8,9 +8,11 @@
 
 The gateway holds up to ``prefetch`` batches it has not served, each leased to it by the server.
 Lease time runs while no client asks, so a feed never holds one longer than ``hold`` seconds
-(half the server's lease): once its oldest credit is that old and no batch is being served, it
-says bye (the server re-queues what it held, in order) and the next GET reconnects. Each step
-therefore goes to exactly one GET however long the pauses between GETs.
+(half the server's lease): once the oldest batch it holds may be that old and no batch is being
+served, it says bye (the server re-queues what it held, in order) and the next GET reconnects.
+A batch's age counts from the grant of the credit it came on (its lease began no earlier), and a
+batch given back keeps it (:attr:`Delivery.granted`). Each step therefore goes to exactly one GET
+however long the pauses between GETs, hung-up clients included.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import islice
 
 import numpy as np
 
@@ -38,11 +41,13 @@ log = logging.getLogger("feedline.service.http")
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """One batch taken from the server: its step, the state JSON after it, and its arrays."""
+    """One batch taken from the server: its step, the state JSON after it, its arrays, and when the
+    credit it came on was granted (monotonic seconds: its lease on the server began no earlier)."""
 
     step: int
     state_json: str
     arrays: Mapping[str, np.ndarray]
+    granted: float
 
 
 class StreamFeed:
@@ -103,9 +108,8 @@ class StreamFeed:
                 self.state_json = state_as_json(item.state)
                 with self._lock:
                     self._serving += 1
-                    if self._granted:
-                        self._granted.popleft()
-                return Delivery(item.step, self.state_json, item.arrays)
+                    granted = self._granted.popleft() if self._granted else time.monotonic()
+                return Delivery(item.step, self.state_json, item.arrays, granted)
             elif isinstance(item, Ended):
                 self.ended_at = int(item.step or 0)
             else:
@@ -124,20 +128,21 @@ class StreamFeed:
                 self._granted.append(time.monotonic())
 
     def giveback(self, delivery: Delivery) -> None:
-        """A batch whose response could not be written: the next ``take`` returns it. Any thread."""
+        """A batch whose response could not be written: the next ``take`` returns it (its age kept,
+        for :meth:`release_stale`). Any thread."""
         with self._lock:
             self.returned += 1
             self._serving -= 1
             self._redo.appendleft(delivery)
 
     def release_stale(self) -> bool:
-        """Give every held batch back to the server when the oldest may have waited ``hold`` seconds
-        for a GET (its lease would run out here, and the server would send it again); returns
-        whether it did. Runs on :attr:`executor`, between takes."""
+        """Give every held batch back to the server when the oldest (a given-back one included) may
+        have waited ``hold`` seconds for a GET (its lease would run out here, and the server would
+        send it again); returns whether it did. Runs on :attr:`executor`, between takes."""
         with self._lock:
-            conn = self._conn
-            if conn is None or self._serving or not self._granted or self.ended_at is not None \
-                    or time.monotonic() - self._granted[0] < self.hold:
+            conn, oldest = self._conn, min([*(d.granted for d in self._redo), *islice(self._granted, 1)], default=None)
+            if conn is None or self._serving or oldest is None or self.ended_at is not None \
+                    or time.monotonic() - oldest < self.hold:
                 return False
             self._conn = None
             self._redo.clear()   # in flight to the closed connection: the server re-queues them
