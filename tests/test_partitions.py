@@ -36,9 +36,13 @@ def test_one_cuttable_split_feeds_every_partition_in_equal_pieces() -> None:
     assert [[(s.file, s.start, s.end) for s in p] for p in parts] == [[(0, 0, 50)], [(0, 50, 60), (1, 0, 40)]]
 
 
-def test_splits_that_cannot_be_cut_are_dealt_whole_to_the_least_loaded() -> None:
+def test_splits_that_cannot_be_cut_are_dealt_whole_round_robin() -> None:
     splits = [Split(i, f"f{i}") for i in range(5)]
     assert [[s.file for s in p] for p in deal(splits, [None] * 5, 2)] == [[0, 2, 4], [1, 3]]
+    # one split without an extent: the whole source is dealt whole, whatever the others' extents
+    mixed = deal(splits, [(0, 900), None, (0, 10), (0, 10), (0, 10)], 2)
+    assert [[s.file for s in p] for p in mixed] == [[0, 2, 4], [1, 3]] and all(s.end is None for p in mixed for s in p)
+    assert [[s.file for s in p] for p in deal(splits, [(0, 0)] * 5, 3)] == [[0, 3], [1, 4], [2]]  # empty extents
     assert deal(splits[:1], [None], 3) == [[splits[0]], [], []]
     assert deal(splits, [None] * 5, 1) == [splits]
     assert partition_seed(7, 0, 1) == 7 and partition_seed(7, 0, 2) != partition_seed(7, 1, 2)
@@ -73,10 +77,26 @@ def test_a_single_file_is_shared_by_every_partition_exactly_once(tmp_path: Path,
     assert sorted(k for x in shares for k in x) == sorted(whole) and len(whole) == 90
 
 
+def _records(pipeline: Pipeline) -> list[tuple[tuple[int, int, int], str]]:
+    it = iter(pipeline.records())
+    try:
+        return [(tuple(r.key), r.data["text"]) for r in it]  # type: ignore[misc]
+    finally:
+        it.close()
+
+
 def test_a_partition_without_a_share_of_a_small_gzip_source_is_not_an_error(tmp_path: Path, small_tokenizer: str) -> None:
+    """The gzip file (one split, not cut) goes whole to partition 0; partition 1 reads only its share
+    of the plain file; together they read every record of K=1 once, key and text alike."""
     gz = make_corpus(tmp_path / "gz", files=1, docs=30, fmt="jsonl.gz")[0]
     plain = make_corpus(tmp_path / "plain", files=1, docs=30, seed=1)[0]
-    s = {**spec(plain, small_tokenizer, 2), "sources": [gz, plain]}
+    s = Spec.load({**spec(plain, small_tokenizer, 2), "sources": [gz, plain]})
+    whole = _records(Pipeline(s.replace(partitions=1)))
+    shares = [_records(Pipeline(s, partition=p)) for p in range(2)]
+    assert len(whole) == 60 and len({k for k, _ in whole}) == 60
+    assert sorted(shares[0] + shares[1]) == sorted(whole)  # no record lost, none read twice, same texts
+    assert {k[0] for k, _ in shares[1]} == {1} and sum(k[0] == 0 for k, _ in shares[0]) == 30
+    assert all(shares)  # both partitions have records: partition 1 from the plain file alone
     batches = collect(Loader(s))
     assert len(batches) > 5
 

@@ -5,10 +5,10 @@ extent that its reader can cut (byte ranges of plain line files, row ranges of P
 token ranges of flat files, document ranges of Megatron files), the splits are laid end to end and
 cut at ``K`` equal points: partition ``p`` reads positions ``[p * T / K, (p + 1) * T / K)`` of the
 ``T`` in all, as pieces of the splits it covers (at most ``K - 1`` splits are cut, so a single
-10 MB JSON Lines file feeds every partition). A split that cannot be cut (a compressed stream, a
-whole JSON document, a dataset read through ``datasets``) is dealt whole: in order, each to the
-partition with the least so far (by extent where every extent is known, else by count), so a
-source of fewer such splits than ``K`` leaves some partitions without a share of it.
+10 MB JSON Lines file feeds every partition). Where any split cannot be cut (a compressed stream,
+a whole JSON document, a dataset read through ``datasets``), or the extents add up to nothing,
+every split of the source is dealt whole, round robin in order (split ``i`` to partition
+``i mod K``), so a source of fewer splits than ``K`` leaves some partitions without a share of it.
 
     >>> from feedline._sources.reader import Split
     >>> [[(s.start, s.end) for s in part] for part in deal([Split(0, "a", 0, 10)], [(0, 10)], 3)]
@@ -48,14 +48,7 @@ def deal(splits: Sequence[Split], extents: Sequence[tuple[int, int] | None], k: 
         total = sum(b - a for a, b in known)
         if total > 0:
             return _cut(splits, known, k, total)
-    weights = [b - a for a, b in known] if len(known) == len(splits) else [1] * len(splits)
-    out: list[list[Split]] = [[] for _ in range(k)]
-    load = [0] * k
-    for sp, w in zip(splits, weights, strict=True):
-        p = min(range(k), key=lambda q: (load[q], q))
-        out[p].append(sp)
-        load[p] += max(w, 1)
-    return out
+    return [list(splits[p::k]) for p in range(k)]
 
 
 def _cut(splits: Sequence[Split], extents: Sequence[tuple[int, int]], k: int, total: int) -> list[list[Split]]:
