@@ -23,6 +23,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     files: ClassVar[dict[str, bytes]] = {}
     drops: ClassVar[dict[str, int]] = {}
+    unsized: ClassVar[set[str]] = set()  # answered with no Content-Length (the body ends at the close)
     ranges_seen: ClassVar[list[str]] = []
 
     def log_message(self, *args: object) -> None:
@@ -30,7 +31,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _head(self, code: int, length: int, extra: dict[str, str] | None = None) -> None:
         self.send_response(code)
-        self.send_header("Content-Length", str(length))
+        if self.path in self.unsized:
+            self.close_connection = True
+        else:
+            self.send_header("Content-Length", str(length))
         self.send_header("Accept-Ranges", "bytes")
         for k, v in (extra or {}).items():
             self.send_header(k, v)
@@ -71,7 +75,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture()
 def server() -> Iterator[str]:
-    _Handler.files, _Handler.drops, _Handler.ranges_seen = {}, {}, []
+    _Handler.files, _Handler.drops, _Handler.ranges_seen, _Handler.unsized = {}, {}, [], set()
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     t = threading.Thread(target=httpd.serve_forever, daemon=True)
     t.start()
@@ -94,6 +98,23 @@ def test_open_url_resumes_a_dropped_connection_with_a_range_request(server: str)
         got = f.read()
     assert got == body
     assert _Handler.ranges_seen and _Handler.ranges_seen[0] != "bytes=0-"
+
+
+def test_seek_from_the_end_of_an_object_of_unknown_size_is_refused(server: str) -> None:
+    """SEEK_END needs the size: with none reported it raises (it seeked from 0 and read the start)."""
+    import io
+
+    body = _corpus(50)
+    _Handler.files["/sized.jsonl"] = _Handler.files["/unsized.jsonl"] = body
+    _Handler.unsized.add("/unsized.jsonl")
+    with open_url(f"{server}/sized.jsonl", backoff=0.01) as f:
+        assert f.seek(-10, io.SEEK_END) == len(body) - 10 and f.read() == body[-10:]
+    with open_url(f"{server}/unsized.jsonl", backoff=0.01) as f:
+        with pytest.raises(io.UnsupportedOperation, match=r"unsized\.jsonl: cannot seek from the end"):
+            f.seek(-10, io.SEEK_END)
+        assert f.tell() == 0 and f.read() == body  # still readable from the start
+        with pytest.raises(ValueError, match="whence 7"):
+            f.raw.seek(0, 7)  # type: ignore[attr-defined]
 
 
 def test_url_source_delivers_every_record_across_a_drop(server: str) -> None:

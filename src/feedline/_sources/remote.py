@@ -82,13 +82,22 @@ class ResumingStream(PositionedRaw):
 
     # --------------------------------------------------------------- io protocol
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        """Move to ``offset``: the next read opens the object there (a ranged request), nothing is re-read."""
+        """Move to ``offset``: the next read opens the object there (a ranged request), nothing is re-read.
+
+        Raises:
+            io.UnsupportedOperation: ``SEEK_END`` on an object whose size the store does not report.
+        """
         if whence == io.SEEK_CUR:
             offset += self.pos
         elif whence == io.SEEK_END:
             if self.size is None:
                 self.size = self._stat_size()
-            offset += self.size or 0
+            if self.size is None:  # seeking from 0 instead would read the wrong bytes without a word
+                raise io.UnsupportedOperation(f"{self.url}: cannot seek from the end: the server reports no size "
+                                              "for it (no Content-Length); read it from the start instead")
+            offset += self.size
+        elif whence != io.SEEK_SET:
+            raise ValueError(f"seek: whence {whence!r} is not SEEK_SET, SEEK_CUR or SEEK_END")
         if offset != self.pos:
             self._drop()
             self.pos = max(0, offset)
