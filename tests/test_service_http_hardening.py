@@ -154,6 +154,88 @@ def test_a_state_file_is_checked_against_the_streams(env: dict[str, Any], tmp_pa
         f.load()
 
 
+def _serve_in_thread(spec: Any, state: Path) -> tuple[Any, threading.Thread, str]:
+    from feedline._service.options import ServerOptions
+    from feedline._service.server import Server
+    from feedline._service.streams import load_streams
+
+    server = Server(load_streams(spec), ServerOptions(bind="tcp://127.0.0.1:0", state=str(state), drain_timeout=5.0))
+    address = server.bind()
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    return server, thread, address
+
+
+def _shared_steps(address: str, n: int | None = None) -> list[int]:
+    """The steps a shared-mode consumer (the gateway's) takes and acks: ``n``, or all of them."""
+    from feedline._service.http_feed import StreamFeed
+
+    feed = StreamFeed(address, "train", keys=None, prefetch=4, timeout=30.0)
+    steps: list[int] = []
+    try:
+        while len(steps) != n and (d := feed.take()) is not None:
+            steps.append(d.step)
+            feed.ack(d.step)
+    finally:
+        feed.close()
+        feed.executor.shutdown()
+    return steps
+
+
+def test_the_state_file_is_written_per_tick_and_before_goodbye_not_per_ack(env: dict[str, Any], tmp_path: Path) -> None:
+    """The event loop writes ``--state`` at most once per tick (a second) and once when it stops, never
+    per ack; the last write, before the goodbye, holds the last acked step."""
+    state = tmp_path / "serve-state.json"
+    server, thread, address = _serve_in_thread(env["spec"], state)
+    try:
+        t0 = time.monotonic()
+        steps = _shared_steps(address)
+        elapsed = time.monotonic() - t0
+        assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 20
+        saves = server._statefile.saves
+        assert saves <= elapsed + 2, f"{saves} writes of the state file for {len(steps)} acks in {elapsed:.1f}s"
+    finally:
+        server.stop()
+        thread.join(timeout=30)
+    assert not thread.is_alive() and _file_step(state) == len(steps)
+    assert server._statefile.saves <= saves + 1
+
+
+def test_a_state_saved_under_the_earlier_hash_of_the_spec_resumes(env: dict[str, Any], tmp_path: Path) -> None:
+    """``--state`` accepts every hash the spec accepts (``Spec.accepted_hashes``: an earlier release's
+    too), as ``Loader(state=...)`` does; a client given the spec accepts such a state as well."""
+    from feedline._service.client import RemoteLoader
+    from feedline._service.statefile import StateFile
+    from feedline._spec import Spec
+
+    path = env["tmp"] / "relative.json"   # sources relative to the spec file: the earlier hash differs
+    path.write_text(json.dumps({**env["spec"], "sources": [{"path": "train/*.jsonl"}]}))
+    current, legacy = Spec.load(str(path)).accepted_hashes()
+    state = tmp_path / "serve-state.json"
+    server, thread, address = _serve_in_thread(str(path), state)
+    try:
+        assert _shared_steps(address, 3) == [1, 2, 3]
+    finally:
+        server.stop()
+        thread.join(timeout=30)
+    doc = json.loads(state.read_text())
+    assert doc["streams"]["train"]["spec_hash"] == current and doc["streams"]["train"]["step"] == 3
+    doc["streams"]["train"]["spec_hash"] = legacy   # as the first releases wrote it
+    state.write_text(json.dumps(doc))
+    assert StateFile(state, {"train": (current, legacy)}).load()["train"]["step"] == 3
+    single = tmp_path / "one-state.json"   # one state, as GET /state gives it
+    single.write_text(json.dumps(doc["streams"]["train"]))
+    assert list(StateFile(single, {"train": (current, legacy)}).load()) == ["train"]
+    RemoteLoader(address, mode="shared", state=doc["streams"]["train"], spec=str(path)).close()
+    server, thread, address = _serve_in_thread(str(path), state)
+    try:
+        assert _shared_steps(address, 2) == [4, 5]
+    finally:
+        server.stop()
+        thread.join(timeout=30)
+    assert _file_step(state) == 5
+
+
 def _low_fd_limit() -> None:
     import resource
 

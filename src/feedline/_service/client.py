@@ -92,8 +92,8 @@ class RemoteLoader:
             if not isinstance(state, Mapping):
                 raise StateError(f"resume state must be a mapping from Loader.state_dict(), got {type(state).__name__}")
             g = check_state(state, str(state.get("spec_hash")))
-            if self.spec_hash is not None:
-                check_state(state, self.spec_hash)
+            if own is not None:   # any hash the spec accepts (an earlier release's too), as the server does
+                check_state(state, own.accepted_hashes())
             self._set_state(json.dumps(make_state(str(state["spec_hash"]), g, world_size), separators=(",", ":")))
         self._conn: Connection | None = None
         self._last_step: int | None = None

@@ -43,8 +43,9 @@ class ServerOptions:
         metrics_insecure: allow an unauthenticated metrics endpoint off loopback for a keyed service.
         progress: print a one-line progress display on standard error when it is a terminal.
         state: a file to resume each stream's shared-mode queue (and so the HTTP gateway) from
-            when it exists, kept current at each acked step (rewritten atomically): a restart
-            with the same file continues after the last acked step (docs/service.md, HTTP).
+            when it exists, rewritten atomically at most once a second when a watermark moved and
+            once at shutdown: a restart with the same file continues after the last step written
+            (docs/service.md, HTTP).
     """
 
     bind: str = "tcp://127.0.0.1:5555"

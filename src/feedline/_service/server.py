@@ -6,7 +6,8 @@
 
 This module is the event loop: one ROUTER socket talks to every client (protocol in
 :mod:`.protocol`), producer threads wake the loop after each produced step, and a tick once a
-second refreshes the stats snapshot. What a message means and what each client receives is the
+second refreshes the stats snapshot and writes the ``--state`` file (when a watermark moved; once
+more before the goodbye). What a message means and what each client receives is the
 :class:`~.dispatch.Dispatcher`'s business (no sockets there: it sends through a
 :mod:`.transport`); the snapshot is built by :mod:`.stats`. Sends never block
 (``ROUTER_MANDATORY`` plus ``NOBLOCK``): a peer that stops reading keeps its batch queued
@@ -63,7 +64,8 @@ class Server:
         self._ctx: zmq.Context[Any] | None = None
         self._auth: Any = None
         self._metrics: MetricsEndpoint | None = None
-        self._statefile = StateFile(self.options.state, self.hashes) if self.options.state else None
+        accepted = {name: p.spec.accepted_hashes() for name, p in self.streams.items()}
+        self._statefile = StateFile(self.options.state, accepted) if self.options.state else None
         self._saved: dict[str, tuple[int, int]] = {}   # stream -> (queue id, watermark) last written
         self._save_failed_at = -1e9
 
@@ -161,12 +163,12 @@ class Server:
                     self._receive()
                 if deadline is None:
                     d.dispatch()
-                if self._statefile is not None:
-                    self._save_state()
                 if now >= next_tick:
                     next_tick = now + 1.0
                     d.tick(now)
+                    self._save_state()
                     self._refresh()
+            self._save_state()   # where the drain left the watermarks, before clients go to a successor
             d.say_goodbye()
         finally:
             self.close()
@@ -184,8 +186,12 @@ class Server:
             self.dispatcher.receive(frames[0].bytes, frames[1:])
 
     def _save_state(self) -> None:
-        """Rewrite the ``--state`` file when a stream's watermark moved (at most once per loop turn)."""
-        assert self.dispatcher is not None and self._statefile is not None
+        """Rewrite the ``--state`` file if a stream's watermark moved since it was last written (called
+        once per tick and before the goodbye: never per ack, which held the event loop for a file write
+        per batch)."""
+        assert self.dispatcher is not None
+        if self._statefile is None:
+            return
         moved = {name: q.watermark_wire for name, q in self.dispatcher.queues.items()
                  if self._saved.get(name) != (id(q), q.watermark)}
         if not moved:

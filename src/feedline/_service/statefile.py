@@ -1,6 +1,6 @@
-"""``feedline serve --state FILE``: the service's resume file, kept current at each acked step.
+"""``feedline serve --state FILE``: the service's resume file, rewritten when a watermark moved.
 
-    >>> f = StateFile("serve-state.json", {"train": spec_hash})     # doctest: +SKIP
+    >>> f = StateFile("serve-state.json", {"train": spec.accepted_hashes()})  # doctest: +SKIP
     >>> f.load()              # {"train": <global state>} ({} when the file does not exist yet)  # doctest: +SKIP
     >>> f.save({"train": q.watermark_wire})                          # doctest: +SKIP
 
@@ -9,10 +9,16 @@ and every step before it were acked) as the state JSON a client would resume fro
 
     {"feedline_server_state": 1, "streams": {"train": {"version": 1, "spec_hash": ..., "step": 46, ...}}}
 
-Each save writes a temporary file beside it and renames it over the old one, so the file is
-always whole: a ``kill -9`` at any moment leaves the previous or the new state, never a part
-(no ``fsync``: a power loss may lose the last renames). A file holding a single state (what
-``GET /state`` answers) is accepted too, for the stream whose spec it was saved under.
+The server saves at most once per tick (a second) and once more before it says goodbye, each
+time only if a watermark moved: a file write never follows each ack on the event loop, and a
+``kill -9`` loses at most the last second's acks (their batches are delivered again: at least
+once). Each save writes a temporary file beside it and renames it over the old one, so the file
+is always whole: a ``kill -9`` at any moment leaves the previous or the new state, never a part
+(no ``fsync``: a power loss may lose the last renames). A state is accepted under any hash its
+stream's spec accepts (:meth:`~feedline._spec.spec.Spec.accepted_hashes`: the current one and
+the earlier releases' hash of the same stream), as the loader's resume does. A file holding a
+single state (what ``GET /state`` answers) is accepted too, for the stream whose spec it was
+saved under.
 """
 
 from __future__ import annotations
@@ -33,11 +39,16 @@ FORMAT = 1
 
 
 class StateFile:
-    """One server's resume file; see the module docstring."""
+    """One server's resume file; see the module docstring.
 
-    def __init__(self, path: str | os.PathLike[str], hashes: Mapping[str, str]) -> None:
+    Args:
+        path: the file (it need not exist yet).
+        hashes: per stream, the spec hashes its states may carry (current first), or just one.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], hashes: Mapping[str, str | tuple[str, ...]]) -> None:
         self.path = Path(path)
-        self.hashes = dict(hashes)
+        self.hashes = {n: (h,) if isinstance(h, str) else tuple(h) for n, h in hashes.items()}
         self.states: dict[str, str] = {}   # stream -> state JSON, as last saved or loaded
         self.saves = 0
 
@@ -62,10 +73,10 @@ class StateFile:
         if isinstance(doc, dict) and doc.get("feedline_server_state") == FORMAT and isinstance(doc.get("streams"), dict):
             raw = doc["streams"]
         elif isinstance(doc, dict) and "spec_hash" in doc:   # one state, as GET /state gives it
-            raw = {n: doc for n, h in self.hashes.items() if h == doc.get("spec_hash")}
+            raw = {n: doc for n, h in self.hashes.items() if doc.get("spec_hash") in h}
             if not raw:
                 raise StateError(f"{self.path}: its state was saved under spec {doc.get('spec_hash')!r}, which no "
-                                 f"stream of this server has ({', '.join(f'{n}: {h}' for n, h in self.hashes.items())}); "
+                                 f"stream of this server has ({', '.join(f'{n}: {h[0]}' for n, h in self.hashes.items())}); "
                                  "serve the spec it was saved for, or delete the file to start over")
         else:
             raise SpecError(f"{self.path}: not a feedline state file (expected "
