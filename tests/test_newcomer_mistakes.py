@@ -119,6 +119,42 @@ def test_a_moved_corpus_written_absolute_is_told_to_write_paths_relative_to_root
         feedline.Loader({**spec, "sources": [{"path": str(moved)}]}, state=state)
 
 
+def test_a_root_that_is_not_there_is_named_with_the_spec_field(tmp_path: Path, corpus: str, small_tokenizer: str) -> None:
+    """root: naming a missing folder says so (it said the joined source path had no files)."""
+    from feedline._sources.scan import scan
+
+    spec = {"root": str(tmp_path / "nowhere"), "sources": ["corpus/*.jsonl"], "tokenizer": small_tokenizer,
+            "task": {"kind": "clm", "max_length": 32}, "batching": {"strategy": "pad", "batch_size": 4}}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    with pytest.raises(SpecError, match=re.escape(f"root: {tmp_path / 'nowhere'} does not exist; sources[0] "
+                                                  "(corpus/*.jsonl) is read relative to it: set the spec's root:")):
+        next(iter(feedline.Loader(str(tmp_path / "spec.yaml"))))
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(SpecError, match=r"root: .*afile is not a folder"):
+        scan(feedline.Spec.load({**spec, "root": str(tmp_path / "afile")}))
+    assert next(iter(feedline.Loader({**spec, "root": str(Path(corpus).parent)})))  # the right root reads
+
+
+def test_a_missing_relative_tokenizer_path_names_where_it_was_looked_for(tmp_path: Path, corpus: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative tokenizer: path missing under the spec's folder names that path; an org/name-like
+    one names it too beside the hub's answer (it was a bare hub error)."""
+    from feedline.errors import TokenizerError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    run = tmp_path / "run"
+    run.mkdir()
+    base = {"sources": [corpus], "task": {"kind": "clm", "max_length": 32}, "batching": {"strategy": "pad", "batch_size": 4}}
+    for written, says in [("tok/tokenizer.json", "no such file or folder: "), ("./spiece.model", "no such file or folder: "),
+                          ("tokenizers/gpt2", "not a local folder (")]:
+        (run / "spec.yaml").write_text(yaml.safe_dump({**base, "tokenizer": written}))
+        with pytest.raises(TokenizerError) as e:
+            next(iter(feedline.Loader(str(run / "spec.yaml"))))
+        where = str(run / Path(written))
+        assert str(e.value).startswith(f"tokenizer: {written}: {says}{where}"), str(e.value)
+        assert "read from the spec's root:, else the spec file's folder" in str(e.value)
+
+
 # ------------------------------------------------------------------ the JSON Schema agrees with the loader
 @pytest.fixture(scope="module")
 def validator():  # type: ignore[no-untyped-def]

@@ -211,6 +211,16 @@ def test_cache_on_files_it_never_copies_is_said_once_naming_the_source(
         feedline.Spec.load({"sources": [{"hf": "some/dataset", "cache": cache}]})
 
 
+def test_a_missing_bucket_is_named_with_what_to_check(s3: S3Fixture) -> None:
+    """A bucket the server does not hold: its name, the endpoint asked, and the three things to check
+    (it said only "cannot list (The specified bucket does not exist)")."""
+    for url in ("s3://no-such-bucket-here/corpus/", "s3://no-such-bucket-here/corpus/a.jsonl"):
+        with pytest.raises(SourceError) as e:
+            _texts({"sources": [url]})
+        assert str(e.value).startswith(f"{url}: bucket 'no-such-bucket-here' does not exist at {s3.endpoint}; ")
+        assert all(w in str(e.value) for w in ("bucket's name", "AWS_ENDPOINT_URL_S3", "credentials"))
+
+
 def test_an_interrupted_copy_leaves_nothing(s3: S3Fixture, tmp_path: Path) -> None:
     from feedline._sources.cache import ObjectCache
     from feedline._sources.remote import open_url

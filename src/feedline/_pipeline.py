@@ -96,6 +96,7 @@ class Pipeline:
     @cached_property
     def sources(self) -> list[FileSource]:
         s = self.spec
+        s.check_root()
         endless = s.mix.stopping == "cycle" or s.epochs is None
         part, k = (0, 1) if self.partition is None else (self.partition, s.partitions)
         return [
@@ -133,9 +134,9 @@ class Pipeline:
     def tokenizer(self) -> Tokenizer | None:
         """The spec's tokenizer, encoding plain ids with its ``backend`` (verified per pipeline)."""
         if self._tokenizer is None and self.spec.tokenizer:
-            from feedline._tokenize.load import load_tokenizer
+            from feedline._tokenize.load import load_spec_tokenizer
 
-            self._tokenizer = load_tokenizer(self.spec.tokenizer)
+            self._tokenizer = load_spec_tokenizer(self.spec.tokenizer, self.spec.root)
         if self._tokenizer is None:
             return None
         from feedline._tokenize.backends import with_backend

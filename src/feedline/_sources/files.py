@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from feedline._sources.cache import ObjectCache
-from feedline._sources.remote import access_error, missing_backend
+from feedline._sources.remote import access_error, missing_backend, missing_bucket
 from feedline.errors import SourceError
 
 __all__ = ["Bz2Stream", "ConcatenatedStream", "XzStream", "ZstdStream", "codec_of", "expand", "is_url", "open_binary", "open_raw",
@@ -93,7 +93,7 @@ def _expand_url(url: str) -> list[str]:
     except ImportError as e:
         raise missing_backend(url, e) from e
     except (OSError, ValueError) as e:
-        raise access_error(url, e) or SourceError(f"{url}: cannot list ({e})") from e
+        raise access_error(url, e) or missing_bucket(url, e) or SourceError(f"{url}: cannot list ({e})") from e
     except Exception as e:  # botocore's credential errors are not OSErrors
         refused = access_error(url, e)
         if refused is None:

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import time
 from typing import IO, Any
 
 from feedline.errors import MissingDependency, SourceError
 
-__all__ = ["PositionedRaw", "ResumingStream", "access_error", "missing_backend", "open_url", "url_head"]
+__all__ = ["PositionedRaw", "ResumingStream", "access_error", "missing_backend", "missing_bucket", "open_url", "url_head"]
 
 log = logging.getLogger("feedline")
 
@@ -113,7 +114,7 @@ class ResumingStream(PositionedRaw):
                     self._open()
                 data = self._f.read(min(want, _CHUNK))
             except FileNotFoundError as e:
-                raise SourceError(f"{self.url}: not found (HTTP 404 or missing object)") from e
+                raise missing_bucket(self.url, e) or SourceError(f"{self.url}: not found (HTTP 404 or missing object)") from e
             except Exception as e:
                 refused = access_error(self.url, e)
                 if refused is not None:
@@ -187,6 +188,20 @@ def access_error(url: str, e: BaseException) -> SourceError | None:
     if isinstance(e, PermissionError) or name in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
         return SourceError(f"{url}: access refused ({e}); check the credentials and the bucket's policy")
     return None
+
+
+def missing_bucket(url: str, e: BaseException) -> SourceError | None:
+    """A :class:`SourceError` naming the bucket and what to check, for a store's "no such bucket"; else ``None``."""
+    said = f"{e} {e.__cause__ or ''}"
+    if "NoSuchBucket" not in said and "bucket does not exist" not in said.lower():
+        return None
+    protocol, _, rest = url.partition("://")
+    bucket = rest.split("/", 1)[0]
+    endpoint = (os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")) if protocol in ("s3", "s3a") else None
+    at = f"at {endpoint}" if endpoint else f"at {protocol}://'s default endpoint"
+    return SourceError(f"{url}: bucket {bucket!r} does not exist {at}; check the bucket's name in the path, the endpoint "
+                       "(an S3-compatible server's address goes in AWS_ENDPOINT_URL_S3), and that the credentials "
+                       "(AWS_PROFILE, AWS_ACCESS_KEY_ID) are for the account or server that holds it")
 
 
 def _content_length(f: Any) -> int | None:

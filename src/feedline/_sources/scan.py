@@ -33,13 +33,14 @@ def scan(spec: Spec, *, tokens: bool = False, limit: int | None = None,
     """
     tok = None
     if tokens:
-        from feedline._tokenize.load import load_tokenizer
+        from feedline._tokenize.load import load_spec_tokenizer
 
         if not spec.tokenizer:
             from feedline.errors import SpecError
 
             raise SpecError("scan --tokens needs a tokenizer: set tokenizer: in the spec or pass --tokenizer")
-        tok = load_tokenizer(spec.tokenizer)
+        tok = load_spec_tokenizer(spec.tokenizer, spec.root)
+    spec.check_root()
     started = time.perf_counter()
     total = 0
     per_source = []

@@ -244,6 +244,23 @@ class Spec:
             check(spec)
         return spec
 
+    def check_root(self) -> None:
+        """Before reading: a local :attr:`root` that relative sources are read from must be a folder.
+
+        Raises:
+            SpecError: naming ``root:``, a source written relative to it, and the fix.
+        """
+        root = self.root
+        rel = [i for i in self.relative if i >= 0]
+        if root is None or "://" in root or not rel or os.path.isdir(root):
+            return
+        first = self.sources[rel[0]]
+        written = portable_path(root, first.path) if first.path else first.label
+        what = "is not a folder" if os.path.exists(root) else "does not exist"
+        raise SpecError(f"root: {root} {what}; sources[{rel[0]}] ({written}) is read relative to it"
+                        f"{f' (and {len(rel) - 1} more source(s))' if len(rel) > 1 else ''}: set the spec's root: "
+                        "to the folder that holds the corpus, or write the source paths absolute")
+
     # ------------------------------------------------------------------ identity
     def to_dict(self) -> dict[str, Any]:
         """The spec as plain data (what :meth:`hash` covers, plus engine/workers/prefetch)."""

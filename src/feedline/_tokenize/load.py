@@ -14,7 +14,7 @@ from typing import Any
 from feedline._tokenize.tokenizer import Tokenizer
 from feedline.errors import TokenizerError
 
-__all__ = ["load_tokenizer"]
+__all__ = ["load_spec_tokenizer", "load_tokenizer", "looks_like_path"]
 
 
 def _read_config(directory: str) -> dict[str, Any]:
@@ -62,10 +62,41 @@ def load_tokenizer(name: str) -> Tokenizer:
         if os.path.isfile(os.path.join(path, "tokenizer_config.json")):
             return _from_transformers(path)
         raise TokenizerError(f"{path}: no tokenizer.json, *.model or tokenizer_config.json in this directory")
-    looks_like_path = name.startswith((".", "/", "~")) or name.count("/") > 1 or name.endswith((".json", ".model"))
-    if looks_like_path:
-        raise TokenizerError(f"{name}: no such tokenizer file or directory")
+    if looks_like_path(name):
+        where = os.path.abspath(path)
+        raise TokenizerError(f"{name}: no such tokenizer file or directory" + (f" ({where})" if where != name else ""))
     return _from_transformers(name)
+
+
+def looks_like_path(name: str) -> bool:
+    """Whether a tokenizer name can only be a path (never a hub name such as ``gpt2`` or ``org/model``)."""
+    return (name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
+            or name.lower().endswith((".json", ".model")))
+
+
+def load_spec_tokenizer(name: str, root: str | None) -> Tokenizer:
+    """:func:`load_tokenizer` for a spec's ``tokenizer:``. The spec resolves a relative path against
+    its ``root`` only where a file is there, so one that is not is tried as written (the working
+    directory, then the hub): where that fails too, the error names the path under ``root``.
+
+    Raises:
+        TokenizerError: as :func:`load_tokenizer`; for a relative path or ``org/name``, naming
+            the file or folder it would be under ``root``.
+    """
+    try:
+        return load_tokenizer(name)
+    except TokenizerError as e:
+        plain = os.path.expanduser(name)
+        if root is None or "://" in root or "://" in name or os.path.isabs(plain) or ("/" not in name and not looks_like_path(name)):
+            raise
+        there = os.path.normpath(os.path.join(root, plain))
+        if os.path.exists(there):
+            raise
+        if looks_like_path(name):
+            raise TokenizerError(f"tokenizer: {name}: no such file or folder: {there} (a relative tokenizer: path is "
+                                 "read from the spec's root:, else the spec file's folder); fix the path") from e
+        raise TokenizerError(f"tokenizer: {name}: not a local folder ({there} does not exist; a relative path is read "
+                             f"from the spec's root:, else the spec file's folder), and as a hub name: {e}") from e
 
 
 def _from_transformers(name: str) -> Tokenizer:

@@ -25,6 +25,7 @@ _BATCH = 256
 
 def task_rejections(spec: Spec, *, limit: int | None = None) -> list[dict[str, Any]]:
     """Per source: examples the task made and the records it rejected (``rejected``, ``rejected_samples``)."""
+    spec.check_root()
     task = Pipeline(spec).task
     out, total = [], 0
     for i, src_spec in enumerate(spec.sources):
