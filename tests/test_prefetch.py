@@ -200,3 +200,36 @@ def test_without_detach_a_stop_still_joins_the_thread() -> None:
     it.set_state({"i": 5})
     assert not it.running and [next(it)[0] for _ in range(2)] == [5, 6]
     it.close()
+
+
+def _settle(parent: Counter, pf: Prefetch) -> int:
+    """``parent.i`` once the thread has stopped reading (it is blocked on a full queue)."""
+    import time
+
+    last = -1
+    while parent.i != last:
+        last = parent.i
+        time.sleep(0.05)
+    return last
+
+
+@pytest.mark.parametrize("hold", [False, True])
+def test_hold_keeps_a_taken_elements_slot_until_release(hold: bool) -> None:
+    """With ``hold`` the thread does not refill while the consumer still works on what it took."""
+    parent = Counter(100)
+    pf = Prefetch(parent, depth=2, hold=hold)
+    assert next(pf) == (0, {"i": 1})
+    pf.release()
+    full = _settle(parent, pf)   # depth queued plus one in the thread's hands
+    assert next(pf) == (1, {"i": 2})
+    after_take = _settle(parent, pf)
+    assert after_take == (full if hold else full + 1)
+    pf.release()
+    assert _settle(parent, pf) == full + 1
+    pf.release()   # nothing held: a no-op
+    assert _settle(parent, pf) == full + 1
+    assert [next(pf)[0] for _ in range(5)] == [2, 3, 4, 5, 6]  # a take releases what the last one held
+    pf.set_state({"i": 50})   # a rewind drops the held slot with the old thread
+    assert next(pf) == (50, {"i": 51})
+    assert [e for e, _ in pf] == list(range(51, 100))
+    pf.close()

@@ -9,11 +9,13 @@
 Data path, one arrow per thread (:mod:`feedline._adapters.staging`)::
 
     feedline.Loader ──► Prefetch thread: numpy → torch, int64 cast into a reused pinned buffer,
-                        H2D copy on a side stream, packed layout, event ──► queue[prefetch]
-                    ──► caller: current stream waits on the recorded event ──► step
+                        H2D copy on a side stream, packed layout, copy waited for ──► queue[prefetch]
+                    ──► caller: record_stream, the slot freed ──► step
 
-The caller's ``next()`` only takes a staged batch from the queue and, with CUDA, makes its stream
-wait on an event that the feeder already recorded: microseconds, whatever the batch's size. The
+The caller's ``next()`` only takes a staged batch from the queue and, with CUDA, marks the tensors
+as used by its stream: microseconds, whatever the batch's size. It makes no call that lets go of
+the GIL, and the feeder refills the slot only after ``next()`` returns (``Prefetch(hold=True)``),
+so the caller never waits for the feeder's work inside ``next()``. The
 feeder thread reads the state after each batch together with the batch, so
 :meth:`TorchLoader.state_dict` names exactly the batches the caller has received, however far
 the feeder and the device copies ran ahead. Without CUDA the batches are those of
@@ -183,7 +185,7 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
         stager = self._stager()
         if self.prefetch:
             self._feeder = feeder = Prefetch(LoaderStage(self.loader), self.prefetch, name="feedline-torch-feeder",
-                                             map=stager)
+                                             map=stager, hold=True)
             self._given = 0
         move = self.device is not None and not self.cuda and self.device.type != "cpu"
         for item in self._staged_items(stager, feeder):
@@ -202,6 +204,8 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
                 tensors = {k: v.to(self.device) for k, v in tensors.items()}
             self._state = state
             self._given += 1
+            if feeder is not None:
+                feeder.release()  # only now may the feeder refill: it never competes with this thread inside next()
             yield tensors
 
     def dataloader(self) -> torch.utils.data.DataLoader[TorchBatch]:

@@ -27,6 +27,12 @@ where its parent is closed after it, and the next start builds a fresh parent fr
 (a parent an old thread may still be inside is never reused); an iterator parent, which cannot be
 rebuilt, is refused with ``detach=True``.
 
+With ``hold=True`` an element keeps its place in the queue after the consumer took it, until the
+consumer calls :meth:`release` (or takes the next element): the thread is not woken, and does not
+compete for the GIL, while the consumer is still finishing the element it took (the torch adapter
+releases after making its stream wait for the batch, so its ``next()`` returns in microseconds
+rather than after the thread's next burst of work).
+
 State: exactly the parent's state (a prefetch stage adds no fields of its own), so a state
 saved with or without prefetching resumes either way.
 """
@@ -72,6 +78,7 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         wake: called when an element (or the end, or an error) is queued into an empty queue.
         name: the thread's name.
         detach: never join a busy thread on the caller's thread (needs a factory parent).
+        hold: an element's slot is freed by :meth:`release` (or the next take), not by taking it.
 
     Raises:
         FeedlineError: ``depth`` below 1.
@@ -80,7 +87,7 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
 
     def __init__(self, parent: Any, depth: int, *, map: Callable[[Any], Any] | None = None,
                  wake: Callable[[], None] | None = None, name: str = "feedline-prefetch",
-                 detach: bool = False) -> None:
+                 detach: bool = False, hold: bool = False) -> None:
         if depth < 1:
             raise FeedlineError(f"prefetch depth {depth} must be >= 1")
         if callable(parent) and not hasattr(parent, "get_state"):
@@ -95,6 +102,8 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         self.depth = depth
         self.name = name
         self.detach = detach
+        self.hold = hold
+        self._held = False                 # hold: the element last taken still has its slot
         self._map = map
         self._wake = wake
         self._state: State | None = None   # state after the last element handed out (a snapshot)
@@ -102,7 +111,8 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         self._rewind = False               # parent must be set to _state before producing
         self._ended = False
         self._thread: threading.Thread | None = None
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=0 if hold else depth)
+        self._slots = threading.Semaphore(depth)  # hold: the queue's bound, freed by release()
         self._stop = threading.Event()
         self.pulled = 0  # elements the thread took from the parent since the last (re)start
 
@@ -125,9 +135,11 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
             raise StopIteration
         if self._thread is None:
             self._start()
+        self.release()
         item = self._get() if block else self._get_nowait()
         if item is None:
             return None
+        self._held = self.hold
         if item is _END:
             self._ended = True
             self._halt()
@@ -160,6 +172,16 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
             if (t is None or not t.is_alive()) and self._queue.empty():
                 return _Failed(FeedlineError(f"the {self.name} thread died without a reason"))
             return None
+
+    def release(self) -> None:
+        """Free the queue slot of the element last taken (``hold=True``; otherwise nothing to do).
+
+        Call it when done with the element, before the caller's next long piece of work: the
+        thread then refills while the caller works, not while it is still taking the element.
+        """
+        if self._held:
+            self._held = False
+            self._slots.release()
 
     def start(self) -> None:
         """Start producing now rather than at the first :meth:`__next__`/:meth:`poll`."""
@@ -219,8 +241,9 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         self._rewind = False
         self.pulled = 0
         self._stop = threading.Event()
-        self._queue = queue.Queue(maxsize=self.depth)
-        self._thread = threading.Thread(target=self._run, args=(parent, rewind, self._queue, self._stop),
+        self._queue = queue.Queue(maxsize=0 if self.hold else self.depth)
+        self._slots, self._held = threading.Semaphore(self.depth), False
+        self._thread = threading.Thread(target=self._run, args=(parent, rewind, self._queue, self._stop, self._slots),
                                         name=self.name, daemon=True)
         self._thread.start()
 
@@ -230,6 +253,8 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         if t is None:
             return
         self._stop.set()
+        self._slots.release(self.depth)  # unblock a held put (this run's semaphore is dropped with it)
+        self._held = False
         try:  # unblock a put on a full queue
             while True:
                 self._queue.get_nowait()
@@ -248,18 +273,26 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
             parent, self._parent = self._parent, None  # after an error, start over from a fresh parent
             parent.close()
 
-    def _put(self, q: queue.Queue[Any], stop: threading.Event, item: Any) -> bool:
+    def _put(self, q: queue.Queue[Any], stop: threading.Event, item: Any, slots: threading.Semaphore) -> bool:
         while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-            except queue.Full:
-                continue
+            if self.hold:
+                if not slots.acquire(timeout=0.1):
+                    continue
+                if stop.is_set():
+                    return False
+                q.put(item)
+            else:
+                try:
+                    q.put(item, timeout=0.1)
+                except queue.Full:
+                    continue
             if self._wake is not None and q.qsize() <= 1:  # more: the consumer was woken for the first
                 self._wake()
             return True
         return False
 
-    def _run(self, parent: Any, rewind: Mapping[str, Any] | None, q: queue.Queue[Any], stop: threading.Event) -> None:
+    def _run(self, parent: Any, rewind: Mapping[str, Any] | None, q: queue.Queue[Any], stop: threading.Event,
+             slots: threading.Semaphore) -> None:
         try:
             if rewind is not None:
                 parent.set_state(rewind)
@@ -269,7 +302,7 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
                 try:
                     element = next(parent)
                 except StopIteration:
-                    self._put(q, stop, _END)
+                    self._put(q, stop, _END, slots)
                     return
                 if self._stop is stop:   # a detached old thread never counts into a newer run
                     self.pulled += 1
@@ -278,7 +311,7 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
                 state = snapshot()
                 if fn is not None:
                     element = fn(element)
-                if not self._put(q, stop, (element, state)):
+                if not self._put(q, stop, (element, state), slots):
                     return
         except BaseException as e:  # forwarded to the consumer
             end = None
@@ -287,7 +320,7 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
                     end = parent.get_state()
                 except Exception:  # the state is a courtesy here: the error is what matters
                     end = None
-            self._put(q, stop, _Failed(e, end))
+            self._put(q, stop, _Failed(e, end), slots)
 
 
 def _reap(thread: threading.Thread, parent: Any) -> None:
