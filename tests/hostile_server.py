@@ -8,8 +8,8 @@ welcome (the defaults below, overridden per test), pongs pings, and sends what t
 
     with HostileServer(batches=lambda: [compact_frames(max_length=1 << 26)]) as srv: ...
 
-``batches`` gives the messages (``[header, payload]``) sent right after the welcome, credit or
-not. Run as a script, it floods every client with ``--batches`` batches of ``--mb`` megabytes
+``batches`` gives the messages (``[header, payload]``, or several steps in one: ``joined``) sent
+right after the welcome, credit or not. Run as a script, it floods every client with ``--batches`` batches of ``--mb`` megabytes
 (ignoring credit) and prints ``ADDRESS <address>``, for measuring a client's memory in another
 process: ``python tests/hostile_server.py --batches 60 --mb 40``.
 """
@@ -69,6 +69,22 @@ def plain_frames(step: int = 1, **arrays: np.ndarray) -> list[bytes]:
     """A laid-out batch of ``arrays``."""
     header, payload = encode_batch(arrays, step=step, state=msgpack.packb({**STATE, "step": step}))
     return [header, payload]
+
+
+def joined(*messages: list[bytes]) -> list[bytes]:
+    """Single-batch messages (``compact_frames``, ``plain_frames``: broken or not) as one ``batches`` message."""
+    items, parts, offset = [], [], 0
+    for header, payload in messages:
+        pad = -offset % 8
+        parts.append(bytes(pad))
+        offset += pad
+        item = unpack_header(header)
+        del item["op"]
+        item["at"] = [offset, len(payload)]
+        items.append(item)
+        parts.append(payload)
+        offset += len(payload)
+    return [pack("batches", items=items), b"".join(parts)]
 
 
 class HostileServer:

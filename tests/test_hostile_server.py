@@ -23,7 +23,7 @@ from feedline._service.auth import generate_keys
 from feedline._service.client import RemoteLoader
 from feedline._service.protocol import decode_batch, unpack_header
 from feedline.errors import AuthError, ProtocolError
-from hostile_server import DROP, HostileServer, compact_frames, plain_frames
+from hostile_server import DROP, HostileServer, compact_frames, joined, plain_frames
 
 HERE = Path(__file__).resolve().parent
 
@@ -140,6 +140,38 @@ def test_batches_beyond_the_granted_credit_are_a_protocol_error() -> None:
     with HostileServer(batches=lambda: frames) as srv:
         got = outcome(lambda: all_batches(srv, prefetch=2), 10)
     assert isinstance(got, ProtocolError) and "credit" in str(got), repr(got)
+
+
+def first_batches(srv: HostileServer, n: int, **kwargs: Any) -> list[Any]:
+    loader = RemoteLoader(srv.address, timeout=3.0, reconnect=6.0, **kwargs)
+    try:
+        it = iter(loader)
+        return [next(it) for _ in range(n)]
+    finally:
+        loader.close()
+
+
+def test_several_steps_in_one_message_are_each_checked_and_delivered() -> None:
+    with HostileServer(batches=lambda: [joined(compact_frames(1), compact_frames(2, docs=(1, 1), lengths=(5, 4)))]) as srv:
+        got = outcome(lambda: first_batches(srv, 2, prefetch=2), 10)
+    assert not isinstance(got, BaseException), got
+    assert [b["seq_lens"].tolist() for b in got] == [[[3, 2, 0, 0], [4, 0, 0, 0]], [[5, 0, 0, 0], [4, 0, 0, 0]]]
+
+
+@pytest.mark.parametrize("message,words", [
+    # three steps in one message to a client that granted two
+    (lambda: joined(*(compact_frames(s) for s in (1, 2, 3))), "credit"),
+    # the second step's layout is beyond the welcome's max_length: checked as a single batch would be
+    (lambda: joined(compact_frames(1), compact_frames(2, layout={"max_length": 1 << 26})), "max_length"),
+    # a payload frame per step, as a peer that splits them would send
+    (lambda: [*joined(compact_frames(1), compact_frames(2)), b"\0" * 8], "one payload frame"),
+    # items that do not tile the payload
+    (lambda: [joined(compact_frames(1), compact_frames(2))[0], b"\0" * 8], "'at'"),
+])
+def test_a_hostile_batches_message_is_a_protocol_error(message: Callable[[], list[bytes]], words: str) -> None:
+    with HostileServer(batches=lambda: [message()]) as srv:
+        got = outcome(lambda: first_batches(srv, 3, prefetch=2), 10)
+    assert isinstance(got, ProtocolError) and words in str(got), repr(got)
 
 
 # every welcome field, broken; before: -1 blocked the poller forever, 0 spun it

@@ -12,9 +12,11 @@ from feedline._service.metrics import render_prometheus
 from feedline._service.protocol import (
     decode_batch,
     encode_batch,
+    encode_batches,
     error_from_header,
     pack,
     pack_state,
+    split_batches,
     unpack_header,
     unpack_state,
 )
@@ -57,6 +59,40 @@ def test_decode_refuses_one_frame_per_array() -> None:
     """Protocol version 1 sent a frame per array: a clear error, never arrays cut from the wrong bytes."""
     with pytest.raises(ProtocolError, match="one payload frame.*version 1"):
         decode_batch({"op": "batch", "fields": [["x", "<i4", [1], 0], ["y", "<i4", [1], 4]]}, [b"\0" * 4, b"\0" * 4])
+
+
+def test_several_steps_in_one_message_decode_as_their_own_batches() -> None:
+    """``batches``: one header and one payload for several steps, each item its own aligned bytes."""
+    steps = [({"input_ids": np.arange(5, dtype=np.int32) + s, "flag": np.ones(3, bool)[: s + 1]}, s, f'{{"step": {s}}}')
+             for s in (1, 2, 3)]
+    header, payload = encode_batches(steps)
+    h = unpack_header(header)
+    assert h["op"] == "batches" and [item["step"] for item in h["items"]] == [1, 2, 3]
+    got = split_batches(h, payload)
+    for (batch, step, state), (item, buf) in zip(steps, got, strict=True):
+        assert item["state"] == state and item["at"][0] % 8 == 0
+        _one_header, one_payload = encode_batch(batch, step=step, state=state)
+        assert bytes(buf) == one_payload   # each item's bytes are the single-step message's payload
+        out = decode_batch(item, [buf])
+        assert all(np.array_equal(out[k], batch[k]) for k in batch)
+        assert np.shares_memory(out["input_ids"], np.frombuffer(payload, dtype=np.uint8))
+
+
+@pytest.mark.parametrize("items,size,match", [
+    ([], 0, "lists 0 items"),
+    ([{"at": [0, 8]}] * 1025, 8, "lists 1025 items"),
+    (["x"], 8, "item 0"),
+    ([{"at": [0, 16]}], 8, "item 0"),                       # beyond the payload
+    ([{"at": [0, 8]}, {"at": [4, 4]}], 8, "item 1"),         # overlapping
+    ([{"at": [0, 4]}, {"at": [12, 4]}], 16, "item 1"),       # a gap beyond the alignment
+    ([{"at": [0, 4]}, {"at": [5, 3]}], 8, "item 1"),         # not aligned
+    ([{"at": [0, -1]}], 8, "item 0"),
+    ([{"at": [True, 8]}], 8, "item 0"),
+    ([{"at": [0, 8]}], 16, "no item describes"),
+])
+def test_split_refuses_items_that_do_not_tile_the_payload(items: list, size: int, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        split_batches({"op": "batches", "items": items}, b"\0" * size)
 
 
 @pytest.mark.parametrize("state", [

@@ -105,6 +105,74 @@ def test_dispatch_serves_the_in_process_batches_without_sockets(spec: dict[str, 
     assert_batches_equal([want], [decode_batch(header, buffers)], "first batch through the dispatcher")
 
 
+def test_ready_steps_leave_in_one_message(spec: dict[str, Any]) -> None:
+    """What the credit allows of the ready steps goes as one ``batches`` message (the per-message
+    costs paid once for several steps), the first batch at once; the steps are the in-process ones."""
+    from feedline._pipeline import GlobalStream
+
+    streams = load_streams(spec)
+    it = iter(GlobalStream(streams["train"], 1))
+    initial = {"train": it.get_state()}
+    it.close()
+    t = InProcTransport()
+    d = Dispatcher(streams, ServerOptions(window=8), t, initial=initial)
+    try:
+        d.receive(b"a", _hello(rank=0, world_size=1, session="s", prefetch=8), now=0.0)
+        d.receive(b"a", [pack("credit", n=1)], now=0.0)
+        _until(d, t, b"a", "batch")
+        assert t.messages == 2   # welcome, the first batch at once
+        cursor = d.cursors[("train", 1)][0]
+        deadline = time.monotonic() + 30
+        while cursor.produced < 6:   # steps 2..6 ready before any credit for them
+            assert time.monotonic() < deadline
+            d.dispatch(0.0)
+            time.sleep(0.005)
+        d.receive(b"a", [pack("credit", n=4, step=1)], now=0.0)
+        d.dispatch(0.0)
+        got = t.take(b"a")
+        assert t.messages == 3 and [h["step"] for h, _ in got] == [2, 3, 4, 5]
+        want = [b for _, b in zip(range(5), feedline.Loader(spec), strict=False)]
+        assert_batches_equal(want[1:], [decode_batch(h, bufs) for h, bufs in got], "steps 2-5 in one message")
+    finally:
+        d.close()
+
+
+class _Ready:
+    """A delivery with ``n`` steps ready, the first produced ``age`` seconds ago (what a hold decides on)."""
+
+    def __init__(self, n: int, age: float, final: bool = False) -> None:
+        self.n, self.age, self.final = n, age, final
+
+    def ready(self, client: Any) -> tuple[int, float, bool]:
+        return self.n, time.monotonic() - self.age, self.final
+
+
+@pytest.mark.parametrize("ready,credit,sent,held", [
+    ((1, 0.0), 4, 1, True),           # one fresh step for a credit of 4: wait for more
+    ((3, 0.0), 3, 1, False),          # as many as the credit allows
+    ((4, 0.0), 8, 1, False),          # COALESCE of them
+    ((1, 1.0), 4, 1, False),          # the first ready step has waited HOLD_S already
+    ((1, 0.0), 1, 1, False),          # a credit of one
+    ((1, 0.0), 4, 0, False),          # the client's first batch
+    ((1, 0.0, True), 4, 1, False),    # no more can come before an ack (ended, failed, window full)
+    ((0, 0.0), 4, 1, False),          # nothing to send
+])
+def test_a_send_waits_for_more_steps_only_briefly_and_only_when_more_can_come(
+        wired: Any, ready: tuple[Any, ...], credit: int, sent: int, held: bool) -> None:
+    from feedline._service.dispatch import HOLD_S
+    from feedline._service.session import Client
+
+    d, _t = wired
+    client = Client(ident=b"c", stream="train", mode="ranked", rank=0, world_size=1, delivery=_Ready(*ready),
+                    prefetch=8, last_seen=0.0, credit=credit, sent=sent)
+    d.due = None
+    before = time.monotonic()
+    assert d._hold(client) is held
+    assert (d.due is not None) is held   # the loop polls again by then
+    if held:
+        assert before < d.due <= time.monotonic() + HOLD_S
+
+
 def test_a_held_rank_is_replaced_and_its_cursor_reused(wired: Any) -> None:
     d, t = wired
     d.receive(b"old", _hello(rank=0, world_size=2, session="first"), now=0.0)

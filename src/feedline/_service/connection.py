@@ -40,7 +40,14 @@ from zmq.utils.monitor import recv_monitor_message
 
 from feedline._service.auth import ClientKeys
 from feedline._service.handshake import MONITORED, HandshakeWatch
-from feedline._service.protocol import BYE_REPLACED, error_from_header, pack, state_as_json, unpack_header
+from feedline._service.protocol import (
+    BYE_REPLACED,
+    error_from_header,
+    pack,
+    split_batches,
+    state_as_json,
+    unpack_header,
+)
 from feedline._service.trust import BatchGuard, check_welcome
 from feedline.errors import FeedlineError, ProtocolError, TransportError, TransportTimeout
 
@@ -339,25 +346,38 @@ class Connection:
             out.append(self._sock.recv_multipart(zmq.NOBLOCK, copy=False))
         return out
 
+    def _deliver(self, h: dict[str, Any], payload: list[Any]) -> None:
+        """Check and decode one batch (laid out here, on this thread) and queue it for the caller."""
+        state = h.get("state")
+        step = h.get("step")
+        if not isinstance(state, (bytes, str)) or not isinstance(step, int) or isinstance(step, bool):
+            raise ProtocolError("batch header lacks its step or state")
+        self._credit -= 1
+        arrays = self._guard.decode(h, payload)
+        self.resume = state
+        self._queued += 1
+        self.items.put(Delivered(step, state, arrays))
+
     def _handle(self, frames: list[zmq.Frame], welcomed: bool) -> str | None:
         h = unpack_header(frames[0].buffer, self.max_message)
         op = h["op"]
-        if op == "batch":
+        if op in ("batch", "batches"):
             if not welcomed:
                 return None  # left over from a connection we gave up on
-            state = h.get("state")
-            step = h.get("step")
-            if not isinstance(state, (bytes, str)) or not isinstance(step, int) or isinstance(step, bool):
-                raise ProtocolError("batch header lacks its step or state")
-            if self._credit <= 0:
-                raise ProtocolError(f"the loader service at {self.address} sent batch {step} beyond the credit this "
-                                    f"client granted (prefetch {self.prefetch}, {self._queued} queued): a server "
-                                    "that ignores credit would fill this process's memory")
-            self._credit -= 1
-            arrays = self._guard.decode(h, frames[1:])
-            self.resume = state
-            self._queued += 1
-            self.items.put(Delivered(step, state, arrays))
+            if op == "batch":
+                items: list[tuple[dict[str, Any], Any]] = [(h, frames[1:])]
+            elif len(frames) != 2:
+                raise ProtocolError(f"a batches message is a header and one payload frame, got {len(frames) - 1} "
+                                    "frames after the header")
+            else:
+                items = [(item, [buf]) for item, buf in split_batches(h, frames[1])]
+            if self._credit < len(items):
+                raise ProtocolError(f"the loader service at {self.address} sent {len(items)} batches beyond the "
+                                    f"credit this client granted ({self._credit} left of prefetch {self.prefetch}, "
+                                    f"{self._queued} queued): a server that ignores credit would fill this "
+                                    "process's memory")
+            for item, payload in items:
+                self._deliver(item, payload)
         elif op == "welcome":
             info = check_welcome(h, stream=str(self.hello.get("stream")), spec_hash=self.hello.get("spec_hash"),
                                  timeout=self.timeout, max_bytes=self.max_message)

@@ -7,11 +7,12 @@ dispatcher drives both the same way::
 
     delivery.join(client)                    # a client was seated on it
     delivery.pump(now)                       # move produced steps in (and expire leases)
+    n, oldest, final = delivery.ready(client) # what take would give now (to gather several per send)
     item = delivery.take(client, now)        # Produced | End | None (wait)
     part = delivery.part_for(client)         # which slice of item.slices to send
     state = delivery.state_for(item)         # the resume state that travels with it
-    delivery.sent(client, item)              # it left, or:
-    delivery.giveback(client, item)          #   the send failed, undo the take
+    delivery.sent(client, item)              # it is on its way (the next take gives the next), or:
+    delivery.giveback(client, item)          #   its send failed: undo take and sent (last first)
     delivery.ack(client, step)               # the client consumed ``step``
     n = delivery.release(client)             # the client left; n batches re-queued for others
 """
@@ -63,6 +64,10 @@ class Delivery(Protocol):
     def pump(self, now: float) -> None:
         """Take produced steps in while there is room; expire what must expire."""
 
+    def ready(self, client: Client) -> tuple[int, float, bool]:
+        """How many steps ``client`` could take now, when the first of them was produced (monotonic
+        seconds), and whether no more can come before an ack."""
+
     def take(self, client: Client, now: float) -> Produced | End | None:
         """What ``client`` receives next, ``End``, or ``None`` when it must wait."""
 
@@ -73,10 +78,10 @@ class Delivery(Protocol):
         """The resume state sent with ``item`` (:func:`~.protocol.pack_state`'s form)."""
 
     def sent(self, client: Client, item: Produced) -> None:
-        """``item`` was sent to ``client``."""
+        """``item`` is being sent to ``client`` (the next :meth:`take` gives what follows it)."""
 
     def giveback(self, client: Client, item: Produced) -> None:
-        """Undo a :meth:`take` whose send failed."""
+        """Undo a :meth:`take` and :meth:`sent` whose send failed (several: the last first)."""
 
     def ack(self, client: Client, step: int) -> None:
         """``client`` consumed ``step``."""

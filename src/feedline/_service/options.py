@@ -46,6 +46,9 @@ class ServerOptions:
             when it exists, rewritten atomically at most once a second when a watermark moved and
             once at shutdown: a restart with the same file continues after the last step written
             (docs/service.md, HTTP).
+        coalesce: steps one message may carry; with fewer ready (and credit for more) a send
+            waits up to 2 ms to gather them, which a fast pipeline needs (each message costs both
+            sides a fixed amount); 1 sends every step alone, at once.
     """
 
     bind: str = "tcp://127.0.0.1:5555"
@@ -65,11 +68,12 @@ class ServerOptions:
     metrics_insecure: bool = False
     progress: bool = False
     state: str | None = None
+    coalesce: int = 4
 
     def __post_init__(self) -> None:
-        if self.window < 1 or self.max_prefetch < 1 or self.max_cursors < 1:
-            raise SpecError(f"window ({self.window}), max_prefetch ({self.max_prefetch}) and max_cursors "
-                            f"({self.max_cursors}) must be >= 1")
+        if self.window < 1 or self.max_prefetch < 1 or self.max_cursors < 1 or self.coalesce < 1:
+            raise SpecError(f"window ({self.window}), max_prefetch ({self.max_prefetch}), max_cursors "
+                            f"({self.max_cursors}) and coalesce ({self.coalesce}) must be >= 1")
         if not (math.isfinite(self.lease) and self.lease > 0):
             raise SpecError(f"lease ({self.lease}s) must be a finite number > 0")
         if not (math.isfinite(self.idle_close) and self.idle_close >= 0):

@@ -8,6 +8,8 @@ offset aligned to 8 bytes, so the receiver gets zero-copy numpy views over one b
     hello   {v, stream, mode, rank,           welcome {v, stream, spec_hash, state, heartbeat,
              world_size, prefetch, session,            timeout, prefetch, batch}
              state?, spec_hash?}              batch   {step, state, fields, layout?} + payload
+                                              batches {items: [{step, state, fields, layout?,
+                                                       at: [offset, size]}, ...]} + payload
     credit  {n, step?}  (grant n; ack step)   end     {step}
     ping    {}                                pong    {}
     stats   {}                                stats   {stats}
@@ -33,8 +35,15 @@ A welcome's ``batch`` is the stream's batch shape ``{rows, max_length, max_docs}
 (:func:`~feedline._service.trust.stream_limits`); the client holds every batch to it, and a
 ``batch`` beyond the credit it granted is refused (:mod:`feedline._service.trust`).
 
+``batches`` carries several consecutive steps in one message (what the credit allows of the steps
+ready when the server sends): each item is a ``batch`` header whose arrays lie in the payload's
+bytes ``[offset, offset + size)`` (ascending, 8-byte aligned, nothing else in the payload). Every
+message costs each side a fixed amount (a wake-up, a poll, three frames through ZeroMQ, a header
+decoded), so a server that keeps pace with a fast pipeline pays it once per several steps
+(:func:`encode_batches`, :func:`split_batches`).
+
 Both sides check ``v`` (:data:`PROTOCOL_VERSION`): version 1 sent one frame per array, version 2
-every batch laid out.
+every batch laid out, version 3 one step per message.
 
     >>> header, payload = encode_batch({"x": np.arange(3, dtype=np.int32)}, step=1, state="{}")
     >>> decode_batch(unpack_header(header), [payload])["x"].tolist()
@@ -65,22 +74,25 @@ __all__ = [
     "PROTOCOL_VERSION",
     "decode_batch",
     "encode_batch",
+    "encode_batches",
     "error_fields",
     "error_from_header",
     "pack",
     "pack_state",
+    "split_batches",
     "state_as_json",
     "unpack_header",
     "unpack_state",
 ]
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 BYE_REPLACED = "replaced"    # another connection took this rank: do not reconnect
 BYE_SHUTDOWN = "shutdown"    # the server is stopping: reconnect (to its successor)
 BYE_UNKNOWN = "unknown"      # the server does not know this client (it restarted): say hello again
 CLIENT_OPS = frozenset({"hello", "credit", "ping", "stats", "bye"})
 _DTYPE_KINDS = frozenset("biuf")
 _MAX_NDIM = 8
+_MAX_ITEMS = 1024   # steps in one ``batches`` message (a client's credit bounds it further)
 _MAX_DIM = 1 << 40   # no array dimension is larger (numpy refuses shapes whose size overflows)
 _ALIGN = 8          # every array starts at a multiple of this in the payload
 _PADS = [bytes(n) for n in range(_ALIGN)]
@@ -122,12 +134,46 @@ def encode_batch(batch: Mapping[str, np.ndarray] | CompactBatch, *, step: int, s
     :class:`~feedline._batching.compact.CompactBatch` travels as its arrays plus a ``layout``
     entry in the header; :func:`decode_batch` lays it out.
     """
-    if isinstance(batch, CompactBatch):
-        extra["layout"] = batch.layout()
-        batch = batch.arrays()
     parts: list[Any] = []
-    fields: list[list[Any]] = []
+    entry = _entry(batch, step, state, parts, 0)[0]
+    return pack("batch", **entry, **extra), b"".join(parts)
+
+
+def encode_batches(steps: Sequence[tuple[Mapping[str, np.ndarray] | CompactBatch, int, bytes | str]]) -> tuple[bytes, bytes]:
+    """One message of several ``(batch, step, state)``: a ``batches`` header and one payload.
+
+    Each item is the header :func:`encode_batch` would send for its step, plus ``at``: where its
+    arrays lie in the payload (:func:`split_batches` gives each item its bytes back).
+
+        >>> h, p = encode_batches([({"x": np.arange(3, dtype=np.int8)}, 1, "{}"), ({"x": np.ones(2, np.int64)}, 2, "{}")])
+        >>> [(item["step"], decode_batch(item, [buf])["x"].tolist()) for item, buf in split_batches(unpack_header(h), p)]
+        [(1, [0, 1, 2]), (2, [1, 1])]
+    """
+    parts: list[Any] = []
+    items: list[dict[str, Any]] = []
     offset = 0
+    for batch, step, state in steps:
+        pad = -offset % _ALIGN
+        if pad:
+            parts.append(_PADS[pad])
+            offset += pad
+        entry, size = _entry(batch, step, state, parts, 0)
+        entry["at"] = [offset, size]
+        items.append(entry)
+        offset += size
+    return pack("batches", items=items), b"".join(parts)
+
+
+def _entry(batch: Mapping[str, np.ndarray] | CompactBatch, step: int, state: bytes | str, parts: list[Any],
+           offset: int) -> tuple[dict[str, Any], int]:
+    """The header fields of one batch; its arrays are appended to ``parts`` (offsets from ``offset``).
+    Returns the fields and the bytes appended."""
+    entry: dict[str, Any] = {"step": step, "state": state}
+    if isinstance(batch, CompactBatch):
+        entry["layout"] = batch.layout()
+        batch = batch.arrays()
+    fields: list[list[Any]] = []
+    start = offset
     for name, a in batch.items():
         if not a.flags.c_contiguous:
             a = np.ascontiguousarray(a)
@@ -135,11 +181,38 @@ def encode_batch(batch: Mapping[str, np.ndarray] | CompactBatch, *, step: int, s
         if pad:
             parts.append(_PADS[pad])
             offset += pad
-        fields.append([name, a.dtype.str, list(a.shape), offset])
+        fields.append([name, a.dtype.str, list(a.shape), offset - start])
         parts.append(a)   # bytes.join reads any C-contiguous buffer
         offset += a.nbytes
-    header = pack("batch", step=step, state=state, fields=fields, **extra)
-    return header, b"".join(parts)
+    entry["fields"] = fields
+    return entry, offset - start
+
+
+def split_batches(header: Mapping[str, Any], frame: Any) -> list[tuple[dict[str, Any], memoryview]]:
+    """The items of a ``batches`` header, each with its bytes of the payload ``frame`` (views).
+
+    Raises:
+        ProtocolError: no items or more than 1024, an item that is not a map with its ``at``, or
+            items that overlap, leave bytes undescribed or lie outside the payload.
+    """
+    items = header.get("items")
+    if not isinstance(items, list) or not 0 < len(items) <= _MAX_ITEMS:
+        raise ProtocolError(f"a batches message lists {_len(items)} items (1 to {_MAX_ITEMS})")
+    buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+    buf = buf.cast("B") if buf.format != "B" or buf.ndim != 1 else buf
+    out: list[tuple[dict[str, Any], memoryview]] = []
+    end = 0
+    for item in items:
+        at = item.get("at") if isinstance(item, dict) else None
+        if not (isinstance(at, list) and len(at) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in at)
+                and end <= at[0] < end + _ALIGN and at[0] % _ALIGN == 0 and 0 <= at[1] <= buf.nbytes - at[0]):
+            raise ProtocolError(f"batches item {len(out)}: 'at' {at!r:.60} is not the next aligned range of the "
+                                f"{buf.nbytes}-byte payload (after byte {end})")
+        end = at[0] + at[1]
+        out.append((item, buf[at[0]:end]))
+    if buf.nbytes - end >= _ALIGN:
+        raise ProtocolError(f"the batches payload has {buf.nbytes - end} bytes that no item describes")
+    return out
 
 
 def decode_batch(header: Mapping[str, Any], frames: Sequence[Any],

@@ -197,11 +197,23 @@ class RankedCursor:
     def state_for(self, item: Produced) -> bytes | str:
         return item.state_wire
 
+    def ready(self, client: Client) -> tuple[int, float, bool]:
+        """Steps ``client``'s rank could take now, when the first of them was produced, and whether
+        no more can come before an ack (the stream ended or failed, or the window is full)."""
+        want = self.ranks[client.rank].next
+        n = self.produced - want + 1 if self.buffer and self.buffer[0].step <= want else 0
+        oldest = self.buffer[want - self.buffer[0].step].produced_at if n > 0 else 0.0
+        floor = min(s.acked for s in self.ranks)
+        final = self.ended_at is not None or self.error is not None or self.produced - floor >= self.window
+        return max(0, n), oldest, final
+
     def sent(self, client: Client, item: Produced) -> None:
         self.ranks[client.rank].next = item.step + 1
 
     def giveback(self, client: Client, item: Produced) -> None:
-        """Nothing to undo: the rank's next step only moves in :meth:`sent`."""
+        """The rank's next step goes back to ``item``'s."""
+        slot = self.ranks[client.rank]
+        slot.next = min(slot.next, item.step)
 
     @property
     def depth(self) -> int:

@@ -5,9 +5,11 @@
     >>> server.serve()           # until stop(): drains, says bye, closes   # doctest: +SKIP
 
 This module is the event loop: one ROUTER socket talks to every client (protocol in
-:mod:`.protocol`), producer threads wake the loop after each produced step, and a tick once a
-second refreshes the stats snapshot and writes the ``--state`` file (when a watermark moved; once
-more before the goodbye). What a message means and what each client receives is the
+:mod:`.protocol`), producer threads wake the loop after each produced step (while the dispatcher
+holds a send back to gather several steps, the loop hears only clients until it is due: one turn
+per message, not per step), and a tick once a second refreshes the stats snapshot and writes the
+``--state`` file (when a watermark moved; once more before the goodbye). What a message means and
+what each client receives is the
 :class:`~.dispatch.Dispatcher`'s business (no sockets there: it sends through a
 :mod:`.transport`); the snapshot is built by :mod:`.stats`. Sends never block
 (``ROUTER_MANDATORY`` plus ``NOBLOCK``): a peer that stops reading keeps its batch queued
@@ -18,6 +20,7 @@ authentication (ZAP) vouched for are handed on.
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import sys
 import threading
@@ -111,6 +114,8 @@ class Server:
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._wake_r.fileno(), zmq.POLLIN)
+        self._held = zmq.Poller()   # while a send is held (Dispatcher.due): clients only
+        self._held.register(self._sock, zmq.POLLIN)
         if o.metrics_port is not None:
             self._metrics = MetricsEndpoint(o.metrics_port, lambda: self.snapshot, o.metrics_host, window=o.window)
         self.snapshot = self.stats()
@@ -156,8 +161,13 @@ class Server:
                     deadline = now + o.drain_timeout
                 if deadline is not None and (now >= deadline or d.drained()):
                     break
-                events = dict(self._poller.poll(poll_ms))
-                if self._wake_r is not None and self._wake_r.fileno() in events:
+                if d.due is None or deadline is not None:   # (draining: nothing is sent, nothing held)
+                    events = dict(self._poller.poll(poll_ms))
+                    woken = self._wake_r is not None and self._wake_r.fileno() in events
+                else:   # a send waits to gather steps: producers' wake-ups wait until it is due
+                    events = dict(self._held.poll(min(poll_ms, max(0, math.ceil((d.due - now) * 1000)))))
+                    woken = self._wake_r is not None
+                if woken and self._wake_r is not None:
                     _drain(self._wake_r)
                 if self._sock in events:
                     self._receive()

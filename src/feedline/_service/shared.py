@@ -126,6 +126,13 @@ class SharedQueue:
     def part_for(self, client: Client) -> int:
         return 0   # whole global batches
 
+    def ready(self, client: Client) -> tuple[int, float, bool]:
+        """Batches a client could take now, when the first was produced, and whether no more can come
+        before an ack (the stream ended or failed, or the window of outstanding batches is full)."""
+        queue = self.redeliver or self.fresh
+        final = self.ended_at is not None or self.error is not None or len(self.outstanding) >= self.budget
+        return len(self.redeliver) + len(self.fresh), queue[0].produced_at if queue else 0.0, final
+
     def state_for(self, item: Produced) -> bytes | str:
         return self.watermark_wire
 
@@ -133,7 +140,7 @@ class SharedQueue:
         """Nothing to do: the lease started at :meth:`take`."""
 
     def giveback(self, client: Client, item: Produced) -> None:
-        """Undo a :meth:`take` whose send failed."""
+        """Undo a :meth:`take` whose send failed (several: the last taken first)."""
         lease = self.inflight.get(client.ident, {}).pop(item.step, None)
         if lease is not None:
             self._over(lease)

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 import zmq
 
-from feedline._service.protocol import unpack_header
+from feedline._service.protocol import split_batches, unpack_header
 
 __all__ = ["InProcTransport", "RouterTransport", "Transport"]
 
@@ -58,12 +58,18 @@ class RouterTransport:
 
 
 class InProcTransport:
-    """Keeps sent messages per peer as ``(header, [buffer bytes])``; peers can be made busy or gone."""
+    """Keeps sent messages per peer as ``(header, [buffer bytes])``; peers can be made busy or gone.
+
+    A ``batches`` message is kept as one ``batch`` record per step (its item's header and bytes), so
+    what a peer was sent reads step by step however the dispatcher grouped the steps; ``messages``
+    counts the messages themselves.
+    """
 
     def __init__(self) -> None:
         self.outbox: dict[bytes, list[tuple[dict[str, Any], list[bytes]]]] = {}
         self.busy: set[bytes] = set()
         self.gone: set[bytes] = set()
+        self.messages = 0
 
     def send(self, ident: bytes, frames: Sequence[Any], copy: bool = True) -> bool | None:
         if ident in self.gone:
@@ -72,7 +78,12 @@ class InProcTransport:
             return False
         header = unpack_header(bytes(frames[0]))
         buffers = [np.ascontiguousarray(f).tobytes() if isinstance(f, np.ndarray) else bytes(f) for f in frames[1:]]
-        self.outbox.setdefault(ident, []).append((header, buffers))
+        box = self.outbox.setdefault(ident, [])
+        self.messages += 1
+        if header["op"] == "batches":
+            box.extend(({"op": "batch", **item}, [bytes(buf)]) for item, buf in split_batches(header, buffers[0]))
+        else:
+            box.append((header, buffers))
         return True
 
     def take(self, ident: bytes) -> list[tuple[dict[str, Any], list[bytes]]]:
