@@ -5,9 +5,8 @@
     >>> server.serve()           # until stop(): drains, says bye, closes   # doctest: +SKIP
 
 This module is the event loop: one ROUTER socket talks to every client (protocol in
-:mod:`.protocol`), producer threads wake the loop after each produced step (while the dispatcher
-holds a send back to gather several steps, the loop hears only clients until it is due: one turn
-per message, not per step), and a tick once a second refreshes the stats snapshot and writes the
+:mod:`.protocol`), producer threads wake the loop after each produced step (a send the dispatcher
+holds back to gather several steps sets the poll's timeout), and a tick once a second refreshes the stats snapshot and writes the
 ``--state`` file (when a watermark moved; once more before the goodbye). What a message means and
 what each client receives is the
 :class:`~.dispatch.Dispatcher`'s business (no sockets there: it sends through a
@@ -114,8 +113,6 @@ class Server:
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._wake_r.fileno(), zmq.POLLIN)
-        self._held = zmq.Poller()   # while a send is held (Dispatcher.due): clients only
-        self._held.register(self._sock, zmq.POLLIN)
         if o.metrics_port is not None:
             self._metrics = MetricsEndpoint(o.metrics_port, lambda: self.snapshot, o.metrics_host, window=o.window)
         self.snapshot = self.stats()
@@ -161,13 +158,10 @@ class Server:
                     deadline = now + o.drain_timeout
                 if deadline is not None and (now >= deadline or d.drained()):
                     break
-                if d.due is None or deadline is not None:   # (draining: nothing is sent, nothing held)
-                    events = dict(self._poller.poll(poll_ms))
-                    woken = self._wake_r is not None and self._wake_r.fileno() in events
-                else:   # a send waits to gather steps: producers' wake-ups wait until it is due
-                    events = dict(self._held.poll(min(poll_ms, max(0, math.ceil((d.due - now) * 1000)))))
-                    woken = self._wake_r is not None
-                if woken and self._wake_r is not None:
+                wait = poll_ms if d.due is None or deadline is not None else \
+                    min(poll_ms, max(0, math.ceil((d.due - now) * 1000)))   # a held send is due then
+                events = dict(self._poller.poll(wait))
+                if self._wake_r is not None and self._wake_r.fileno() in events:
                     _drain(self._wake_r)
                 if self._sock in events:
                     self._receive()
