@@ -144,6 +144,36 @@ def test_the_composing_stage_resumes_exactly_from_every_state(corpus: str, small
     assert assert_stage_resumes(stage, check=3, every=3) > 3
 
 
+@pytest.mark.parametrize("k", [2, 3])
+def test_a_consumer_that_lays_batches_out_gets_them_compact_with_the_same_rows_and_states(
+        corpus: str, small_tokenizer: str, k: int) -> None:
+    """``next_compact`` (the service's producer) has the partitions send compact ``pack`` batches:
+    laid out, the same rows as ``next``, the same states, from any state (the tail's carried rows
+    included, replayed compact)."""
+    from feedline._batching.compact import CompactBatch
+    from feedline._core.deferred import materialize
+
+    s = Spec.load(spec(corpus, small_tokenizer, k, epochs=1))
+    stage = Pipeline(s).batches()
+    it = iter(stage)
+    want, states = [], [json.loads(json.dumps(it.get_state()))]
+    for b in it:
+        want.append(b)
+        states.append(json.loads(json.dumps(it.get_state())))
+    it.close()
+    assert k != 2 or any(st["carry"] for st in states), "no state carries rows: the replay path is not covered"
+    for at in sorted({0, 1, len(want) // 2, *(i for i, st in enumerate(states[:-1]) if st["carry"])}):
+        it = iter(stage)
+        it.set_state(states[at])
+        for i in range(at, min(at + 3, len(want))):
+            got = it.next_compact()
+            assert isinstance(got, CompactBatch) or len(next(iter(got.values()))) < 5
+            laid = got.expand() if isinstance(got, CompactBatch) else got
+            assert_batches_equal([want[i]], [laid], f"K={k}, step {i + 1} after a restore at {at}")
+            assert json.loads(json.dumps(materialize(it.snapshot()))) == states[i + 1]
+        it.close()
+
+
 def test_a_loader_resumes_exactly_with_partitions(corpus: str, small_tokenizer: str) -> None:
     assert assert_resumes_exactly(spec(corpus, small_tokenizer, 3, shuffle={"buffer": 20}), every=4) > 3
 

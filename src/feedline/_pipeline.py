@@ -19,6 +19,7 @@ is the composing stage over the K of them (:mod:`feedline._partitions.compose`),
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -31,7 +32,7 @@ from feedline._batching.registry import batcher_class
 from feedline._core.dataset import Dataset, DatasetIterator, State
 from feedline._core.deferred import materialize
 from feedline._core.record import Example, Key, Record
-from feedline._partitions.compose import Composed, quotas
+from feedline._partitions.compose import CompactBatches, Composed, quotas
 from feedline._partitions.rows import row_count
 from feedline._sources.deal import partition_seed
 from feedline._sources.mix import Mixture
@@ -177,13 +178,19 @@ class Pipeline:
 
 @dataclass(frozen=True)
 class PartitionStreams:
-    """Partition ``p``'s batches of a spec, as a picklable factory (what a placement runs, anywhere)."""
+    """Partition ``p``'s batches of a spec, as a picklable factory (what a placement runs, anywhere);
+    ``compact``: ``pack`` batches stay compact (:meth:`compacted`, for a consumer that lays them out)."""
 
     spec: Spec
     tokenizer: Tokenizer | None = None
+    compact: bool = False
 
-    def __call__(self, p: int) -> Batcher | Composed:
-        return Pipeline(self.spec, tokenizer=self.tokenizer, partition=p).batches()
+    def __call__(self, p: int) -> Batcher | Composed | CompactBatches:
+        batches = Pipeline(self.spec, tokenizer=self.tokenizer, partition=p).batches()
+        return CompactBatches(batches) if self.compact else batches
+
+    def compacted(self) -> PartitionStreams:
+        return dataclasses.replace(self, compact=True)
 
 
 @dataclass(frozen=True)

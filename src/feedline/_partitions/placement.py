@@ -19,16 +19,20 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from feedline._batching.base import Batch
+from feedline._batching.compact import CompactBatch
 from feedline._core.dataset import Dataset, DatasetIterator, State
 from feedline._core.options import close_match
 from feedline._core.prefetch import Prefetch
 from feedline._spec import ParallelSpec
 from feedline.errors import SpecError
 
-__all__ = ["PLACEMENTS", "Make", "Placement", "ThreadPlacement", "placement_class", "register_placement"]
+__all__ = ["PLACEMENTS", "Make", "Part", "Placement", "ThreadPlacement", "placement_class", "register_placement"]
 
-#: A picklable factory of partition ``p``'s stream of batches.
-Make = Callable[[int], Dataset[Batch]]
+#: A partition's batch: laid out, or compact where the consumer lays batches out itself.
+Part = Batch | CompactBatch
+#: A picklable factory of partition ``p``'s stream of batches (compact ones where asked for:
+#: :class:`~feedline._partitions.compose.CompactBatches`).
+Make = Callable[[int], Dataset[Part]]
 
 
 class Placement(ABC):
@@ -42,7 +46,7 @@ class Placement(ABC):
         self.make, self.k, self.options = make, k, options
 
     @abstractmethod
-    def next(self, p: int) -> tuple[Batch, State] | None:
+    def next(self, p: int) -> tuple[Part, State] | None:
         """Partition ``p``'s next batch and its state after it; ``None`` when it has ended."""
 
     @abstractmethod
@@ -53,7 +57,7 @@ class Placement(ABC):
     def close(self) -> None:
         """Stop everything this placement started. Idempotent; using it again restarts."""
 
-    def replay(self, p: int, state: State | None) -> Batch:
+    def replay(self, p: int, state: State | None) -> Part:
         """Partition ``p``'s batch after ``state`` (a restore's carried rows); here, by default."""
         return replay(self.make, p, state)
 
@@ -68,7 +72,7 @@ class ThreadPlacement(Placement):
     def _stage(self, p: int) -> Prefetch:
         return Prefetch(lambda: iter(self.make(p)), self.options.prefetch, name=f"feedline-partition-{p}")
 
-    def next(self, p: int) -> tuple[Batch, State] | None:
+    def next(self, p: int) -> tuple[Part, State] | None:
         return next(self._stages[p], None)
 
     def set_states(self, states: list[State | None]) -> None:
@@ -102,9 +106,9 @@ def placement_class(name: str) -> Callable[[Make, int, ParallelSpec], Placement]
     return found
 
 
-def replay(make: Make, p: int, state: Mapping[str, Any] | None) -> Batch:
+def replay(make: Make, p: int, state: Mapping[str, Any] | None) -> Part:
     """Partition ``p``'s batch after ``state`` (``None``: its first), computed here (a restore's carried rows)."""
-    it: DatasetIterator[Batch] = iter(make(p))
+    it: DatasetIterator[Part] = iter(make(p))
     try:
         if state is not None:
             it.set_state(state)

@@ -24,10 +24,9 @@ import weakref
 from collections import deque
 from typing import Any
 
-from feedline._batching.base import Batch
 from feedline._core.cores import usable_cores
 from feedline._core.dataset import State
-from feedline._partitions.placement import Make, Placement
+from feedline._partitions.placement import Make, Part, Placement
 from feedline._partitions.worker import run_worker
 from feedline._spec import ParallelSpec
 from feedline.errors import FeedlineError, SpecError
@@ -121,7 +120,7 @@ class ProcessPlacement(Placement):
             worker.send(("start", self._gen, {p: self._taken[p] for p in owned if not self._ended[p]}))
         return worker
 
-    def next(self, p: int) -> tuple[Batch, State] | None:
+    def next(self, p: int) -> tuple[Part, State] | None:
         if self._ended[p]:
             return None
         failed = self._failed[p]

@@ -18,9 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from feedline._batching.base import Batch
 from feedline._core.dataset import State
-from feedline._partitions.placement import Make, Placement
+from feedline._partitions.placement import Make, Part, Placement
 from feedline._ray.runtime import connect
 from feedline._spec import EngineSpec, ParallelSpec
 from feedline.errors import FeedlineError
@@ -39,7 +38,7 @@ class PartitionActor:
         if state is not None:
             self.it.set_state(state)
 
-    def next(self) -> tuple[Batch, State] | None:
+    def next(self) -> tuple[Part, State] | None:
         try:
             batch = next(self.it)
         except StopIteration:
@@ -75,7 +74,7 @@ class RayPlacement(Placement):
             self._pending[p].clear()
         return self._actors[p]
 
-    def next(self, p: int) -> tuple[Batch, State] | None:
+    def next(self, p: int) -> tuple[Part, State] | None:
         if self._ended[p]:
             return None
         for q in range(self.k):  # every actor starts building its pipeline now, not when first asked
@@ -131,7 +130,7 @@ class RayPlacement(Placement):
         for p in range(self.k):
             self._kill(p)
 
-    def replay(self, p: int, state: State | None) -> Batch:
+    def replay(self, p: int, state: State | None) -> Part:
         """The batch after ``state`` from a short-lived actor (the driver may not hold the corpus)."""
         actor = self._remote.options(num_cpus=self.options.num_cpus, max_restarts=0).remote(self.make, p, state)
         try:
