@@ -1,19 +1,41 @@
-"""Partitions on this machine: K = 2 in worker processes against K = 1, same run, as ratios.
+"""Partitions on this machine: K in worker processes against K = 1, same run, as ratios.
 
-    .venv/bin/python bench/partitions.py                  # clm-1024-short and mlm-128, 2 rounds
+    .venv/bin/python bench/partitions.py                  # rates: clm-1024-short and mlm-128, 2 rounds
     .venv/bin/python bench/partitions.py --k 1,2,4 --seconds 8
+    .venv/bin/python bench/partitions.py --first --k 1,2,4,8,14          # first-batch times
+    .venv/bin/python bench/partitions.py --breakdown --k 14              # where a worker's start goes
+    .venv/bin/python bench/partitions.py --transport                     # a batch's cost on the pipe
 
-For each workload (``bench/contenders.py``: packed GPT-2 rows of 1024 on short records, padded
-BERT rows of 128 on documents), each K runs an endless stream for ``--warmup`` seconds after its
-first batch and then counts real tokens (``attention_mask``) for ``--seconds``; the Ks alternate
+Rates: for each workload (``bench/contenders.py``: packed GPT-2 rows of 1024 on short records,
+padded BERT rows of 128 on documents), each K runs an endless stream for ``--warmup`` seconds after
+its first batch and then counts real tokens (``attention_mask``) for ``--seconds``; the Ks alternate
 for ``--rounds`` rounds so that a busy machine's drift falls on both. K = 1 is the plain loader
-(no composing stage); K > 1 runs ``parallel: {placement: processes}``. The curve over K and
-placements, against the raw encoder, is ``bench/scaling.py``'s.
+(no composing stage); K > 1 runs ``parallel: {placement: --placement}``.
+
+``--first``: the seconds from the loader's construction to its first batch and to its 6th, each in
+a fresh process, K = 1 against each K > 1 under ``processes`` (warm start: partitions on threads
+here until their worker is ready), ``processes-cold`` (``warm_start: false``) and ``threads``.
+
+``--breakdown``: a worker's start, phase by phase, with ``spawn`` and with ``forkserver`` (the
+factory's module preloaded), each in a fresh process: ``start()`` returning in the parent, the
+child's entry (interpreter, main module, arguments), importing the pipeline, loading the tokenizer,
+listing and dealing its partitions' splits, and the first batch of each of its partitions.
+
+``--transport``: a real batch (pack 1024 x 16 rows, mlm 128 x 128 rows) with its state, pickled
+and sent over a ``multiprocessing`` pipe from another process, per batch: the sender's pickling,
+the wall time and the receiver's CPU time. The curve over K and placements, against the raw
+encoder, is ``bench/scaling.py``'s.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import multiprocessing
+import os
+import pickle
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,6 +47,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import machine, prose_corpus, require_data, short_corpus
 from contenders import WORKLOADS, feedline_spec
+
+PLACEMENTS = {"processes": {"placement": "processes"}, "processes-cold": {"placement": "processes", "warm_start": False},
+              "threads": {"placement": "threads"}}
+
+
+def base_spec(name: str) -> dict[str, Any]:
+    w = WORKLOADS[name]
+    corpus = short_corpus(16) if w.corpus == "short" else prose_corpus(16)
+    return {**feedline_spec(corpus, w), "epochs": None}
+
+
+def with_k(spec: dict[str, Any], k: int, placement: str) -> dict[str, Any]:
+    return spec if k == 1 else {**spec, "partitions": k, "parallel": PLACEMENTS[placement]}
 
 
 def rate(spec: dict[str, Any], warmup: float, seconds: float) -> tuple[float, float]:
@@ -45,6 +80,177 @@ def rate(spec: dict[str, Any], warmup: float, seconds: float) -> tuple[float, fl
         return tokens / (time.perf_counter() - t1), first
 
 
+def rates(args: argparse.Namespace, ks: list[int]) -> None:
+    for name in args.workloads.split(","):
+        base = base_spec(name)
+        got: dict[int, list[float]] = {k: [] for k in ks}
+        firsts: dict[int, list[float]] = {k: [] for k in ks}
+        for _ in range(args.rounds):
+            for k in ks:
+                r, f = rate(with_k(base, k, args.placement), args.warmup, args.seconds)
+                got[k].append(r)
+                firsts[k].append(f)
+        one = float(np.mean(got[ks[0]]))
+        for k in ks:
+            m = float(np.mean(got[k]))
+            print(f"{name:16s} K={k}: {m / 1e6:6.2f} M tok/s ({', '.join(f'{r / 1e6:.2f}' for r in got[k])}), "
+                  f"x{m / one:.2f} of K={ks[0]}; first batch {np.mean(firsts[k]):.2f} s", flush=True)
+
+
+# ------------------------------------------------------------------------------- --first
+def first_child(name: str, k: int, placement: str) -> dict[str, float]:
+    import feedline
+
+    t0 = time.perf_counter()
+    with feedline.Loader(with_k(base_spec(name), k, placement)) as loader:
+        it = iter(loader)
+        next(it)
+        first = time.perf_counter() - t0
+        for _ in range(5):
+            next(it)
+        return {"first_s": first, "sixth_s": time.perf_counter() - t0}
+
+
+def in_fresh_process(*child_args: str, timeout: float = 300) -> dict[str, Any] | None:
+    cmd = [sys.executable, __file__, "--child", *child_args]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=timeout).stdout
+        return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+        tail = (getattr(e, "stderr", "") or "").strip().splitlines()[-1:] or [type(e).__name__]
+        print(f"{child_args}: failed: {tail[0]}")
+        return None
+
+
+def first_batches(args: argparse.Namespace, ks: list[int]) -> None:
+    settings = [(k, p) for k in ks for p in (["plain"] if k == 1 else args.placements.split(","))]
+    for name in args.workloads.split(","):
+        base_spec(name)  # corpora written before any clock starts
+        runs: dict[tuple[int, str], list[dict[str, float]]] = {s: [] for s in settings}
+        for _ in range(args.rounds):
+            for k, p in settings:
+                got = in_fresh_process("first", name, str(k), p)
+                if got:
+                    runs[(k, p)].append(got)
+        one = statistics.median(r["first_s"] for r in runs[settings[0]])
+        print(f"\n{name}: seconds from Loader(...) to the first batch and to the 6th, medians of {args.rounds} fresh processes")
+        print("| K | placement | first batch s | x K=1 | 6th batch s | each run (first) |\n|---|---|---:|---:|---:|---|")
+        for (k, p), rs in runs.items():
+            if rs:
+                f = statistics.median(r["first_s"] for r in rs)
+                print(f"| {k} | {p} | {f:.2f} | {f / one:.1f} | {statistics.median(r['sixth_s'] for r in rs):.2f} | "
+                      f"{', '.join(format(r['first_s'], '.2f') for r in rs)} |", flush=True)
+
+
+# ------------------------------------------------------------------------------- --breakdown
+def _probe(conn: Any, spec: dict[str, Any], owned: list[int], t_start: float) -> None:
+    """A worker's start, timed (monotonic clock, shared with the parent): runs in the child."""
+    marks = {"entered": time.monotonic() - t_start}
+    from feedline._pipeline import PartitionStreams, Pipeline
+    from feedline._spec import Spec
+
+    marks["imported"] = time.monotonic() - t_start
+    s = Spec.load(spec)
+    PartitionStreams(s).warm()
+    marks["tokenizer"] = time.monotonic() - t_start
+    pipes = [Pipeline(s, partition=p) for p in owned]
+    for pl in pipes:
+        for src in pl.sources:
+            _ = src.splits
+    marks["listed"] = time.monotonic() - t_start
+    for pl in pipes:
+        it = iter(pl.batches())
+        next(it)
+        it.close()
+    marks["first batches"] = time.monotonic() - t_start
+    conn.send(marks)
+
+
+def breakdown_child(name: str, k: int, method: str) -> dict[str, Any]:
+    ctx = multiprocessing.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(["feedline._partitions.worker", "feedline._pipeline"])
+    spec = {**base_spec(name), "partitions": k}
+    workers = min(k, len(os.sched_getaffinity(0)))
+    t0 = time.monotonic()
+    conns, procs, started = [], [], []
+    for w in range(workers):
+        a, b = ctx.Pipe()
+        pr = ctx.Process(target=_probe, args=(b, spec, list(range(w, k, workers)), t0), daemon=True)
+        pr.start()
+        started.append(time.monotonic() - t0)
+        b.close()
+        conns.append(a)
+        procs.append(pr)
+    marks = [c.recv() for c in conns]
+    for pr in procs:
+        pr.join()
+    out: dict[str, Any] = {"start() returned": max(started)}
+    for key in marks[0]:
+        out[key] = max(m[key] for m in marks)
+    return out
+
+
+def breakdowns(args: argparse.Namespace, ks: list[int]) -> None:
+    for name in args.workloads.split(","):
+        base_spec(name)
+        for k in ks:
+            for method in ("spawn", "forkserver"):
+                rs = [r for r in (in_fresh_process("breakdown", name, str(k), method) for _ in range(args.rounds)) if r]
+                if not rs:
+                    continue
+                med = {key: statistics.median(r[key] for r in rs) for key in rs[0]}
+                print(f"{name} K={k} {method:10s} " + ", ".join(f"{key} {v:.2f}" for key, v in med.items()) +
+                      f"  (seconds since the first start(), the slowest worker, medians of {len(rs)})", flush=True)
+
+
+# ------------------------------------------------------------------------------- --transport
+def _sender(conn: Any, msg: Any, n: int) -> None:
+    for _ in range(n):
+        conn.send(msg)
+    conn.send(None)
+
+
+def transport(args: argparse.Namespace) -> None:
+    from feedline._pipeline import Pipeline
+
+    for name, rows in (("clm-1024-short", 16), ("mlm-128", 128)):
+        spec = base_spec(name)
+        spec["batching"] = {**spec["batching"], "batch_size": rows}
+        it = iter(Pipeline(spec).batches())
+        for _ in range(3):
+            batch = next(it)
+        state = it.get_state()
+        t, produced = time.perf_counter(), 0
+        while time.perf_counter() - t < 3:
+            next(it)
+            produced += 1
+        per_batch = (time.perf_counter() - t) / produced
+        it.close()
+        msg = ("batch", 0, 3, batch, state)
+        t = time.perf_counter()
+        for _ in range(100):
+            data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        dumps = (time.perf_counter() - t) / 100
+        ctx = multiprocessing.get_context("spawn")
+        a, b = ctx.Pipe()
+        n = 400
+        pr = ctx.Process(target=_sender, args=(b, msg, n))
+        pr.start()
+        b.close()
+        a.recv()
+        t, cpu, got = time.perf_counter(), time.process_time(), 0
+        while a.recv() is not None:
+            got += 1
+        wall, cpu = (time.perf_counter() - t) / got, (time.process_time() - cpu) / got
+        pr.join()
+        nbytes = sum(v.nbytes for v in batch.values())
+        print(f"{name} {rows} rows: {nbytes / 1e3:.0f} KB of arrays, {len(data) / 1e3:.0f} KB pickled (state "
+              f"{len(pickle.dumps(state)) / 1e3:.1f} KB); sender pickling {dumps * 1e3:.3f} ms, pipe {wall * 1e3:.3f} ms/batch "
+              f"wall, receiver CPU {cpu * 1e3:.3f} ms/batch; making the batch in one process (K = 1) "
+              f"{per_batch * 1e3:.1f} ms: receiving is {cpu / per_batch:.1%} of it", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default="clm-1024-short,mlm-128")
@@ -52,27 +258,31 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--warmup", type=float, default=3.0)
     ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--placement", default="processes", choices=sorted(PLACEMENTS), help="rates: where K > 1 runs")
+    ap.add_argument("--placements", default="processes,processes-cold,threads", help="--first: the placements of K > 1")
+    ap.add_argument("--first", action="store_true", help="first-batch times, each in a fresh process")
+    ap.add_argument("--breakdown", action="store_true", help="a worker's start, phase by phase (spawn, forkserver)")
+    ap.add_argument("--transport", action="store_true", help="a batch's cost on a multiprocessing pipe")
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        kind, name, k, extra = args.child
+        out = first_child(name, int(k), extra) if kind == "first" else breakdown_child(name, int(k), extra)
+        print(json.dumps(out))
+        return
     require_data()
     print(machine())
+    print(f"{len(os.sched_getaffinity(0))} usable cores; load average {os.getloadavg()[0]:.2f} at the start")
     ks = [int(k) for k in args.k.split(",")]
-    for name in args.workloads.split(","):
-        w = WORKLOADS[name]
-        corpus = short_corpus(16) if w.corpus == "short" else prose_corpus(16)
-        base = {**feedline_spec(corpus, w), "epochs": None}
-        rates: dict[int, list[float]] = {k: [] for k in ks}
-        firsts: dict[int, list[float]] = {k: [] for k in ks}
-        for _ in range(args.rounds):
-            for k in ks:
-                spec = base if k == 1 else {**base, "partitions": k, "parallel": {"placement": "processes"}}
-                r, f = rate(spec, args.warmup, args.seconds)
-                rates[k].append(r)
-                firsts[k].append(f)
-        one = float(np.mean(rates[ks[0]]))
-        for k in ks:
-            m = float(np.mean(rates[k]))
-            print(f"{name:16s} K={k}: {m / 1e6:6.2f} M tok/s ({', '.join(f'{r / 1e6:.2f}' for r in rates[k])}), "
-                  f"x{m / one:.2f} of K={ks[0]}; first batch {np.mean(firsts[k]):.2f} s", flush=True)
+    if args.first:
+        first_batches(args, ks)
+    elif args.breakdown:
+        breakdowns(args, ks)
+    elif args.transport:
+        transport(args)
+    else:
+        rates(args, ks)
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 
 if __name__ == "__main__":

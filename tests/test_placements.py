@@ -20,9 +20,21 @@ from feedline.testing import assert_batches_equal, assert_resumes_exactly, asser
 
 
 def spec(corpus: str, tok: str, k: int, placement: str, **kw: Any) -> dict[str, Any]:
+    """Processes without warm start, so that every batch comes from a worker (warm start: its own tests)."""
+    parallel = {"placement": placement, "prefetch": 2, **({"warm_start": False} if placement == "processes" else {})}
     return {"sources": [corpus], "tokenizer": tok, "task": {"kind": "clm", "max_length": 48},
             "batching": {"strategy": "pack", "batch_size": 5, "window": 16, "first_window": 4}, "shuffle": {"buffer": 16},
-            "partitions": k, "parallel": {"placement": placement, "prefetch": 2}, **kw}
+            "partitions": k, "parallel": parallel, **kw}
+
+
+def until_workers_serve(loader: Any, limit: int = 4000) -> list[dict[str, Any]]:
+    """Batches of a warm-started processes loader until every partition is served by its worker."""
+    got = [dict(next(loader))]
+    placement = runner(loader)
+    while placement._mode != ["worker"] * placement.k:
+        assert len(got) < limit, "the workers never took over from the threads"
+        got.append(dict(next(loader)))
+    return got
 
 
 def runner(loader: Any) -> Any:
@@ -48,8 +60,8 @@ def alive(pid: int) -> bool:
 @pytest.mark.parametrize("k", [2, 3])
 def test_processes_give_the_batches_and_states_of_threads(corpus: str, small_tokenizer: str, k: int) -> None:
     a, sa = collect(Loader(spec(corpus, small_tokenizer, k, "threads")), with_states=True)
-    b, sb = collect(Loader(spec(corpus, small_tokenizer, k, "processes", parallel={"placement": "processes", "processes": 2})),
-                    with_states=True)
+    b, sb = collect(Loader(spec(corpus, small_tokenizer, k, "processes", parallel={"placement": "processes", "processes": 2,
+                                                                                  "warm_start": False})), with_states=True)
     assert len(a) > 10
     assert_batches_equal(a, b, f"K={k} threads vs processes")
     assert sa == sb
@@ -71,8 +83,23 @@ def test_processes_resume_exactly(corpus: str, small_tokenizer: str) -> None:
     assert assert_stage_resumes(Pipeline(s).batches(), max_steps=6, check=2, every=3) >= 3
 
 
+def test_warm_start_serves_from_threads_until_the_workers_take_over(corpus: str, small_tokenizer: str) -> None:
+    """The first steps come from threads here; each worker starts where they were and drops what they gave."""
+    warm = {"placement": "processes", "processes": 2, "prefetch": 2}
+    loader = Loader(spec(corpus, small_tokenizer, 3, "processes", epochs=None, parallel=warm))
+    got = until_workers_serve(loader)
+    got += [dict(next(loader)) for _ in range(6)]
+    placement = runner(loader)
+    os.kill(placement.pids()[0], signal.SIGKILL)  # its partitions run here again until the new worker is ready
+    got += until_workers_serve(loader) + [dict(next(loader)) for _ in range(6)]
+    assert placement.restarts[0] >= 1
+    loader.close()
+    want = collect(Loader(spec(corpus, small_tokenizer, 3, "threads", epochs=None)), limit=len(got))
+    assert_batches_equal(want, got, "warm start: threads, then workers, then threads and a new worker")
+
+
 def test_a_killed_worker_is_restarted_from_its_partitions_states(corpus: str, small_tokenizer: str) -> None:
-    s = spec(corpus, small_tokenizer, 3, "processes", parallel={"placement": "processes", "processes": 3})
+    s = spec(corpus, small_tokenizer, 3, "processes", parallel={"placement": "processes", "processes": 3, "warm_start": False})
     want = collect(Loader(spec(corpus, small_tokenizer, 3, "threads")))
     loader = Loader(s)
     got = [dict(next(loader)) for _ in range(4)]
@@ -95,6 +122,8 @@ CHILD = textwrap.dedent("""
         next(loader)
         stage = loader._stage
         try:  # entered before the pids are told: the test's Ctrl-C may follow them at once
+            while len(stage._parent.parent.parent.runner.pids()) < 2:  # warm start: still starting
+                time.sleep(0.02)
             print(" ".join(str(p) for p in stage._parent.parent.parent.runner.pids()), flush=True)
             time.sleep(120)
         except KeyboardInterrupt:
@@ -107,7 +136,7 @@ CHILD = textwrap.dedent("""
 def test_no_worker_outlives_its_parent(corpus: str, small_tokenizer: str, tmp_path: Path, how: int) -> None:
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    s = spec(corpus, small_tokenizer, 2, "processes", epochs=None)
+    s = spec(corpus, small_tokenizer, 2, "processes", epochs=None, parallel={"placement": "processes"})  # warm start
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     child = subprocess.Popen([sys.executable, str(script), repr(s)], stdout=subprocess.PIPE, text=True, env=env,
                              start_new_session=True)

@@ -192,6 +192,10 @@ class PartitionStreams:
     def compacted(self) -> PartitionStreams:
         return dataclasses.replace(self, compact=True)
 
+    def warm(self) -> None:
+        """Load what every partition shares (the tokenizer, cached per process) before the first starts."""
+        _ = Pipeline(self.spec, tokenizer=self.tokenizer, partition=0).tokenizer
+
 
 @dataclass(frozen=True)
 class OnePass:

@@ -34,7 +34,8 @@ states are the same.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from functools import cached_property
 from typing import Any
 
@@ -77,6 +78,37 @@ class Composed(Dataset[Batch]):
         return ComposedIterator(self)
 
 
+class _Pads(Mapping[str, Any]):
+    """A composed stream's pad values, resolved when first read: joining rows of equal shapes
+    (packed rows) never reads them, so the first step never waits for this process to load the
+    tokenizer and build the task; where they are read, a thread has been resolving them since the
+    first ask (:meth:`warm`)."""
+
+    def __init__(self, ds: Composed) -> None:
+        self.ds = ds
+        self._warmed = False
+
+    def warm(self) -> None:
+        if not self._warmed:
+            self._warmed = True
+            threading.Thread(target=self._resolve, name="feedline-pad-values", daemon=True).start()
+
+    def _resolve(self) -> None:
+        try:
+            _ = self.ds.pad_values
+        except Exception:  # raised again where they are read
+            pass
+
+    def __getitem__(self, key: str) -> Any:
+        return self.ds.pad_values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.ds.pad_values)
+
+    def __len__(self) -> int:
+        return len(self.ds.pad_values)
+
+
 class ComposedIterator(DatasetIterator[Batch]):
     """Cursor over :class:`Composed` (see the module docstring for the rule and the state)."""
 
@@ -92,6 +124,7 @@ class ComposedIterator(DatasetIterator[Batch]):
         self.ended = [False] * ds.k
         self.carry: list[list[Any]] = []   # [p, state before the batch, rows used]
         self._carried: list[Batch | CompactBatch] = []    # those batches
+        self._pads = _Pads(ds)
 
     @property
     def runner(self) -> Placement:
@@ -126,6 +159,7 @@ class ComposedIterator(DatasetIterator[Batch]):
         return self._compose()
 
     def _compose(self) -> Batch | CompactBatch:
+        self._pads.warm()
         need = self.ds.batch_size
         parts: list[Batch | CompactBatch] = []
         rows = 0
@@ -146,7 +180,7 @@ class ComposedIterator(DatasetIterator[Batch]):
                 entry[2] = used + m
         if not rows:
             raise StopIteration
-        return join_rows(parts, self.ds.pad_values)
+        return join_rows(parts, self._pads)
 
     def _round(self) -> None:
         """One batch from every partition that has not ended, in partition order."""

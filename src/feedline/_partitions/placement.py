@@ -68,14 +68,20 @@ class ThreadPlacement(Placement):
     def __init__(self, make: Make, k: int, options: ParallelSpec) -> None:
         super().__init__(make, k, options)
         self._stages = [self._stage(p) for p in range(k)]
+        self._started = False
 
     def _stage(self, p: int) -> Prefetch:
         return Prefetch(lambda: iter(self.make(p)), self.options.prefetch, name=f"feedline-partition-{p}")
 
     def next(self, p: int) -> tuple[Part, State] | None:
+        if not self._started:  # the first ask (or after a restore): every partition starts now, not when
+            self._started = True  # its turn comes, so the first step waits for the slowest, not for the sum
+            for stage in self._stages:
+                stage.start()
         return next(self._stages[p], None)
 
     def set_states(self, states: list[State | None]) -> None:
+        self._started = False
         for p, (stage, state) in enumerate(zip(self._stages, states, strict=True)):
             if state is None:
                 stage.close()

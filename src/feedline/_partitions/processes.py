@@ -1,12 +1,24 @@
-"""The ``processes`` placement: partitions in spawned worker processes, batches over pipes.
+"""The ``processes`` placement: partitions in worker processes, batches over pipes.
 
-``parallel: {placement: processes, processes: N}`` spawns ``N`` workers (0: one per partition, at
-most the cores); worker ``w`` owns partitions ``w, w + N, ...`` and runs each one's whole pipeline
-(:mod:`feedline._partitions.worker`), the tokenizer's pool sized to its share of the cores
-(``RAYON_NUM_THREADS``, which sentencepiece's ``num_threads`` follows too: :func:`~feedline._core.cores.pool_threads`). Each
-batch crosses a pipe with the state after it; a thread per worker receives them into a queue, and
-at most ``parallel.prefetch`` batches per partition are ahead of the composing stage (credit), so
-memory is bounded.
+``parallel: {placement: processes, processes: N}`` starts ``N`` workers (0: one per partition, at
+most the cores; :mod:`feedline._partitions.launch`: all at once, in the background, forkserver
+where there is one); worker ``w`` owns partitions ``w, w + N, ...`` and runs each one's whole
+pipeline (:mod:`feedline._partitions.worker`), the tokenizer's pool sized to its share of the
+cores (``RAYON_NUM_THREADS``, which sentencepiece's ``num_threads`` follows too:
+:func:`~feedline._core.cores.pool_threads`). Each batch crosses a pipe with the state after it; a thread per worker receives them into
+a queue, and at most ``parallel.prefetch`` batches per partition are ahead of the composing stage
+(credit), so memory is bounded.
+
+**Warm start.** A worker needs a while before its first batch (a process, its imports, the
+tokenizer): until it says it is ready, its partitions run here, on threads (as ``threads`` runs
+them), so the first steps never wait for a process. The workers are started once every partition
+has handed out its first batch (step 1 is out): started sooner, on few cores, they would slow
+the threads that give it. When a worker is ready it is started from
+each partition's state after the last batch handed out, while the thread goes on; the batches the
+thread handed out meanwhile are dropped from the worker's stream when they arrive (the same
+batches: a partition is one deterministic stream wherever it runs), and at the worker's first
+batch the thread stops. A partition whose worker died runs here again until its new worker is
+ready.
 
 The parent keeps each partition's state after the last batch it handed out. A worker that dies
 (killed, out of memory) is restarted from those states, so the stream goes on exactly; after
@@ -17,121 +29,189 @@ Workers exit when the parent dies, even by SIGKILL, and ignore Ctrl-C (the paren
 
 from __future__ import annotations
 
-import multiprocessing
 import queue
-import threading
 import weakref
 from collections import deque
 from typing import Any
 
 from feedline._core.cores import usable_cores
 from feedline._core.dataset import State
+from feedline._core.deferred import materialize
+from feedline._core.prefetch import Prefetch
+from feedline._partitions.launch import DEAD, WorkerProcess, context, pickled
 from feedline._partitions.placement import Make, Part, Placement
-from feedline._partitions.worker import run_worker
 from feedline._spec import ParallelSpec
-from feedline.errors import FeedlineError, SpecError
+from feedline.errors import FeedlineError
 
 __all__ = ["MAX_RESTARTS", "ProcessPlacement"]
 
 #: Deaths of one worker process that are restarted before the stream fails.
 MAX_RESTARTS = 3
 _END = object()
-_DEAD = "dead"
+# Where a partition's batches come from: a thread here (its worker not ready yet), a thread here
+# while its worker catches up (started from the state the thread had handed out then), the worker.
+_LOCAL, _HANDING, _WORKER = "local", "handing", "worker"
 
 
-class _Worker:
-    """One worker process, its pipe and the thread receiving from it."""
-
-    def __init__(self, placement: ProcessPlacement, index: int, owned: list[int]) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.owned = owned
-        self.conn, child = ctx.Pipe(duplex=True)
-        threads = max(1, usable_cores() // placement.workers)
-        self.process = ctx.Process(target=run_worker, args=(child, placement.make, owned, placement.options.prefetch, threads),
-                                   name=f"feedline-partitions-{index}", daemon=True)
-        try:
-            self.process.start()
-        except Exception as e:  # pickling the spec (an iterable source, a lambda) or spawning
-            self.conn.close()
-            raise SpecError(f"parallel.placement: processes cannot start a worker ({type(e).__name__}: {str(e).strip()[:200]}); "
-                            "a spec with Python objects in it (iterable sources, callables) runs with placement: threads, "
-                            "and a script that starts a Loader at import time needs `if __name__ == '__main__':`") from e
-        finally:
-            child.close()
-        self.inbox: queue.Queue[Any] = queue.Queue()
-        self.lock = threading.Lock()
-        self.receiver = threading.Thread(target=self._receive, name=f"feedline-partitions-recv-{index}", daemon=True)
-        self.receiver.start()
-
-    def _receive(self) -> None:
-        try:
-            while True:
-                self.inbox.put(self.conn.recv())
-        except (EOFError, OSError):
-            self.inbox.put((_DEAD,))
-
-    def send(self, msg: tuple[Any, ...]) -> None:
-        with self.lock:
-            try:
-                self.conn.send(msg)
-            except (OSError, ValueError):
-                pass  # a dead worker: its receiver reports it
-
-    def stop(self) -> None:
-        self.send(("stop",))
-        self.process.join(timeout=5)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(timeout=5)
-        self.conn.close()
-        self.receiver.join(timeout=5)
-
-
-def _kill_all(pool: list[_Worker | None]) -> None:
+def _kill_all(pool: list[WorkerProcess | None]) -> None:
     for worker in pool:
-        if worker is not None and worker.process.is_alive():
-            worker.process.kill()
+        if worker is not None:
+            worker.kill()
 
 
 class ProcessPlacement(Placement):
-    """Partitions in spawned worker processes (see the module docstring)."""
+    """Partitions in worker processes, on threads here until each worker is ready (see the module docstring)."""
 
     def __init__(self, make: Make, k: int, options: ParallelSpec) -> None:
         super().__init__(make, k, options)
         self.workers = min(k, options.processes or usable_cores())
-        self._pool: list[_Worker | None] = [None] * self.workers
+        self._pool: list[WorkerProcess | None] = [None] * self.workers
         # A placement dropped without close() (a loader never closed) stops its workers when collected.
         weakref.finalize(self, _kill_all, self._pool)
+        self._make_bytes: bytes | None = None
         self._queues: list[deque[Any]] = [deque() for _ in range(k)]
         self._taken: list[State | None] = [None] * k   # each partition's state after the last batch handed out
         self._ended = [False] * k
         self._failed: list[BaseException | None] = [None] * k  # a partition's error, raised again when asked
+        self._mode = [_LOCAL] * k  # without warm_start, a partition waits for its worker
+        self._local: list[Prefetch | None] = [None] * k
+        self._lead = [0] * k   # batches handed out here since the state the worker was started from
+        self._started = False  # the threads here started (at the first ask after a start or restore)
+        self._first = set(range(k))  # partitions yet to hand out their first batch (warm start: step 1)
         self._gen = 0
         self.restarts = [0] * self.workers
 
     def owner(self, p: int) -> int:
         return p % self.workers
 
-    def _worker(self, w: int) -> _Worker:
+    # ----------------------------------------------------------------- workers
+    def _worker(self, w: int) -> WorkerProcess:
         worker = self._pool[w]
         if worker is None:
+            assert self._make_bytes is not None
             owned = list(range(w, self.k, self.workers))
-            worker = self._pool[w] = _Worker(self, w, owned)
-            worker.send(("start", self._gen, {p: self._taken[p] for p in owned if not self._ended[p]}))
+            threads = max(1, usable_cores() // self.workers)
+            ctx = context(type(self.make).__module__)
+            worker = self._pool[w] = WorkerProcess(ctx, w, self._make_bytes, owned, self.options.prefetch, threads)
         return worker
 
+    def _drain(self) -> None:
+        """Handle every message already received from any worker (never waits)."""
+        for w in range(self.workers):
+            if self._pool[w] is None:
+                continue
+            inbox = self._pool[w].inbox  # type: ignore[union-attr]
+            while True:
+                try:
+                    msg = inbox.get_nowait()
+                except queue.Empty:
+                    break
+                self._handle(w, msg)
+
+    def _handle(self, w: int, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == DEAD:
+            self._restart(w)
+            return
+        if kind == "ready":
+            self._ready(w)
+            return
+        if msg[1] != self._gen:
+            return  # from before the last restore
+        p = msg[2]
+        if self._ended[p]:
+            return
+        if self._mode[p] == _HANDING:  # the worker's first word on it: the thread here stops
+            self._close_local(p)
+            self._mode[p] = _WORKER
+        if kind == "batch":
+            if self._lead[p]:  # handed out here already
+                self._lead[p] -= 1
+                self._worker(w).send(("credit", self._gen, p, 1))
+            else:
+                self._queues[p].append((msg[3], msg[4]))
+        elif kind == "end":
+            self._queues[p].append(_END)
+        else:
+            self._failed[p] = msg[3]
+            raise msg[3]
+
+    def _ready(self, w: int) -> None:
+        worker = self._worker(w)
+        worker.ready = True
+        start = {p: materialize(self._taken[p]) for p in worker.owned if not self._ended[p]}
+        for p in start:
+            self._mode[p], self._lead[p] = (_HANDING if self._local[p] is not None else _WORKER), 0
+            if self._mode[p] == _WORKER:
+                self._close_local(p)
+        worker.send(("start", self._gen, start))
+
+    def _restart(self, w: int) -> None:
+        worker = self._pool[w]
+        assert worker is not None
+        worker.stop()
+        code = worker.exitcode
+        self._pool[w] = None
+        self.restarts[w] += 1
+        if self.restarts[w] > MAX_RESTARTS:
+            raise FeedlineError(
+                f"the worker process of partitions {worker.owned} died (exit code {code}) {self.restarts[w]} times; the "
+                "stream stops. Workers import the main module: a script that makes its Loader at import "
+                "time needs `if __name__ == '__main__':`; a worker killed for memory needs a lower parallel.prefetch, "
+                "smaller batches or fewer processes; parallel: threads runs the partitions in this process")
+        for p in worker.owned:  # what it sent and was not taken is made again, here until the new worker is ready
+            self._queues[p].clear()
+            self._mode[p], self._lead[p] = _LOCAL, 0
+            if self.options.warm_start and not self._ended[p]:
+                self._local_stage(p).start()
+        self._worker(w)
+
+    # ----------------------------------------------------------------- local threads
+    def _local_stage(self, p: int) -> Prefetch:
+        stage = self._local[p]
+        if stage is None:
+            stage = self._local[p] = Prefetch(lambda: iter(self.make(p)), self.options.prefetch,  # detach: a handover
+                                              name=f"feedline-partition-{p}", detach=True)  # never waits for it
+            if self._taken[p] is not None:
+                stage.set_state(materialize(self._taken[p]))
+        return stage
+
+    def _close_local(self, p: int) -> None:
+        stage, self._local[p] = self._local[p], None
+        if stage is not None:
+            stage.close()
+
+    # ----------------------------------------------------------------- placement
     def next(self, p: int) -> tuple[Part, State] | None:
         if self._ended[p]:
             return None
         failed = self._failed[p]
         if failed is not None:  # its worker stopped the partition: asking again must not wait forever
             raise failed
-        for v in range(self.workers):  # all at once: they start (import, load the tokenizer) in parallel
-            self._worker(v)
+        if self._make_bytes is None:
+            self._make_bytes = pickled(self.make)  # a spec that cannot go raises here, before anything starts
+        if not self._started and self.options.warm_start:  # every partition here starts now, not when its turn comes
+            self._started = True
+            for q in range(self.k):
+                if self._mode[q] != _WORKER and not self._ended[q]:
+                    self._local_stage(q).start()
+        if not self.options.warm_start or not self._first:  # warm: the workers start once step 1 is out
+            for v in range(self.workers):  # (on few cores, starting them sooner slows the threads giving it)
+                self._worker(v)
+        self._drain()  # hears "ready"s, batches, deaths
         w = self.owner(p)
-        while not self._queues[p]:
-            self._handle(w, self._worker(w).inbox.get())
+        while True:
+            if not self.options.warm_start:
+                while not self._worker(w).ready:
+                    self._handle(w, self._worker(w).inbox.get())
+            if self._mode[p] != _WORKER:
+                return self._next_local(p)
+            while not self._queues[p] and self._mode[p] == _WORKER:
+                self._handle(w, self._worker(w).inbox.get())
+            if self._mode[p] == _WORKER:
+                break  # else its worker died meanwhile: restarted, and here (warm start) until it is ready
         item = self._queues[p].popleft()
+        self._first.discard(p)
         if item is _END:
             self._ended[p] = True
             return None
@@ -140,59 +220,52 @@ class ProcessPlacement(Placement):
         self._worker(w).send(("credit", self._gen, p, 1))
         return batch, state
 
-    def _handle(self, w: int, msg: tuple[Any, ...]) -> None:
-        kind = msg[0]
-        if kind == _DEAD:
-            self._restart(w)
-            return
-        if msg[1] != self._gen:
-            return  # from before the last restore
-        p = msg[2]
-        if kind == "batch":
-            self._queues[p].append((msg[3], msg[4]))
-        elif kind == "end":
-            self._queues[p].append(_END)
-        else:
-            self._failed[p] = msg[3]
-            raise msg[3]
-
-    def _restart(self, w: int) -> None:
-        worker = self._pool[w]
-        assert worker is not None
-        worker.process.join(timeout=5)
-        code = worker.process.exitcode
-        worker.stop()
-        self._pool[w] = None
-        self.restarts[w] += 1
-        if self.restarts[w] > MAX_RESTARTS:
-            raise FeedlineError(
-                f"the worker process of partitions {worker.owned} died (exit code {code}) {self.restarts[w]} times; the "
-                "stream stops. Workers are spawned and import the main module: a script that makes its Loader at import "
-                "time needs `if __name__ == '__main__':`; a worker killed for memory needs a lower parallel.prefetch, "
-                "smaller batches or fewer processes; parallel: threads runs the partitions in this process")
-        for p in worker.owned:  # what it sent and was not taken is made again, from the states taken
-            self._queues[p].clear()
+    def _next_local(self, p: int) -> tuple[Part, State] | None:
+        try:
+            got = next(self._local_stage(p), None)
+        except BaseException as e:
+            self._failed[p] = e
+            self._close_local(p)
+            raise
+        self._first.discard(p)
+        if got is None:
+            self._ended[p] = True
+            self._close_local(p)
+            return None
+        self._taken[p] = got[1]
+        if self._mode[p] == _HANDING:
+            self._lead[p] += 1
+        return got
 
     def set_states(self, states: list[State | None]) -> None:
         self._gen += 1
+        self._started = False
         self._taken = list(states)
         self._ended = [False] * self.k
         self._failed = [None] * self.k
+        self._lead = [0] * self.k
         for q in self._queues:
             q.clear()
+        for p in range(self.k):
+            self._close_local(p)
+            self._mode[p] = _LOCAL
         for worker in self._pool:
-            if worker is not None:
+            if worker is not None and worker.ready:
+                for p in worker.owned:
+                    self._mode[p] = _WORKER
                 worker.send(("start", self._gen, {p: states[p] for p in worker.owned}))
 
     def close(self) -> None:
-        for w, worker in enumerate(self._pool):
-            if worker is not None:
-                self._pool[w] = None
-                worker.stop()
-        for q in self._queues:
-            q.clear()
+        pool = [w for w in self._pool if w is not None]
+        self._pool[:] = [None] * self.workers
+        for worker in pool:  # all told first: they stop together
+            worker.send(("stop",))
+        for worker in pool:
+            worker.stop()
+        for p in range(self.k):
+            self._close_local(p)
+            self._queues[p].clear()
 
     def pids(self) -> list[int]:
         """The worker processes running now (for tests and monitoring)."""
-        return [w.process.pid for w in self._pool if w is not None and w.process.pid is not None]
-
+        return [w.pid for w in self._pool if w is not None and w.pid is not None]

@@ -1,11 +1,13 @@
-"""The body of a partition worker process (spawned by :class:`~feedline._partitions.processes.ProcessPlacement`).
+"""The body of a partition worker process (started by :class:`~feedline._partitions.processes.ProcessPlacement`).
 
-The worker owns some partitions and runs each one's stream (``make(p)``), sending every batch with
-the state after it, as far ahead as the parent's credit allows (``prefetch`` per partition, one
-more per batch the parent takes). Messages, all tuples over one duplex pipe:
+The worker unpickles its factory (``make``, sent as bytes), warms it up (``make.warm()`` where it
+has one: the tokenizer loaded), says it is ready, and then runs the streams (``make(p)``) of the
+partitions it is told to start, from the states it is given, sending every batch with the state
+after it, as far ahead as the parent's credit allows (``prefetch`` per partition, one more per
+batch the parent takes or drops). Messages, all tuples over one duplex pipe:
 
     parent -> worker: ("start", gen, {p: state or None}) | ("credit", gen, p, n) | ("stop",)
-    worker -> parent: ("batch", gen, p, batch, state) | ("end", gen, p) | ("error", gen, p, exception)
+    worker -> parent: ("ready",) | ("batch", gen, p, batch, state) | ("end", gen, p) | ("error", gen, p, exception)
 
 ``gen`` numbers the parent's restores: anything of an older one is dropped on arrival. The worker
 ignores SIGINT (the parent stops it: a Ctrl-C reaches the whole process group), and exits at once
@@ -14,13 +16,18 @@ when its parent dies (it watches the parent's sentinel), so no worker outlives a
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
+import queue
 import signal
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import Any
+
+from feedline._core.deferred import materialize
+from feedline._core.prefetch import Prefetch
 
 __all__ = ["run_worker"]
 
@@ -46,60 +53,81 @@ def _portable(error: BaseException) -> BaseException:
         return FeedlineError(f"{type(error).__name__}: {error}")
 
 
-def run_worker(conn: Connection, make: Callable[[int], Any], owned: list[int], prefetch: int, threads: int) -> None:
-    """Serve partitions ``owned`` over ``conn`` until told to stop or the parent goes away."""
+def _read(conn: Connection, events: queue.Queue[Any]) -> None:
+    try:
+        while True:
+            events.put(conn.recv())
+    except (EOFError, OSError):
+        events.put(("stop",))  # the parent closed the pipe
+
+
+def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: int, threads: int) -> None:
+    """Serve partitions ``owned`` over ``conn`` until told to stop or the parent goes away.
+
+    Each started partition runs on a thread of its own (a :class:`Prefetch` ``prefetch`` batches
+    deep), so the partitions of one worker start together and overlap their waits; this thread
+    sends what they made as credit allows, woken by the pipe's reader and by the stages.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, name="feedline-parent-watch", daemon=True).start()
     if threads:
         os.environ["RAYON_NUM_THREADS"] = str(threads)  # the tokenizer's pool (tokenizers, sentencepiece): this worker's share of the cores
-    its: dict[int, Any] = {}
+    make: Callable[[int], Any] = pickle.loads(make_bytes)
+    warm = getattr(make, "warm", None)
+    if warm is not None:
+        try:
+            warm()
+        except Exception:  # the partition's own start reports it, as the parent's would
+            pass
+    events: queue.Queue[Any] = queue.Queue()
+    threading.Thread(target=_read, args=(conn, events), name="feedline-worker-reader", daemon=True).start()
+    wake = functools.partial(events.put, ("wake",))
+    stages: dict[int, Prefetch] = {}
     credit = dict.fromkeys(owned, 0)
-    ended: set[int] = set()
     gen = 0
     try:
+        conn.send(("ready",))
         while True:
-            live = [p for p in owned if credit[p] > 0 and p not in ended and p in its]
-            if not live or conn.poll():
-                msg = conn.recv()
-                if msg[0] == "stop":
-                    return
-                if msg[0] == "credit":
-                    if msg[1] == gen:
-                        credit[msg[2]] += msg[3]
-                    continue
-                _, gen, states = msg  # "start"
+            msg = events.get()
+            if msg[0] == "stop":
+                return
+            if msg[0] == "credit" and msg[1] == gen:
+                credit[msg[2]] += msg[3]
+            elif msg[0] == "start":
+                _, gen, states = msg
                 for p, state in states.items():
-                    old = its.pop(p, None)
+                    old = stages.pop(p, None)
                     if old is not None:
                         old.close()
                     credit[p] = prefetch
-                    ended.discard(p)
+                    stage = stages[p] = Prefetch(functools.partial(_open, make, p), prefetch, wake=wake,
+                                                 name=f"feedline-partition-{p}")
+                    if state is not None:
+                        stage.set_state(state)
+                    stage.start()
+            for p in list(stages):  # everything ready that credit allows (a wake is heard once per empty queue)
+                while credit[p] > 0 and p in stages:
                     try:
-                        it = iter(make(p))
-                        if state is not None:
-                            it.set_state(state)
-                        its[p] = it
+                        got = stages[p].poll()
+                    except StopIteration:
+                        conn.send(("end", gen, p))
+                        stages.pop(p).close()
+                        break
                     except Exception as e:
                         conn.send(("error", gen, p, _portable(e)))
-                        ended.add(p)
-                continue
-            for p in live:
-                it = its[p]
-                try:
-                    batch = next(it)
-                    state = it.get_state()
-                except StopIteration:
-                    conn.send(("end", gen, p))
-                    ended.add(p)
-                    continue
-                except Exception as e:
-                    conn.send(("error", gen, p, _portable(e)))
-                    ended.add(p)
-                    continue
-                conn.send(("batch", gen, p, batch, state))
-                credit[p] -= 1
+                        stages.pop(p).close()
+                        break
+                    if got is None:
+                        break
+                    batch, state = got
+                    conn.send(("batch", gen, p, batch, materialize(state)))
+                    credit[p] -= 1
     except (EOFError, OSError, BrokenPipeError):
         return  # the parent closed the pipe
     finally:
-        for it in its.values():
-            it.close()
+        for stage in stages.values():
+            stage.close()
+
+
+def _open(make: Callable[[int], Any], p: int) -> Any:
+    return iter(make(p))

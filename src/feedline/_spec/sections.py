@@ -313,6 +313,8 @@ class ParallelSpec:
         address: the Ray cluster for ``ray`` (``auto``: the one this machine belongs to, else a local one).
         num_cpus: CPUs each Ray actor reserves.
         prefetch: batches each partition runs ahead of the composing stage.
+        warm_start: with ``processes``, run each partition on a thread here until its worker
+            process is ready, so the first steps never wait for processes to start.
     """
 
     placement: Placement = "auto"
@@ -320,6 +322,7 @@ class ParallelSpec:
     address: str = "auto"
     num_cpus: float = 1.0
     prefetch: int = 4
+    warm_start: bool = True
 
     def __post_init__(self) -> None:
         if self.processes < 0:

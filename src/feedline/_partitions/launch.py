@@ -1,0 +1,111 @@
+"""One partition worker process as the parent sees it: started in the background, its pipe, its inbox.
+
+A :class:`WorkerProcess` starts its process on a thread of its own, so that starting ``N`` workers
+never waits for one after another (a spawned child reads its arguments only once it has imported
+what unpickling them needs, and the parent's ``start`` blocks until then), and the same thread
+then receives the worker's messages into :attr:`WorkerProcess.inbox`; ``("dead",)`` is the last
+message when the worker's pipe closes (it died, or it was stopped).
+
+Workers are started with ``forkserver`` where the platform has it, with the factory's module
+preloaded (a fork of a server that already imported numpy, the tokenizer and the pipeline costs
+milliseconds instead of a fresh interpreter's imports), and ``spawn`` elsewhere. Neither forks the
+parent, which holds threads and Rayon pools: the fork server is a fresh single-threaded process.
+The factory travels pickled once, as bytes (:func:`pickled`), so a spec that cannot cross to a
+process fails in the caller, with the fix, before anything starts.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+import queue
+import threading
+from multiprocessing.context import BaseContext
+from typing import Any
+
+from feedline._partitions.worker import run_worker
+from feedline.errors import SpecError
+
+__all__ = ["DEAD", "WorkerProcess", "context", "pickled"]
+
+DEAD = "dead"
+
+
+def context(preload: str | None = None) -> BaseContext:
+    """``forkserver`` (preloading ``preload``, a module name) where the platform has it, else ``spawn``."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        if preload:  # heeded when the server starts: the first worker of this process
+            ctx.set_forkserver_preload(["feedline._partitions.worker", preload])
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
+def pickled(make: Any) -> bytes:
+    """``make`` as the bytes a worker unpickles, or the :class:`SpecError` saying why it cannot go."""
+    try:
+        return pickle.dumps(make, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:  # an iterable source, a lambda, a local function
+        raise SpecError(f"parallel.placement: processes cannot start a worker ({type(e).__name__}: {str(e).strip()[:200]}); "
+                        "a spec with Python objects in it (iterable sources, callables) runs with placement: threads, "
+                        "and a script that starts a Loader at import time needs `if __name__ == '__main__':`") from e
+
+
+class WorkerProcess:
+    """Worker ``index`` serving partitions ``owned``, started at once in the background."""
+
+    def __init__(self, ctx: BaseContext, index: int, make: bytes, owned: list[int], prefetch: int, threads: int) -> None:
+        self.owned = owned
+        self.ready = False  # set by the placement when the worker says it is ("ready",)
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(target=run_worker, args=(child, make, owned, prefetch, threads),  # type: ignore[attr-defined]
+                                   name=f"feedline-partitions-{index}", daemon=True)
+        self.inbox: queue.Queue[Any] = queue.Queue()
+        self.lock = threading.Lock()
+        self._child = child
+        self.started = threading.Event()  # start() returned (or failed)
+        self.receiver = threading.Thread(target=self._run, name=f"feedline-partitions-recv-{index}", daemon=True)
+        self.receiver.start()
+
+    def _run(self) -> None:
+        try:
+            try:
+                self.process.start()
+            finally:
+                self._child.close()
+                self.started.set()
+            while True:
+                self.inbox.put(self.conn.recv())
+        except Exception:  # EOF/OSError: the worker is gone (or never started: counted as a death)
+            self.inbox.put((DEAD,))
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.process.exitcode if self.process.pid is not None else None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        with self.lock:
+            try:
+                self.conn.send(msg)
+            except (OSError, ValueError):
+                pass  # a dead worker: its receiver reports it
+
+    def kill(self) -> None:
+        if self.process.pid is not None and self.process.is_alive():
+            self.process.kill()
+
+    def stop(self) -> None:
+        """Ask the worker to stop, then kill it if it does not within 5 s; close the pipe."""
+        self.send(("stop",))
+        self.started.wait(timeout=60)  # it may still be starting
+        if self.process.pid is not None:
+            self.process.join(timeout=5)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join(timeout=5)
+        self.conn.close()
+        self.receiver.join(timeout=5)
