@@ -1,10 +1,11 @@
-"""One partition worker process as the parent sees it: started in the background, its pipe, its inbox.
+"""One partition worker process as the parent sees it: started in the background, its pipe, the inbox it feeds.
 
 A :class:`WorkerProcess` starts its process on a thread of its own, so that starting ``N`` workers
 never waits for one after another (a spawned child reads its arguments only once it has imported
 what unpickling them needs, and the parent's ``start`` blocks until then), and the same thread
-then receives the worker's messages into :attr:`WorkerProcess.inbox`; ``("dead",)`` is the last
-message when the worker's pipe closes (it died, or it was stopped).
+then receives the worker's messages into ``inbox`` (one queue for all the workers of a placement,
+each message as ``(worker, message)``, so the parent waits on one queue whichever worker speaks
+next); ``("dead",)`` is the last message when the worker's pipe closes (it died, or it was stopped).
 
 Workers are started with ``forkserver`` where the platform has it, with the factory's module
 preloaded (a fork of a server that already imported numpy, the tokenizer and the pipeline costs
@@ -54,13 +55,14 @@ def pickled(make: Any) -> bytes:
 class WorkerProcess:
     """Worker ``index`` serving partitions ``owned``, started at once in the background."""
 
-    def __init__(self, ctx: BaseContext, index: int, make: bytes, owned: list[int], prefetch: int, threads: int) -> None:
+    def __init__(self, ctx: BaseContext, index: int, make: bytes, owned: list[int], prefetch: int, threads: int,
+                 inbox: queue.Queue[tuple[WorkerProcess, Any]]) -> None:
         self.owned = owned
         self.ready = False  # set by the placement when the worker says it is ("ready",)
         self.conn, child = ctx.Pipe(duplex=True)
         self.process = ctx.Process(target=run_worker, args=(child, make, owned, prefetch, threads),  # type: ignore[attr-defined]
                                    name=f"feedline-partitions-{index}", daemon=True)
-        self.inbox: queue.Queue[Any] = queue.Queue()
+        self.inbox = inbox
         self.lock = threading.Lock()
         self._child = child
         self.started = threading.Event()  # start() returned (or failed)
@@ -75,9 +77,9 @@ class WorkerProcess:
                 self._child.close()
                 self.started.set()
             while True:
-                self.inbox.put(self.conn.recv())
+                self.inbox.put((self, self.conn.recv()))
         except Exception:  # EOF/OSError: the worker is gone (or never started: counted as a death)
-            self.inbox.put((DEAD,))
+            self.inbox.put((self, (DEAD,)))
 
     @property
     def exitcode(self) -> int | None:

@@ -5,9 +5,10 @@ most the cores; :mod:`feedline._partitions.launch`: all at once, in the backgrou
 where there is one); worker ``w`` owns partitions ``w, w + N, ...`` and runs each one's whole
 pipeline (:mod:`feedline._partitions.worker`), the tokenizer's pool sized to its share of the
 cores (``RAYON_NUM_THREADS``, which sentencepiece's ``num_threads`` follows too:
-:func:`~feedline._core.cores.pool_threads`). Each batch crosses a pipe with the state after it; a thread per worker receives them into
-a queue, and at most ``parallel.prefetch`` batches per partition are ahead of the composing stage
-(credit), so memory is bounded.
+:func:`~feedline._core.cores.pool_threads`). Each batch crosses a pipe with the state after it (several in one message when a worker
+has more than one ready); a thread per worker receives them into one queue, and at most
+``parallel.prefetch`` batches per partition are ahead of the composing stage (credit, returned
+``prefetch // 2`` at a time), so memory is bounded.
 
 **Warm start.** A worker needs a while before its first batch (a process, its imports, the
 tokenizer): until it says it is ready, its partitions run here, on threads (as ``threads`` runs
@@ -80,6 +81,9 @@ class ProcessPlacement(Placement):
         self._first = set(range(k))  # partitions yet to hand out their first batch (warm start: step 1)
         self._gen = 0
         self.restarts = [0] * self.workers
+        self._inbox: queue.Queue[tuple[WorkerProcess, Any]] = queue.Queue()  # every worker's messages
+        self._owed = [0] * k   # batches taken since the partition's worker was last given credit
+        self._credit_every = max(1, options.prefetch // 2)
 
     def owner(self, p: int) -> int:
         return p % self.workers
@@ -92,21 +96,23 @@ class ProcessPlacement(Placement):
             owned = list(range(w, self.k, self.workers))
             threads = max(1, usable_cores() // self.workers)
             ctx = context(type(self.make).__module__)
-            worker = self._pool[w] = WorkerProcess(ctx, w, self._make_bytes, owned, self.options.prefetch, threads)
+            worker = self._pool[w] = WorkerProcess(ctx, w, self._make_bytes, owned, self.options.prefetch, threads,
+                                                   self._inbox)
         return worker
+
+    def _wait(self) -> None:
+        """Handle the next message of any worker (waits for one)."""
+        self._deliver(*self._inbox.get())
+
+    def _deliver(self, worker: WorkerProcess, msg: tuple[Any, ...]) -> None:
+        w = self.owner(worker.owned[0])
+        if self._pool[w] is worker:  # else from a worker stopped since (restarted, closed)
+            self._handle(w, msg)
 
     def _drain(self) -> None:
         """Handle every message already received from any worker (never waits)."""
-        for w in range(self.workers):
-            if self._pool[w] is None:
-                continue
-            inbox = self._pool[w].inbox  # type: ignore[union-attr]
-            while True:
-                try:
-                    msg = inbox.get_nowait()
-                except queue.Empty:
-                    break
-                self._handle(w, msg)
+        while self._inbox.qsize():
+            self._deliver(*self._inbox.get_nowait())
 
     def _handle(self, w: int, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
@@ -115,6 +121,16 @@ class ProcessPlacement(Placement):
             return
         if kind == "ready":
             self._ready(w)
+            return
+        if kind == "many":  # several messages the worker had ready at once: all kept, then any error raised
+            failure = None
+            for one in msg[1]:
+                try:
+                    self._handle(w, one)
+                except Exception as e:
+                    failure = failure or e
+            if failure is not None:
+                raise failure
             return
         if msg[1] != self._gen:
             return  # from before the last restore
@@ -141,6 +157,7 @@ class ProcessPlacement(Placement):
         worker.ready = True
         start = {p: materialize(self._taken[p]) for p in worker.owned if not self._ended[p]}
         for p in start:
+            self._owed[p] = 0  # a start gives the worker its whole credit again
             self._mode[p], self._lead[p] = (_HANDING if self._local[p] is not None else _WORKER), 0
             if self._mode[p] == _WORKER:
                 self._close_local(p)
@@ -161,7 +178,7 @@ class ProcessPlacement(Placement):
                 "smaller batches or fewer processes; parallel: threads runs the partitions in this process")
         for p in worker.owned:  # what it sent and was not taken is made again, here until the new worker is ready
             self._queues[p].clear()
-            self._mode[p], self._lead[p] = _LOCAL, 0
+            self._mode[p], self._lead[p], self._owed[p] = _LOCAL, 0, 0
             if self.options.warm_start and not self._ended[p]:
                 self._local_stage(p).start()
         self._worker(w)
@@ -203,11 +220,11 @@ class ProcessPlacement(Placement):
         while True:
             if not self.options.warm_start:
                 while not self._worker(w).ready:
-                    self._handle(w, self._worker(w).inbox.get())
+                    self._wait()
             if self._mode[p] != _WORKER:
                 return self._next_local(p)
             while not self._queues[p] and self._mode[p] == _WORKER:
-                self._handle(w, self._worker(w).inbox.get())
+                self._wait()
             if self._mode[p] == _WORKER:
                 break  # else its worker died meanwhile: restarted, and here (warm start) until it is ready
         item = self._queues[p].popleft()
@@ -217,7 +234,10 @@ class ProcessPlacement(Placement):
             return None
         batch, state = item
         self._taken[p] = state
-        self._worker(w).send(("credit", self._gen, p, 1))
+        self._owed[p] += 1
+        if self._owed[p] >= self._credit_every:  # credit in bulk: fewer messages, the worker stays ahead
+            self._worker(w).send(("credit", self._gen, p, self._owed[p]))
+            self._owed[p] = 0
         return batch, state
 
     def _next_local(self, p: int) -> tuple[Part, State] | None:
@@ -244,6 +264,7 @@ class ProcessPlacement(Placement):
         self._ended = [False] * self.k
         self._failed = [None] * self.k
         self._lead = [0] * self.k
+        self._owed = [0] * self.k
         for q in self._queues:
             q.clear()
         for p in range(self.k):

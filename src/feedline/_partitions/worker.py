@@ -8,6 +8,7 @@ batch the parent takes or drops). Messages, all tuples over one duplex pipe:
 
     parent -> worker: ("start", gen, {p: state or None}) | ("credit", gen, p, n) | ("stop",)
     worker -> parent: ("ready",) | ("batch", gen, p, batch, state) | ("end", gen, p) | ("error", gen, p, exception)
+                      | ("many", [several of the three before, in order])
 
 ``gen`` numbers the parent's restores: anything of an older one is dropped on arrival. The worker
 ignores SIGINT (the parent stops it: a Ctrl-C reaches the whole process group), and exits at once
@@ -105,23 +106,26 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
                     if state is not None:
                         stage.set_state(state)
                     stage.start()
+            out: list[tuple[Any, ...]] = []
             for p in list(stages):  # everything ready that credit allows (a wake is heard once per empty queue)
                 while credit[p] > 0 and p in stages:
                     try:
                         got = stages[p].poll()
                     except StopIteration:
-                        conn.send(("end", gen, p))
+                        out.append(("end", gen, p))
                         stages.pop(p).close()
                         break
                     except Exception as e:
-                        conn.send(("error", gen, p, _portable(e)))
+                        out.append(("error", gen, p, _portable(e)))
                         stages.pop(p).close()
                         break
                     if got is None:
                         break
                     batch, state = got
-                    conn.send(("batch", gen, p, batch, materialize(state)))
+                    out.append(("batch", gen, p, batch, materialize(state)))
                     credit[p] -= 1
+            if out:  # one message for all that was ready: one pipe write, one wake-up of the parent
+                conn.send(out[0] if len(out) == 1 else ("many", out))
     except (EOFError, OSError, BrokenPipeError):
         return  # the parent closed the pipe
     finally:
