@@ -10,9 +10,11 @@ rows that only fill the last batch have key -1. The loop keeps keys and predicti
 write one JSON line per record: ``{"key", "text", "labels"}``, in source order. Without
 ``--model`` a small untrained classifier stands in, which shows the plumbing, not accuracy.
 
-Measured on the shared 2-core machine (load ~5) with ``--model`` from goemotions_trainer.py's
-default run: the 5,427 GoEmotions test records in 17 s wall, 15 CPU-seconds, peak RSS 500 MB, every
-prediction non-empty (``["neutral"]`` throughout: that model learned the label priors only).
+Measured on the shared 2-core machine (load ~7) with ``--model`` from goemotions_trainer.py's
+default run: the 5,427 GoEmotions test records in 28 s wall, 20 CPU-seconds, peak RSS 530 MB,
+every prediction non-empty: one label each, 7 distinct (``neutral`` 3,278 times, then admiration 573,
+curiosity 514, amusement 347, gratitude 315, love 244, optimism 156), micro-F1 0.459 against
+the test labels (``neutral`` alone: 0.304).
 """
 
 from __future__ import annotations

@@ -65,21 +65,26 @@ def test_t5_span(run_example) -> None:  # type: ignore[no-untyped-def]
     assert out[-1]["loss"] < out[0]["loss"] - 0.5, out
 
 
-def test_goemotions_trainer_then_batch_inference(run_example, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.slow
+def test_goemotions_trainer_learns_then_batch_inference(run_example, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     needs("transformers", "accelerate")
-    out = run_example("goemotions_trainer.py", "--work", str(tmp_path / "goe"), "--steps", "3", "--seq-len", "32",
-                      "--batch-size", "4", "--hidden", "32", "--layers", "1", "--eval-batches", "2")
-    assert out[-1]["steps"] == 3 and 0.0 <= out[-1]["dev_micro_f1"] <= 1.0
+    out = run_example("goemotions_trainer.py", "--work", str(tmp_path / "goe"), "--steps", "200", "--layers", "1",
+                      "--eval-batches", "10")
+    assert out[-1]["steps"] == 200
     assert 0.0 < out[-1]["baseline_micro_f1"] < 1.0  # the most frequent label alone, printed beside the F1
+    # its point: the model learned more than the label priors (it stayed at the baseline with a zero classifier bias)
+    assert out[-1]["dev_micro_f1"] > out[-1]["baseline_micro_f1"] + 0.05, out[-1]
+    assert out[-1]["labels_predicted"] >= 3, out[-1]
     state = json.loads((tmp_path / "goe" / "model" / "loader_state.json").read_text())
-    assert state["step"] == 3  # exact: the pass-through DataLoader does not read ahead
+    assert state["step"] == 200  # exact: the pass-through DataLoader does not read ahead
     preds = tmp_path / "preds.jsonl"
     res = run_example("batch_infer.py", "--model", str(tmp_path / "goe" / "model"), "--work", str(tmp_path / "inf"),
-                      "--out", str(preds), "--limit", "2", "--batch-size", "4")
+                      "--out", str(preds), "--limit", "2", "--batch-size", "64")
     rows = [json.loads(x) for x in preds.read_text().splitlines()]
-    assert res[-1]["records"] == len(rows) == 8
+    assert res[-1]["records"] == len(rows) == 128
     assert [r["key"] for r in rows] == sorted(r["key"] for r in rows)  # source order, joined by key
     assert all(r["text"] and isinstance(r["labels"], list) and r["labels"] for r in rows)  # never an empty prediction
+    assert len({tuple(r["labels"]) for r in rows}) >= 2, rows[:5]  # not one label for every record
 
 
 def test_chat_sft(run_example, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
