@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
@@ -55,7 +54,6 @@ def main() -> None:
     data = args.data or str(shared("prose", "wiki_demo.txt") or demo_corpus())
     tok_path = args.tokenizer or tokenizer("bert-base-uncased", "wordpiece")
     spec = {"sources": [{"path": data}], "tokenizer": tok_path, "seed": 0, "epochs": None, "shuffle": {"buffer": 16},
-            "workers": max(1, (os.cpu_count() or 2) - 2),
             "task": {"kind": "mlm", "max_length": args.seq_len},
             "batching": {"strategy": "pad", "batch_size": args.batch_size, "pad_to": "max_length"}}
     config = BertConfig(vocab_size=feedline.load_tokenizer(tok_path).vocab_size, hidden_size=args.hidden,
