@@ -117,8 +117,7 @@ class ComposedIterator(DatasetIterator[Batch]):
 
     def __init__(self, ds: Composed) -> None:
         self.ds = ds
-        self._make = ds.make
-        self._runner: Placement | None = None
+        self.runner: Placement = placement_class(ds.placement)(ds.make, ds.k, ds.options)   # starts at its first next
         self._decided = False   # laid-out or compact partition batches: settled by the first request
         self.states: list[State | None] = [None] * ds.k  # each partition's state after its last batch taken
         self.ended = [False] * ds.k
@@ -126,26 +125,18 @@ class ComposedIterator(DatasetIterator[Batch]):
         self._carried: list[Batch | CompactBatch] = []    # those batches
         self._pads = _Pads(ds)
 
-    @property
-    def runner(self) -> Placement:
-        """The placement running the partitions (started at the first request, positioned at the states)."""
-        if self._runner is None:
-            self._runner = placement_class(self.ds.placement)(self._make, self.ds.k, self.ds.options)
-            if any(s is not None for s in self.states):
-                self._runner.set_states([None if s is None else dict(s) for s in self.states])
-        return self._runner
-
     def _settle(self, compact: bool) -> None:
-        """At the first request: compact partition batches if it asks for them and the factory can."""
+        """At the first request: compact partition batches if it asks for them and the factory can
+        (the placement, not started yet, is replaced by one over the compact factory)."""
         if self._decided:
             return
         self._decided = True
         compacted = getattr(self.ds.make, "compacted", None)
         if compact and compacted is not None:
-            if self._runner is not None:   # built for a restore: nothing ran yet
-                self._runner.close()
-                self._runner = None
-            self._make = compacted()
+            self.runner.close()
+            self.runner = placement_class(self.ds.placement)(compacted(), self.ds.k, self.ds.options)
+            if any(s is not None for s in self.states):
+                self.runner.set_states([None if s is None else dict(s) for s in self.states])
             self._carried = [self.runner.replay(p, before) for p, before, _ in self.carry]
 
     def __next__(self) -> Batch:
@@ -227,8 +218,7 @@ class ComposedIterator(DatasetIterator[Batch]):
         self.restore({k: state[k] for k in self.STATE_KEYS})
 
     def release(self) -> None:
-        if self._runner is not None:
-            self._runner.close()
+        self.runner.close()
 
 
 class CompactBatches(Dataset[Batch | CompactBatch]):

@@ -79,7 +79,8 @@ def serve_process(spec: str | os.PathLike[str] | Mapping[str, Any] | Spec, bind:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
+        drain.join(timeout=5)   # it reads the last of stderr: closing the pipe under it raised in its thread
+        for stream in (proc.stdin, proc.stdout, proc.stderr if not drain.is_alive() else None):
             if stream is not None:
                 stream.close()
         if tmp is not None:
