@@ -5,10 +5,10 @@ most the cores; :mod:`feedline._partitions.launch`: all at once, in the backgrou
 where there is one); worker ``w`` owns partitions ``w, w + N, ...`` and runs each one's whole
 pipeline (:mod:`feedline._partitions.worker`), the tokenizer's pool sized to its share of the
 cores (``RAYON_NUM_THREADS``, which sentencepiece's ``num_threads`` follows too:
-:func:`~feedline._core.cores.pool_threads`). Each batch crosses a pipe with the state after it (several in one message when a worker
-has more than one ready); a thread per worker receives them into one queue, and at most
-``parallel.prefetch`` batches per partition are ahead of the composing stage (credit, returned
-``prefetch // 2`` at a time), so memory is bounded.
+:func:`~feedline._core.cores.pool_threads`). Each batch crosses a pipe with
+the state after it; a thread per worker receives them into a queue. At most ``parallel.prefetch``
+batches per partition are on their way to the composing stage (credit) and as many made ahead in
+the worker, so memory is bounded.
 
 **Warm start.** A worker needs a while before its first batch (a process, its imports, the
 tokenizer): until it says it is ready, its partitions run here, on threads (as ``threads`` runs
