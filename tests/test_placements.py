@@ -185,3 +185,37 @@ def test_processes_resume_at_random_points_from_states_of_threads(corpus: str, s
     got = collect(loader, limit=3)
     loader.close()
     assert_batches_equal(want[at:at + 3], got, f"processes resumed at step {at} from a threads state")
+
+
+WORKER_SCRIPT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, sys.argv[1])  # a checkout put on the path by the script, not by PYTHONPATH
+    import feedline
+    assert feedline.__file__.startswith(sys.argv[1]), feedline.__file__
+    if __name__ == "__main__":
+        with feedline.Loader(eval(sys.argv[2])) as loader:
+            for _ in range(6):
+                next(loader)
+""")
+
+
+def test_workers_run_the_parents_feedline_not_another_on_the_default_path(corpus: str, small_tokenizer: str,
+                                                                          tmp_path: Path) -> None:
+    """The fork server imports its preloads with the interpreter's default path (the installed
+    feedline here): were feedline preloaded, the workers would run it, not the parent's copy."""
+    import shutil
+
+    import feedline
+
+    copy = tmp_path / "checkout"
+    shutil.copytree(Path(feedline.__file__).parent, copy / "feedline", ignore=shutil.ignore_patterns("__pycache__"))
+    marks = tmp_path / "marks"
+    worker_py = copy / "feedline" / "_partitions" / "worker.py"  # the copy says where each process imported it
+    worker_py.write_text(worker_py.read_text() + f"\nimport os as _os\nopen({str(marks)!r}, 'a').write(f'{{_os.getpid()}}\\n')\n")
+    script = tmp_path / "run.py"
+    script.write_text(WORKER_SCRIPT)
+    s = spec(corpus, small_tokenizer, 2, "processes", epochs=None)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([sys.executable, str(script), str(copy), repr(s)], check=True, timeout=120, env=env, cwd=tmp_path)
+    pids = set(marks.read_text().split())
+    assert len(pids) >= 3, f"the workers imported another feedline: only {len(pids)} process(es) imported the copy"

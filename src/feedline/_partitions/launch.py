@@ -7,10 +7,14 @@ then receives the worker's messages into ``inbox`` (one queue for all the worker
 each message as ``(worker, message)``, so the parent waits on one queue whichever worker speaks
 next); ``("dead",)`` is the last message when the worker's pipe closes (it died, or it was stopped).
 
-Workers are started with ``forkserver`` where the platform has it, with the factory's module
-preloaded (a fork of a server that already imported numpy, the tokenizer and the pipeline costs
-milliseconds instead of a fresh interpreter's imports), and ``spawn`` elsewhere. Neither forks the
-parent, which holds threads and Rayon pools: the fork server is a fresh single-threaded process.
+Workers are started with ``forkserver`` where the platform has it, with the heavy third-party
+modules preloaded (:data:`PRELOAD`: a fork of a server that already imported numpy, pyarrow and
+the tokenizers saves most of a fresh interpreter's imports), and ``spawn`` elsewhere. Neither
+forks the parent, which holds threads and Rayon pools: the fork server is a fresh single-threaded
+process. feedline itself is not preloaded: the fork server imports its preloads with the
+interpreter's default ``sys.path``, not the parent's (CPython 3.10-3.13), so a parent running a
+checkout put on ``sys.path`` by a script, beside an installed feedline, would get workers running
+the installed one; a worker imports feedline after the fork, from the parent's path.
 The factory travels pickled once, as bytes (:func:`pickled`), so a spec that cannot cross to a
 process fails in the caller, with the fix, before anything starts.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 import multiprocessing
 import pickle
 import queue
+import sys
 import threading
 from multiprocessing.context import BaseContext
 from typing import Any
@@ -27,17 +32,20 @@ from typing import Any
 from feedline._partitions.worker import run_worker
 from feedline.errors import SpecError
 
-__all__ = ["DEAD", "WorkerProcess", "context", "pickled"]
+__all__ = ["DEAD", "PRELOAD", "WorkerProcess", "context", "pickled"]
 
 DEAD = "dead"
+#: Modules the fork server imports before it forks workers, those of them this process has imported.
+PRELOAD = ("numpy", "pyarrow", "pyarrow.parquet", "tokenizers", "fastokens", "zstandard", "orjson", "msgpack",
+           "yaml", "sentencepiece")
 
 
-def context(preload: str | None = None) -> BaseContext:
-    """``forkserver`` (preloading ``preload``, a module name) where the platform has it, else ``spawn``."""
+def context() -> BaseContext:
+    """``forkserver`` (preloading :data:`PRELOAD`) where the platform has it, else ``spawn``."""
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
-        if preload:  # heeded when the server starts: the first worker of this process
-            ctx.set_forkserver_preload(["feedline._partitions.worker", preload])
+        # heeded when the server starts (the first worker of this process); never feedline: see the module docstring
+        ctx.set_forkserver_preload([m for m in PRELOAD if m in sys.modules])
         return ctx
     return multiprocessing.get_context("spawn")
 

@@ -95,7 +95,7 @@ class ProcessPlacement(Placement):
             assert self._make_bytes is not None
             owned = list(range(w, self.k, self.workers))
             threads = max(1, usable_cores() // self.workers)
-            ctx = context(type(self.make).__module__)
+            ctx = context()
             worker = self._pool[w] = WorkerProcess(ctx, w, self._make_bytes, owned, self.options.prefetch, threads,
                                                    self._inbox)
         return worker
