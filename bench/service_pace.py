@@ -74,9 +74,10 @@ def run_child(setting: dict[str, Any], args: argparse.Namespace, env: dict[str, 
     return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-def one(k: int, kind: str, src: str, args: argparse.Namespace) -> dict[str, Any]:
+def one(k: str, kind: str, src: str, args: argparse.Namespace) -> dict[str, Any]:
     """One measurement: ``kind`` is ``in-process`` or ``service`` (``service c<N>``: ``--coalesce N``)."""
-    spec = spec_for("clm-docs", args.mb, 0, k, "processes" if k > 1 else None)
+    n = int(k.rstrip("p"))  # "1p": one partition, its pipeline in a worker process
+    spec = spec_for("clm-docs", args.mb, 0, n, "processes" if n > 1 or k.endswith("p") else None)
     env = dict(os.environ)
     if src:
         env["PYTHONPATH"] = os.pathsep.join([str(Path(src).resolve()), env.get("PYTHONPATH", "")])
@@ -92,7 +93,7 @@ def one(k: int, kind: str, src: str, args: argparse.Namespace) -> dict[str, Any]
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--k", default="1,2", help="partition counts (K > 1 in worker processes)")
+    ap.add_argument("--k", default="1,2", help="partition counts (K > 1 in worker processes; 1p: K = 1 in one)")
     ap.add_argument("--mb", type=float, default=48, help="corpus size (no text twice)")
     ap.add_argument("--seconds", type=float, default=3.0, help="measured window")
     ap.add_argument("--warmup", type=float, default=2.5, help="seconds between the first batch and the window")
@@ -107,12 +108,12 @@ def main(argv: list[str] | None = None) -> int:
         setting = json.loads(args.child)
         print(json.dumps(measure(setting["source"], args.seconds, args.warmup, setting.get("server"))))
         return 0
-    ks = [int(k) for k in args.k.split(",")]
+    ks = args.k.split(",")
     checkouts = dict(c.split("=", 1) for c in args.checkouts.split(",")) if args.checkouts else {"": ""}
     kinds = ["in-process", *([f"service c{n}" for n in args.coalesce.split(",")] if args.coalesce else ["service"])]
     spec_for("clm-docs", args.mb, 0)  # the corpus is written before any clock starts
     load0 = os.getloadavg()[0]
-    runs: dict[tuple[str, int, str], list[dict[str, Any]]] = {(c, k, kind): [] for c in checkouts for k in ks for kind in kinds}
+    runs: dict[tuple[str, str, str], list[dict[str, Any]]] = {(c, k, kind): [] for c in checkouts for k in ks for kind in kinds}
     for r in range(args.rounds):
         for k in ks:
             for c, src in checkouts.items():

@@ -219,3 +219,24 @@ def test_workers_run_the_parents_feedline_not_another_on_the_default_path(corpus
     subprocess.run([sys.executable, str(script), str(copy), repr(s)], check=True, timeout=120, env=env, cwd=tmp_path)
     pids = set(marks.read_text().split())
     assert len(pids) >= 3, f"the workers imported another feedline: only {len(pids)} process(es) imported the copy"
+
+
+@pytest.mark.parametrize("warm", [False, True])
+def test_one_partition_in_a_worker_process_is_the_plain_loader_bit_for_bit(corpus: str, small_tokenizer: str,
+                                                                          warm: bool) -> None:
+    """``partitions: 1`` with ``placement: processes`` moves the pipeline out of this process (and
+    its GIL) and changes nothing: the same batches, the same states (a plain loader's), and either
+    resumes the other's."""
+    plain = {k: v for k, v in spec(corpus, small_tokenizer, 1, "threads").items() if k not in ("partitions", "parallel")}
+    off = {**plain, "parallel": {"placement": "processes", "prefetch": 2, "warm_start": warm}}
+    loader = Loader(off)
+    start = loader.state_dict()  # before any batch: the plain pipeline's start state
+    assert start == Loader(plain).state_dict()
+    a, sa = collect(Loader(plain), with_states=True)
+    b, sb = collect(loader, with_states=True)
+    assert len(a) > 10 and type(runner(loader)).__name__ == "ProcessPlacement"
+    assert_batches_equal(a, b, "partitions: 1, processes vs in-process")
+    assert sa == sb
+    mid = len(a) // 2
+    assert_batches_equal(a[mid:], collect(Loader(off, state=sa[mid - 1])), "in-process state, resumed in a process")
+    assert_batches_equal(b[mid:], collect(Loader(plain, state=sb[mid - 1])), "process state, resumed in-process")

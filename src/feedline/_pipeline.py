@@ -92,7 +92,7 @@ class Pipeline:
     @property
     def composed(self) -> bool:
         """Whether :meth:`batches` composes partitions (``partitions`` > 1 and no partition chosen)."""
-        return self.partition is None and self.spec.partitions > 1
+        return self.partition is None and (self.spec.partitions > 1 or self.spec.parallel.resolve(1) != "threads")
 
     @cached_property
     def sources(self) -> list[FileSource]:

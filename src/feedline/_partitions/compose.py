@@ -23,6 +23,10 @@ beyond the step, rebuilt on restore by re-running that one batch. A state of ano
 refused. Where partitions run (threads, processes, Ray actors) is the :class:`Placement`'s
 business and never changes a batch or a state.
 
+One partition (``partitions: 1``) placed in a process or an actor (``parallel: {placement:
+processes}``) is the plain pipeline moved there: each step is its batch, and the state is the
+pipeline's own (not the composed form above), so such a state and a plain loader's resume each other.
+
 A consumer that lays batches out itself (the service's producer, through
 :meth:`ComposedIterator.next_compact`) gets them compact: when its first request is for a compact
 batch and the factory can (``make.compacted()``), the partitions send their ``pack`` batches as
@@ -124,6 +128,7 @@ class ComposedIterator(DatasetIterator[Batch]):
         self.carry: list[list[Any]] = []   # [p, state before the batch, rows used]
         self._carried: list[Batch | CompactBatch] = []    # those batches
         self._pads = _Pads(ds)
+        self._start: State | None = None
 
     def _settle(self, compact: bool) -> None:
         """At the first request: compact partition batches if it asks for them and the factory can
@@ -196,7 +201,19 @@ class ComposedIterator(DatasetIterator[Batch]):
         return self.own_state()
 
     def own_state(self) -> State:
+        if self.ds.k == 1:  # one partition placed elsewhere: the pipeline's own state (see _start_state)
+            return self.states[0] if self.states[0] is not None else self._start_state()
         return {"partitions": list(self.states), "ended": list(self.ended), "carry": [list(c) for c in self.carry]}
+
+    def _start_state(self) -> State:
+        """The pipeline's state before its first batch (one partition), as a plain loader's reads."""
+        if self._start is None:
+            it = iter(self.ds.make(0))
+            try:
+                self._start = materialize(it.get_state())
+            finally:
+                it.close()
+        return self._start
 
     def restore(self, own: Mapping[str, Any]) -> None:
         states, k = own["partitions"], self.ds.k
@@ -215,6 +232,10 @@ class ComposedIterator(DatasetIterator[Batch]):
         self._carried = [self.runner.replay(p, before) for p, before, _ in carry]
 
     def set_state(self, state: Mapping[str, Any]) -> None:
+        if self.ds.k == 1:  # the pipeline's own state: its one partition starts there (a step holds no carry)
+            self.runner.set_states([dict(state)])
+            self.states, self.ended, self.carry, self._carried = [dict(state)], [False], [], []
+            return
         self.restore({k: state[k] for k in self.STATE_KEYS})
 
     def release(self) -> None:

@@ -308,7 +308,9 @@ class ParallelSpec:
     Attributes:
         placement: ``threads`` (one thread per partition, in this process), ``processes`` (spawned
             worker processes, each owning some partitions), ``ray`` (one Ray actor per partition),
-            or ``auto`` (``processes`` when ``partitions > 1``, else ``threads``).
+            or ``auto`` (``processes`` when ``partitions > 1``, else ``threads``). With
+            ``partitions: 1``, ``processes`` or ``ray`` runs the one pipeline there (the same
+            batches and states as in this process; its Python off this process's GIL).
         processes: worker processes for ``processes`` (0: one per partition, at most the cores).
         address: the Ray cluster for ``ray`` (``auto``: the one this machine belongs to, else a local one).
         num_cpus: CPUs each Ray actor reserves.
