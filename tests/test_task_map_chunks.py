@@ -67,9 +67,9 @@ def test_chunks_are_bounded_by_size_and_examples_do_not_depend_on_chunking(wiki_
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Small chunks on several threads (the task declares parallel_calls) give the examples of one
     whole-stream chunk, in order."""
-    from feedline._tasks import map as task_map
+    from feedline._tasks import threads
 
-    monkeypatch.setattr(task_map, "usable_cores", lambda: 4)
+    monkeypatch.setattr(threads, "usable_cores", lambda: 4)
     monkeypatch.setattr(type(Pipeline(wiki_spec).task), "parallel_calls", True, raising=False)
     log: list[tuple[int, int]] = []
     small, owner = _map(wiki_spec, log, chunk_bytes=40_000, inflight_bytes=100_000, workers=14)
@@ -132,13 +132,14 @@ def test_threads_are_started_only_where_they_add_cores(wiki_spec: Spec, monkeypa
     """workers is the most threads: one while the tokenizer's own pool spreads each call over the cores
     (more only contend for the GIL), every usable core once that pool is off or the task says so."""
     from feedline._tasks import map as task_map
+    from feedline._tasks import threads
 
     task = Pipeline(wiki_spec).task
     monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
     assert task_map.useful_threads(task) == Pipeline(wiki_spec.replace(workers=0)).workers == 1
     runner = ThreadRunner(task, 14)
     assert runner.workers == 1 and runner.ahead == 3 and runner.ahead_bytes == task_map.INFLIGHT_BYTES
-    monkeypatch.setattr(task_map, "usable_cores", lambda: 6)
+    monkeypatch.setattr(threads, "usable_cores", lambda: 6)
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
     assert task_map.useful_threads(task) == 6 and ThreadRunner(task, 14).workers == 6 and ThreadRunner(task, 2).workers == 2
     monkeypatch.delenv("TOKENIZERS_PARALLELISM")
@@ -150,9 +151,9 @@ def test_threads_are_started_only_where_they_add_cores(wiki_spec: Spec, monkeypa
 def test_workers_lowered_is_said_once(wiki_spec: Spec, monkeypatch: pytest.MonkeyPatch,
                                       caplog: pytest.LogCaptureFixture) -> None:
     """workers: N above what adds cores is lowered with one warning naming both counts and why, once."""
-    from feedline._tasks import map as task_map
+    from feedline._tasks import threads
 
-    monkeypatch.setattr(task_map, "_told", set())
+    monkeypatch.setattr(threads, "_told", set())
     monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
     task = Pipeline(wiki_spec).task
     with caplog.at_level(logging.INFO, logger="feedline"):
@@ -161,7 +162,7 @@ def test_workers_lowered_is_said_once(wiki_spec: Spec, monkeypatch: pytest.Monke
     said = [r for r in caplog.records if "requested" in r.getMessage()]
     assert len(said) == 1 and said[0].levelno == logging.WARNING
     assert "workers: 5 requested, 1 used" in said[0].getMessage() and "GIL" in said[0].getMessage()
-    monkeypatch.setattr(task_map, "usable_cores", lambda: 3)
+    monkeypatch.setattr(threads, "usable_cores", lambda: 3)
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="feedline"):

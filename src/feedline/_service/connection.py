@@ -31,15 +31,14 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from feedline._service.auth import ClientKeys
 from feedline._service.handshake import MONITORED, HandshakeWatch
+from feedline._service.items import Close, Consumed, Delivered, Ended, Failed, Item, Welcome
 from feedline._service.protocol import (
     BYE_REPLACED,
     error_from_header,
@@ -55,53 +54,6 @@ log = logging.getLogger("feedline.service")
 
 __all__ = ["Close", "Connection", "Consumed", "Delivered", "Ended", "Failed", "Item", "Welcome"]
 
-
-@dataclass(frozen=True, slots=True)
-class Welcome:
-    """The server accepted the hello; ``state`` is where the stream starts (first welcome only)."""
-
-    state: str
-
-
-@dataclass(frozen=True, slots=True)
-class Delivered:
-    """One batch and the resume state after it (msgpack bytes or JSON: :func:`~.protocol.unpack_state`)."""
-
-    step: int
-    state: bytes | str
-    arrays: dict[str, np.ndarray]
-
-
-@dataclass(frozen=True, slots=True)
-class Ended:
-    """The stream is over after ``step`` global steps."""
-
-    step: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Failed:
-    """The connection failed for good; ``error`` is what the caller raises."""
-
-    error: FeedlineError
-
-
-Item = Welcome | Delivered | Ended | Failed
-
-
-@dataclass(frozen=True, slots=True)
-class Consumed:
-    """The caller finished ``n`` batches, the last of them ``step``: ack it and grant ``n`` credits."""
-
-    step: int | None
-    n: int = 1
-
-
-@dataclass(frozen=True, slots=True)
-class Close:
-    """Ack ``ack`` (if given), say bye and stop."""
-
-    ack: int | None
 
 #: A keyed client whose handshakes keep failing for this long (or its ``timeout``, if shorter) gives
 #: up with ``AuthError`` (:mod:`.handshake`).
