@@ -114,10 +114,11 @@ def test_a_killed_worker_is_restarted_from_its_partitions_states(corpus: str, sm
 
 
 CHILD = textwrap.dedent("""
-    import sys, time
+    import signal, sys, time
     import feedline
 
     if __name__ == "__main__":
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job starts with SIGINT ignored
         loader = feedline.Loader(eval(sys.argv[1]))
         next(loader)
         stage = loader._stage
@@ -145,7 +146,7 @@ def test_no_worker_outlives_its_parent(corpus: str, small_tokenizer: str, tmp_pa
         pids = [int(p) for p in child.stdout.readline().split()]
         assert len(pids) == 2 and all(alive(p) for p in pids)
         os.killpg(child.pid, how) if how == signal.SIGINT else os.kill(child.pid, how)  # Ctrl-C reaches the group
-        child.wait(timeout=90)  # a clean stop, not a deadline: under a loaded CI box workers take seconds to leave
+        child.wait(timeout=60)  # a clean stop, not a deadline: on a loaded CI box workers take seconds to leave
         deadline = time.monotonic() + 15
         while any(alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
