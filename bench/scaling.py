@@ -38,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -155,8 +156,10 @@ def spec_fields() -> set[str]:
 
 
 # ------------------------------------------------------------------------------- measurements
-def measure_loader(spec: dict[str, Any], seconds: float, warmup: float = 0.0) -> dict[str, Any]:
-    """First-batch time and real tokens/s over ``seconds`` from ``warmup`` seconds after it (this process)."""
+def measure_loader(spec: Any, seconds: float, warmup: float = 0.0,
+                   cpu: Callable[[], float] | None = None) -> dict[str, Any]:
+    """First-batch time and real tokens/s over ``seconds`` from ``warmup`` seconds after it (this
+    process); with ``cpu`` (CPU seconds so far, e.g. of a process tree) also steps/s and CPU ms per step."""
     import feedline
 
     t0 = time.perf_counter()
@@ -166,10 +169,15 @@ def measure_loader(spec: dict[str, Any], seconds: float, warmup: float = 0.0) ->
         t_first = time.perf_counter()
         while time.perf_counter() - t_first < warmup:
             next(it)
-        t1, n = time.perf_counter(), 0
+        t1, c1, n, steps = time.perf_counter(), cpu() if cpu else 0.0, 0, 0
         while time.perf_counter() - t1 < seconds:
             n += int(next(it)["attention_mask"].sum())
+            steps += 1
         dt = time.perf_counter() - t1
+        used = cpu() - c1 if cpu else None
+    if used is not None:
+        return {"first_batch_s": t_first - t0, "tokens_per_s": n / dt, "steps_per_s": steps / dt,
+                "cpu_ms_per_step": used / steps * 1e3}
     return {"first_batch_s": t_first - t0, "tokens_per_s": n / dt}
 
 

@@ -32,7 +32,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -40,31 +39,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psutil
 from common import machine, save_json, table, tree_cpu
-from scaling import spec_for
+from scaling import measure_loader, spec_for
 
 
 def measure(source: Any, seconds: float, warmup: float, server: int | None = None) -> dict[str, Any]:
     """First-batch time, steady real tokens/s and CPU time per step (this process and its workers,
     plus the ``server`` process and its workers) of ``feedline.Loader(source)`` in this process."""
-    import feedline
-
     def cpu() -> float:
         return tree_cpu() + (tree_cpu(server) if server else 0.0)
 
-    t0 = time.perf_counter()
-    with feedline.Loader(source) as loader:
-        it = iter(loader)
-        next(it)
-        t_first = time.perf_counter()
-        while time.perf_counter() - t_first < warmup:
-            next(it)
-        t1, c1, n, steps = time.perf_counter(), cpu(), 0, 0
-        while time.perf_counter() - t1 < seconds:
-            n += int(next(it)["attention_mask"].sum())
-            steps += 1
-        dt, used = time.perf_counter() - t1, cpu() - c1
-    return {"first_batch_s": t_first - t0, "tokens_per_s": n / dt, "steps_per_s": steps / dt,
-            "cpu_ms_per_step": used / steps * 1e3}
+    return measure_loader(source, seconds, warmup, cpu)
 
 
 def run_child(setting: dict[str, Any], args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
