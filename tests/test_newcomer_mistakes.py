@@ -92,11 +92,11 @@ def test_a_spec_file_error_names_the_file_and_line(tmp_path: Path) -> None:
     f.write_text("source: corpus/a.jsonl\ntask:\n  kind: clm\n  max_lenght: 3\n")
     with pytest.raises(SpecError, match=re.escape(f"{f}:4: task.max_lenght")):
         feedline.Spec.load(f)
-    f.write_text("source: corpus/a.jsonl\ntask: clm\nbatching: {batch_size: 8}\npartitions: 9\n")
-    with pytest.raises(SpecError, match=re.escape(f"{f}:4: partitions: 9 exceeds")):
+    f.write_text("source: corpus/a.jsonl\ntask: clm\nbatching: {batch_size: 8}\npartitions: 0\n")
+    with pytest.raises(SpecError, match=re.escape(f"{f}:4: partitions: 0 must be a positive integer")):
         feedline.Spec.load(f)
     out = subprocess.run([sys.executable, "-m", "feedline", "spec", "--check", str(f)], capture_output=True, text=True)
-    assert out.returncode == 2 and f"{f}:4: partitions: 9 exceeds" in out.stderr
+    assert out.returncode == 2 and f"{f}:4: partitions: 0 must be a positive integer" in out.stderr
 
 
 def test_a_cache_folder_that_cannot_be_made_is_a_spec_error(tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from feedline import Loader, Spec, StateError
-from feedline._partitions.compose import quotas
 from feedline._pipeline import GlobalStream, Pipeline
 from feedline._sources.deal import deal, partition_seed
 from feedline._sources.reader import Split
@@ -46,10 +45,6 @@ def test_splits_that_cannot_be_cut_are_dealt_whole_round_robin() -> None:
     assert deal(splits[:1], [None], 3) == [[splits[0]], [], []]
     assert deal(splits, [None] * 5, 1) == [splits]
     assert partition_seed(7, 0, 1) == 7 and partition_seed(7, 0, 2) != partition_seed(7, 1, 2)
-
-
-def test_quotas_deal_the_batch_rows_extras_first() -> None:
-    assert quotas(10, 3) == [4, 3, 3] and quotas(8, 2) == [4, 4] and sum(quotas(7, 7)) == 7
 
 
 def _keys(pipeline: Pipeline) -> list[tuple[int, int, int]]:
@@ -111,19 +106,44 @@ def test_one_partition_is_the_stream_without_partitions(corpus: str, small_token
     assert sa == sb and "partitions" not in json.dumps(sb[0])
 
 
-def test_a_step_takes_each_partitions_batch_in_partition_order(corpus: str, small_tokenizer: str) -> None:
-    s = Spec.load(spec(corpus, small_tokenizer, 2, batching={"strategy": "pad", "batch_size": 5}))
+@pytest.mark.parametrize("k", [2, 3])
+def test_partitions_take_turns_making_whole_steps_and_only_the_last_is_short(
+        corpus: str, small_tokenizer: str, k: int) -> None:
+    """Step s is partition (s - 1) % K's batch as it made it; after a partition's short last batch
+    the rows go on in turn (steps straddle two partitions' batches), so every row of every
+    partition comes once and only the stream's last step is short (dropped: remainder drop)."""
+    s = Spec.load(spec(corpus, small_tokenizer, k, epochs=1, batching={"strategy": "pad", "batch_size": 5}))
     got = collect(Loader(s))
-    parts = [collect(GlobalStreamRows(Pipeline(s, partition=p))) for p in range(2)]
-    assert [len(next(iter(b.values()))) for b in parts[0][:2]] == [3, 3] and len(parts[1][0]["input_ids"]) == 2
-    first = got[0]["input_ids"]
-    width = max(parts[0][0]["input_ids"].shape[1], parts[1][0]["input_ids"].shape[1])
-    assert first.shape == (5, width)
-    assert np.array_equal(first[:3, :parts[0][0]["input_ids"].shape[1]], parts[0][0]["input_ids"])
-    assert np.array_equal(first[3:, :parts[1][0]["input_ids"].shape[1]], parts[1][0]["input_ids"])
-    # every row of every partition is delivered once (drop applies only to the very last short batch)
-    rows = sum(len(b["input_ids"]) for p in parts for b in p)
-    assert len(got) == rows // 5
+    parts = [collect(GlobalStreamRows(Pipeline(s, partition=p))) for p in range(k)]
+    assert all(len(b["input_ids"]) == 5 for p in parts for b in p[:-1])  # whole batches, not 5 / K rows
+    full = min(len(p) - 1 for p in parts)  # rounds in which every partition gives a full batch
+    for i in range(full * k):
+        assert_batches_equal([parts[i % k][i // k]], [got[i]], f"K={k}, step {i + 1}")
+    # the global row stream: every partition's batches in turn, an ended partition losing its turns
+    order: list[np.ndarray] = []
+    for r in range(max(len(p) for p in parts)):
+        order += [row for p in parts if r < len(p) for row in p[r]["input_ids"]]
+    flat = [row for b in got for row in b["input_ids"]]
+    assert len(got) == len(order) // 5 and all(len(b["input_ids"]) == 5 for b in got)
+    assert all(np.array_equal(a[a != 0], b[b != 0]) for a, b in zip(flat, order, strict=False))
+
+
+def test_a_partition_asked_first_makes_step_one_alone(corpus: str, small_tokenizer: str) -> None:
+    """Partition 0 is the only one started before step 1 (the first step waits for one pipeline,
+    not K sharing the cores); the others start as soon as it is out."""
+    from feedline._partitions.placement import ThreadPlacement
+    from feedline._pipeline import PartitionStreams
+
+    s = Spec.load(spec(corpus, small_tokenizer, 3))
+    runner = ThreadPlacement(PartitionStreams(s), 3, s.parallel)
+    try:
+        assert all(st._thread is None for st in runner._stages)
+        first = runner.next(0)
+        assert first is not None and all(st._thread is not None for st in runner._stages[1:])
+        want = collect(GlobalStreamRows(Pipeline(s, partition=0)))[0]
+        assert_batches_equal([want], [first[0]], "partition 0's first batch")
+    finally:
+        runner.close()
 
 
 class GlobalStreamRows:
@@ -207,13 +227,24 @@ def test_a_state_of_another_number_of_partitions_is_refused(corpus: str, small_t
     it.close()
 
 
-def test_partitions_must_not_exceed_the_batch_size(corpus: str, small_tokenizer: str) -> None:
+def test_more_partitions_than_rows_a_step_is_fine_and_a_bad_placement_is_named(corpus: str, small_tokenizer: str) -> None:
     from feedline import SpecError
 
-    with pytest.raises(SpecError, match="partitions: 6 exceeds batching.batch_size 5"):
-        Spec.load(spec(corpus, small_tokenizer, 6))
+    got = collect(Loader(spec(corpus, small_tokenizer, 6, batching={"strategy": "pad", "batch_size": 2})))
+    assert len(got) > 6 and all(len(b["input_ids"]) == 2 for b in got)
     with pytest.raises(SpecError, match="parallel.placement"):
         Spec.load(spec(corpus, small_tokenizer, 2, parallel="gpu"))
+
+
+def test_a_state_from_before_partitions_took_turns_is_refused_with_what_to_do(corpus: str, small_tokenizer: str) -> None:
+    loader = Loader(spec(corpus, small_tokenizer, 2))
+    next(loader)
+    state = loader.state_dict()
+    loader.close()
+    old = json.loads(json.dumps(state))
+    del old["pipeline"]["turn"]   # the composed state as the row-dealing composition wrote it
+    with pytest.raises(StateError, match="batch_size / K rows of each partition.*start this run from its beginning"):
+        Loader(spec(corpus, small_tokenizer, 2), state=old)
 
 
 def test_global_stream_state_nests_the_partitions(corpus: str, small_tokenizer: str) -> None:
@@ -221,7 +252,7 @@ def test_global_stream_state_nests_the_partitions(corpus: str, small_tokenizer: 
     next(it)
     st = it.get_state()
     it.close()
-    assert sorted(st["pipeline"]) == ["carry", "ended", "partitions"] and len(st["pipeline"]["partitions"]) == 2
+    assert sorted(st["pipeline"]) == ["carry", "ended", "partitions", "turn"] and len(st["pipeline"]["partitions"]) == 2
 
 
 def test_stats_sum_the_partitions_mixtures(tmp_path: Path, small_tokenizer: str) -> None:

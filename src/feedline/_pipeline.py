@@ -12,7 +12,7 @@ The global state (``{"step": s, "pipeline": ...}``) is the same for every rank; 
 is derived from the global batch, which is what makes elastic resume possible.
 
 With ``partitions: K`` > 1, ``Pipeline(spec, partition=p)`` is partition ``p``'s pipeline (its
-share of the splits, its seed, its rows per step) and the whole pipeline's :meth:`Pipeline.batches`
+share of the splits, its seed; it makes whole steps in its turn) and the whole pipeline's :meth:`Pipeline.batches`
 is the composing stage over the K of them (:mod:`feedline._partitions.compose`), run where
 ``parallel.placement`` says.
 """
@@ -32,7 +32,7 @@ from feedline._batching.registry import batcher_class
 from feedline._core.dataset import Dataset, DatasetIterator, State
 from feedline._core.deferred import materialize
 from feedline._core.record import Example, Key, Record
-from feedline._partitions.compose import CompactBatches, Composed, quotas
+from feedline._partitions.compose import CompactBatches, Composed
 from feedline._partitions.rows import row_count
 from feedline._sources.deal import partition_seed
 from feedline._sources.mix import Mixture
@@ -171,8 +171,7 @@ class Pipeline:
         if self.composed:
             return Composed(PartitionStreams(self.spec, self._tokenizer), self.spec.partitions, b.batch_size,
                             self.spec.parallel, lambda: self.task.pad_values)
-        rows = b.batch_size if self.partition is None else quotas(b.batch_size, self.spec.partitions)[self.partition]
-        ctx = BatchContext(batch_size=rows, task=self.task, seed=self.seed)
+        ctx = BatchContext(batch_size=b.batch_size, task=self.task, seed=self.seed)  # a partition's too: whole steps
         return batcher_class(b.strategy)(self.examples(), b.options, ctx)
 
 

@@ -33,10 +33,14 @@ from typing import Any
 from feedline._core.report import FILTERED, sum_rejected
 from feedline.errors import StateError
 
-__all__ = ["MAX_DEPTH", "MAX_NODES", "STATE_VERSION", "check_state", "epochs_in", "filtered_in", "find_rejected", "make_state",
+__all__ = ["MAX_DEPTH", "MAX_NODES", "ROW_DEALT", "STATE_VERSION", "check_state", "epochs_in", "filtered_in", "find_rejected", "make_state",
            "mixture_shares", "parse_state_json", "partitions_in", "state_json"]
 
 STATE_VERSION = 1
+#: Why a composed state without ``turn`` is refused (partitions took turns after 0.1.0's first cut).
+ROW_DEALT = ("partitions: this state was written when every step took batch_size / K rows of each partition "
+             "(feedline before partitions took turns); that is another stream: resume it with the feedline that "
+             "wrote it, or start this run from its beginning")
 MAX_DEPTH = 64            # real states nest about 7 levels deep
 MAX_NODES = 4_000_000     # values in one state (a 100k-record shuffle buffer holds ~400k)
 _MAX_INT = 2**63 - 1
@@ -93,7 +97,10 @@ def check_state(state: Any, spec_hash: str | tuple[str, ...], partitions: int | 
     if not _is_int(world_size) or world_size < 1:
         raise StateError(f"resume state: world_size must be a positive integer, got {world_size!r:.40}")
     _check_values(state["pipeline"])
-    return {"step": step, "pipeline": state["pipeline"]}
+    pipeline = state["pipeline"]
+    if isinstance(pipeline, Mapping) and "carry" in pipeline and "turn" not in pipeline:
+        raise StateError(ROW_DEALT)
+    return {"step": step, "pipeline": pipeline}
 
 
 def parse_state_json(text: str | bytes) -> Any:

@@ -165,11 +165,15 @@ class PackIterator(DatasetIterator[Batch]):
 
     def _read_window(self) -> None:
         size = self._window_size()
+        read = False
         while self.packer.pending < size:
             if not self._read(size - self.packer.pending):
                 self.exhausted = True
-                self.packer.flush()
+                if not read and not self.packer.pending and not self.packer.open_contents():
+                    return  # nothing added, nothing to flush: the rows and the state's window stay as they are
+                self.packer.flush()   # (a batcher restored after its end finds the end again: same states)
                 break
+            read = True
         else:
             self.packer.pack()
         self._keep()

@@ -1,26 +1,31 @@
-"""The composing stage: each global step built from K partitions, in a fixed order.
+"""The composing stage: the global stream built from K partitions taking turns.
 
-    partition 0: sources' share ─► mix ─► shuffle ─► task ─► batcher (q0 rows) ─┐
-    partition 1: ...                                                           ├─► Composed ─► GlobalStream
-    partition K-1: ...                                                         ─┘
+    partition 0: sources' share ─► mix ─► shuffle ─► task ─► batcher (batch_size rows) ─┐
+    partition 1: ...                                                                   ├─► Composed ─► GlobalStream
+    partition K-1: ...                                                                 ─┘
 
 Each partition is the whole pipeline over its share of the splits, seeded by ``(seed, partition)``,
-batching ``q_p`` rows: ``batch_size // K``, plus one for the first ``batch_size % K`` partitions
-(so 10 rows over 3 partitions are 4, 3 and 3). The global row stream is, round after round, one
-batch of each partition that has not ended, in partition order; global batches are cut from it
-every ``batch_size`` rows. While every partition delivers full batches a step is exactly one
-round (rows of partition 0 first); after a partition ends, the others fill its rows in the same
-order, and the last global batch may be short (the remainder rule applies, as without partitions).
+making whole batches of ``batch_size`` rows. The partitions take turns: the global row stream is
+partition 0's first batch, partition 1's first batch, ..., partition K-1's, then everyone's second,
+and so on, a partition that has ended losing its turns; global batches are cut from it every
+``batch_size`` rows. While every partition delivers full batches, step ``s`` is exactly partition
+``(s - 1) % K``'s batch, untouched: a partition does all the work of its steps (no step is glued
+from K slivers, whose per-batch costs would grow with K) and the first step waits for one
+partition, not for all. A partition's last batch may be short; the rows after it then straddle
+two partition batches, so only the global stream's very last batch is short (the remainder rule
+applies to it, as without partitions).
 
 State (the stage's own; under the global stream's ``pipeline``)::
 
     {"partitions": [<partition 0's batcher state, or null before its first batch>, ...],
      "ended": [false, ...],
+     "turn": <the partition asked next>,
      "carry": [[p, <p's state before a batch>, rows of it already used], ...]}
 
-``carry`` is empty while every partition is full; after an end it names the rows a round gave
-beyond the step, rebuilt on restore by re-running that one batch. A state of another ``K`` is
-refused. Where partitions run (threads, processes, Ray actors) is the :class:`Placement`'s
+``carry`` is empty while every batch is full; after a short one it names the rows taken beyond the
+step, rebuilt on restore by re-running that one batch. A state of another ``K`` is refused, and so
+is one without ``turn`` (written when a step took ``batch_size / K`` rows of every partition: another
+stream). Where partitions run (threads, processes, Ray actors) is the :class:`Placement`'s
 business and never changes a batch or a state.
 
 One partition (``partitions: 1``) placed in a process or an actor (``parallel: {placement:
@@ -31,9 +36,8 @@ A consumer that lays batches out itself (the service's producer, through
 :meth:`ComposedIterator.next_compact`) gets them compact: when its first request is for a compact
 batch and the factory can (``make.compacted()``), the partitions send their ``pack`` batches as
 :class:`~feedline._batching.compact.CompactBatch` (:class:`CompactBatches`: ~65 KB a step instead
-of ~270 KB through the workers' pipes, no layout in the workers nor rows joined laid out here) and
-the composing stage cuts and joins their rows' pieces. Laid out, they are the same rows; the
-states are the same.
+of ~270 KB through the workers' pipes, no layout in the workers) and the composing stage cuts
+and joins their rows' pieces where it must. Laid out, they are the same rows; the states are the same.
 """
 
 from __future__ import annotations
@@ -50,18 +54,10 @@ from feedline._core.deferred import materialize
 from feedline._partitions.placement import Make, Placement, placement_class
 from feedline._partitions.rows import join_rows, row_count, take_rows
 from feedline._spec import ParallelSpec
+from feedline._state import ROW_DEALT
 from feedline.errors import StateError
 
-__all__ = ["CompactBatches", "Composed", "ComposedIterator", "quotas"]
-
-
-def quotas(batch_size: int, k: int) -> list[int]:
-    """Rows of each partition's batches: ``batch_size`` dealt as evenly as possible, extras first.
-
-        >>> quotas(10, 3)
-        [4, 3, 3]
-    """
-    return [batch_size // k + (p < batch_size % k) for p in range(k)]
+__all__ = ["CompactBatches", "Composed", "ComposedIterator"]
 
 
 class Composed(Dataset[Batch]):
@@ -117,7 +113,7 @@ class ComposedIterator(DatasetIterator[Batch]):
     """Cursor over :class:`Composed` (see the module docstring for the rule and the state)."""
 
     NAME = "partitions"
-    STATE_KEYS = ("partitions", "ended", "carry")
+    STATE_KEYS = ("partitions", "ended", "turn", "carry")
 
     def __init__(self, ds: Composed) -> None:
         self.ds = ds
@@ -125,6 +121,7 @@ class ComposedIterator(DatasetIterator[Batch]):
         self._decided = False   # laid-out or compact partition batches: settled by the first request
         self.states: list[State | None] = [None] * ds.k  # each partition's state after its last batch taken
         self.ended = [False] * ds.k
+        self.turn = 0                       # the partition asked next
         self.carry: list[list[Any]] = []   # [p, state before the batch, rows used]
         self._carried: list[Batch | CompactBatch] = []    # those batches
         self._pads = _Pads(ds)
@@ -163,7 +160,12 @@ class ComposedIterator(DatasetIterator[Batch]):
             if not self.carry:
                 if all(self.ended):
                     break
-                self._round()
+                whole = self._take_turn(need - rows)
+                if whole is not None:
+                    if not parts:  # the usual step: one partition's full batch, as it came
+                        return whole
+                    parts.append(whole)
+                    rows = need
                 continue
             entry, batch = self.carry[0], self._carried[0]
             used, n = entry[2], row_count(batch)
@@ -178,9 +180,13 @@ class ComposedIterator(DatasetIterator[Batch]):
             raise StopIteration
         return join_rows(parts, self._pads)
 
-    def _round(self) -> None:
-        """One batch from every partition that has not ended, in partition order."""
-        for p in range(self.ds.k):
+    def _take_turn(self, need: int) -> Batch | CompactBatch | None:
+        """The next batch of the partitions in turn (those ended skipped): returned when it has
+        exactly the ``need`` rows the step still lacks, else carried (``None``)."""
+        k = self.ds.k
+        for _ in range(k):
+            p = self.turn
+            self.turn = (p + 1) % k
             if self.ended[p]:
                 continue
             got = self.runner.next(p)
@@ -188,10 +194,15 @@ class ComposedIterator(DatasetIterator[Batch]):
                 self.ended[p] = True
                 continue
             batch, state = got
-            if row_count(batch):
-                self.carry.append([p, self.states[p], 0])
+            before, self.states[p] = self.states[p], state
+            n = row_count(batch)
+            if n == need:
+                return batch
+            if n:
+                self.carry.append([p, before, 0])
                 self._carried.append(batch)
-            self.states[p] = state
+            return None
+        return None
 
     # ----------------------------------------------------------------- state
     def get_state(self) -> State:
@@ -203,7 +214,8 @@ class ComposedIterator(DatasetIterator[Batch]):
     def own_state(self) -> State:
         if self.ds.k == 1:  # one partition placed elsewhere: the pipeline's own state (see _start_state)
             return self.states[0] if self.states[0] is not None else self._start_state()
-        return {"partitions": list(self.states), "ended": list(self.ended), "carry": [list(c) for c in self.carry]}
+        return {"partitions": list(self.states), "ended": list(self.ended), "turn": self.turn,
+                "carry": [list(c) for c in self.carry]}
 
     def _start_state(self) -> State:
         """The pipeline's state before its first batch (one partition), as a plain loader's reads."""
@@ -223,11 +235,12 @@ class ComposedIterator(DatasetIterator[Batch]):
                              f"another number of partitions is another stream: resume with partitions: {n}")
         ended = [bool(e) for e in own["ended"]]
         carry = [[int(p), before, int(used)] for p, before, used in own["carry"]]
-        if len(ended) != k or any(not 0 <= c[0] < k for c in carry):
-            raise StateError(f"partitions: malformed state (ended {own['ended']!r:.60}, carry partitions "
+        turn = int(own["turn"])
+        if len(ended) != k or not 0 <= turn < k or any(not 0 <= c[0] < k for c in carry):
+            raise StateError(f"partitions: malformed state (ended {own['ended']!r:.60}, turn {turn}, carry partitions "
                              f"{[c[0] for c in carry]}) for partitions: {k}")
         self.runner.set_states([None if s is None else dict(s) for s in states])
-        self.states, self.ended = list(states), ended
+        self.states, self.ended, self.turn = list(states), ended, turn
         self.carry = carry
         self._carried = [self.runner.replay(p, before) for p, before, _ in carry]
 
@@ -236,6 +249,8 @@ class ComposedIterator(DatasetIterator[Batch]):
             self.runner.set_states([dict(state)])
             self.states, self.ended, self.carry, self._carried = [dict(state)], [False], [], []
             return
+        if "turn" not in state and "carry" in state:
+            raise StateError(ROW_DEALT)
         self.restore({k: state[k] for k in self.STATE_KEYS})
 
     def release(self) -> None:

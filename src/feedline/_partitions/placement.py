@@ -74,11 +74,12 @@ class ThreadPlacement(Placement):
         return Prefetch(lambda: iter(self.make(p)), self.options.prefetch, name=f"feedline-partition-{p}")
 
     def next(self, p: int) -> tuple[Part, State] | None:
-        if not self._started:  # the first ask (or after a restore): every partition starts now, not when
-            self._started = True  # its turn comes, so the first step waits for the slowest, not for the sum
-            for stage in self._stages:
+        got = next(self._stages[p], None)
+        if not self._started:  # the first ask (or after a restore) started the partition asked alone: the
+            self._started = True  # first step waits for it, not for K pipelines sharing the cores; the others
+            for stage in self._stages:  # start now, not when their turn comes
                 stage.start()
-        return next(self._stages[p], None)
+        return got
 
     def set_states(self, states: list[State | None]) -> None:
         self._started = False

@@ -78,7 +78,8 @@ class ProcessPlacement(Placement):
         self._local: list[Prefetch | None] = [None] * k
         self._lead = [0] * k   # batches handed out here since the state the worker was started from
         self._started = False  # the threads here started (at the first ask after a start or restore)
-        self._first = set(range(k))  # partitions yet to hand out their first batch (warm start: step 1)
+        self._first = set(range(k))  # partitions yet to hand out their first batch (warm start: step 1 is
+        # the first partition's; until it is out, only that one runs)
         self._gen = 0
         self.restarts = [0] * self.workers
         self._inbox: queue.Queue[tuple[WorkerProcess, Any]] = queue.Queue()  # every worker's messages
@@ -207,14 +208,26 @@ class ProcessPlacement(Placement):
             raise failed
         if self._make_bytes is None:
             self._make_bytes = pickled(self.make)  # a spec that cannot go raises here, before anything starts
-        if not self._started and self.options.warm_start:  # every partition here starts now, not when its turn comes
-            self._started = True
-            for q in range(self.k):
-                if self._mode[q] != _WORKER and not self._ended[q]:
-                    self._local_stage(q).start()
-        if not self.options.warm_start or not self._first:  # warm: the workers start once step 1 is out
-            for v in range(self.workers):  # (on few cores, starting them sooner slows the threads giving it)
+        if not self.options.warm_start:
+            for v in range(self.workers):
                 self._worker(v)
+        got = self._next(p)
+        if not self._started and self.options.warm_start and len(self._first) < self.k:
+            self._start_rest()
+        return got
+
+    def _start_rest(self) -> None:
+        """Warm start, once step 1 is out (the partition asked first ran here alone: on few cores, K
+        pipelines and K processes starting would slow it): every other partition here and the
+        workers, so none waits for its turn to start."""
+        self._started = True
+        for q in range(self.k):
+            if self._mode[q] != _WORKER and not self._ended[q]:
+                self._local_stage(q).start()
+        for v in range(self.workers):
+            self._worker(v)
+
+    def _next(self, p: int) -> tuple[Part, State] | None:
         self._drain()  # hears "ready"s, batches, deaths
         w = self.owner(p)
         while True:

@@ -103,8 +103,8 @@ class Spec:
             paths are read from; default: the spec file's folder, or the working directory for a
             mapping. Not hashed: a state resumes with the corpus moved when ``root`` names the new place.
         engine: where per-record work runs: ``local`` threads or ``{kind: ray, address, num_cpus}``.
-        partitions: independent pipelines (K) that the splits are dealt to, each batching its
-            share of every step's rows; changes the stream like the seed (1: one pipeline).
+        partitions: independent pipelines (K) that the splits are dealt to, taking turns to
+            make whole steps; changes the stream like the seed (1: one pipeline).
         parallel: where the partitions run: ``{placement: auto | threads | processes | ray,
             processes, address, num_cpus, prefetch, warm_start}`` or the placement alone; never changes a batch.
         workers: task threads (``0``: chosen from the cores).
@@ -151,9 +151,6 @@ class Spec:
             raise SpecError(f"reject_limit: {self.reject_limit} must be >= 0 (0 turns the check off)")
         if not isinstance(self.partitions, int) or isinstance(self.partitions, bool) or self.partitions < 1:
             raise SpecError(f"partitions: {self.partitions!r} must be a positive integer (1 = one pipeline)")
-        if self.partitions > self.batching.batch_size:
-            raise SpecError(f"partitions: {self.partitions} exceeds batching.batch_size {self.batching.batch_size}; "
-                            "each partition gives at least one row of every step: lower partitions or raise batch_size")
 
     # ------------------------------------------------------------------ loading
     @classmethod
