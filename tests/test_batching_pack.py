@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -141,6 +142,19 @@ def test_pack_resumes_exactly_with_open_bins(texts: dict[str, str]) -> None:
     assert any(st["pipeline"]["ready"] for st in states), "and with rows waiting for a later batch"
     assert len(json.dumps(states[-1])) < 20_000
     assert assert_resumes_exactly(s, every=3, limit=12) >= 4
+
+
+def test_pack_restored_in_its_last_window_gives_the_states_of_the_run_it_resumes(texts: dict[str, str]) -> None:
+    """A batcher restored after its last read (its window flushed, rows still to deliver) finds the
+    end again without rebuilding its window: the states after its last batches are those of the
+    run that was not restored (partitions compare them when a partition's tail is resumed)."""
+    from feedline.testing import assert_stage_resumes
+
+    lines = Path(texts["c4"]).read_text(encoding="utf-8").splitlines(keepends=True)[:30]
+    small = str(Path(texts["c4"]).with_name("c4_small.jsonl"))
+    Path(small).write_text("".join(lines), encoding="utf-8")
+    stage = Pipeline(spec(small, window=64, batch_size=3)).batches()
+    assert assert_stage_resumes(stage, every=1, check=4) >= 8
 
 
 def test_concat_chunks_the_document_stream_in_order(texts: dict[str, str]) -> None:

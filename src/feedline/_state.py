@@ -98,7 +98,7 @@ def check_state(state: Any, spec_hash: str | tuple[str, ...], partitions: int | 
         raise StateError(f"resume state: world_size must be a positive integer, got {world_size!r:.40}")
     _check_values(state["pipeline"])
     pipeline = state["pipeline"]
-    if isinstance(pipeline, Mapping) and "carry" in pipeline and "turn" not in pipeline:
+    if isinstance(pipeline, Mapping) and {"partitions", "ended", "carry"} <= pipeline.keys() and "turn" not in pipeline:
         raise StateError(ROW_DEALT)
     return {"step": step, "pipeline": pipeline}
 

@@ -249,7 +249,7 @@ class ComposedIterator(DatasetIterator[Batch]):
             self.runner.set_states([dict(state)])
             self.states, self.ended, self.carry, self._carried = [dict(state)], [False], [], []
             return
-        if "turn" not in state and "carry" in state:
+        if "turn" not in state and {"partitions", "ended", "carry"} <= state.keys():
             raise StateError(ROW_DEALT)
         self.restore({k: state[k] for k in self.STATE_KEYS})
 

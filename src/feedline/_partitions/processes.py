@@ -12,9 +12,9 @@ the worker, so memory is bounded.
 
 **Warm start.** A worker needs a while before its first batch (a process, its imports, the
 tokenizer): until it says it is ready, its partitions run here, on threads (as ``threads`` runs
-them), so the first steps never wait for a process. The workers are started once every partition
-has handed out its first batch (step 1 is out): started sooner, on few cores, they would slow
-the threads that give it. When a worker is ready it is started from
+them), so the first steps never wait for a process. Until step 1 is out only the partition asked
+first runs; then the other partitions start here and the workers start: started sooner, on few
+cores, they would slow the thread that gives it. When a worker is ready it is started from
 each partition's state after the last batch handed out, while the thread goes on; the batches the
 thread handed out meanwhile are dropped from the worker's stream when they arrive (the same
 batches: a partition is one deterministic stream wherever it runs), and at the worker's first
