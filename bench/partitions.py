@@ -5,6 +5,7 @@
     .venv/bin/python bench/partitions.py --first --k 1,2,4,8,14          # first-batch times
     .venv/bin/python bench/partitions.py --breakdown --k 14              # where a worker's start goes
     .venv/bin/python bench/partitions.py --transport                     # a batch's cost on the pipe
+    .venv/bin/python bench/partitions.py --one-core --k 1,14             # a partition's rate on one core
 
 Rates: for each workload (``bench/contenders.py``: packed GPT-2 rows of 1024 on short records,
 padded BERT rows of 128 on documents), each K runs an endless stream for ``--warmup`` seconds after
@@ -23,8 +24,14 @@ listing and dealing its partitions' splits, and the first batch of each of its p
 
 ``--transport``: a real batch (pack 1024 x 16 rows, mlm 128 x 128 rows) with its state, pickled
 and sent over a ``multiprocessing`` pipe from another process, per batch: the sender's pickling,
-the wall time and the receiver's CPU time. The curve over K and placements, against the raw
-encoder, is ``bench/scaling.py``'s.
+the wall time and the receiver's CPU time.
+
+``--one-core``: what one partition of K delivers on one core, the way a worker on a node with a
+core per partition runs it (pinned to one CPU, the tokenizer's pool one thread): partition 0's
+stream (K = 1: the plain pipeline), each batch's state materialized and the pair pickled, tokens
+counted for ``--seconds`` after ``--warmup``. K partitions on K free cores give at most K times
+that, if the composing process keeps up (its CPU per step: ``bench/scaling.py``). The curve over
+K and placements, against the raw encoder, is ``bench/scaling.py``'s.
 """
 
 from __future__ import annotations
@@ -251,6 +258,65 @@ def transport(args: argparse.Namespace) -> None:
               f"{per_batch * 1e3:.1f} ms: receiving is {cpu / per_batch:.1%} of it", flush=True)
 
 
+# ------------------------------------------------------------------------------- --one-core
+def one_core_child(name: str, k: int, cpu: str) -> dict[str, float]:
+    from feedline import Spec
+    from feedline._core.deferred import materialize
+    from feedline._pipeline import Pipeline
+
+    os.sched_setaffinity(0, {int(cpu)})
+    spec = Spec.load(with_k(base_spec(name), k, "threads"))
+    it = iter(Pipeline(spec, partition=0 if k > 1 else None).batches())
+    t0 = time.perf_counter()
+    batch = next(it)
+    first = time.perf_counter() - t0
+    start = time.perf_counter() + float(os.environ["FEEDLINE_BENCH_WARMUP"])
+    while time.perf_counter() < start:
+        next(it)
+    window = float(os.environ["FEEDLINE_BENCH_SECONDS"])
+    tokens = batches = rows = 0
+    state_s = pickle_s = 0.0
+    t1 = time.perf_counter()
+    while time.perf_counter() - t1 < window:
+        batch = next(it)
+        t = time.perf_counter()
+        state = materialize(it.snapshot())
+        t2 = time.perf_counter()
+        pickle.dumps((batch, state), protocol=pickle.HIGHEST_PROTOCOL)
+        state_s, pickle_s = state_s + t2 - t, pickle_s + time.perf_counter() - t2
+        tokens += int(np.asarray(batch["attention_mask"]).sum())
+        rows += len(batch["attention_mask"])
+        batches += 1
+    wall = time.perf_counter() - t1
+    it.close()
+    return {"tok_s": tokens / wall, "ms_per_batch": wall / batches * 1e3, "rows_per_batch": rows / batches,
+            "state_ms": state_s / batches * 1e3, "pickle_ms": pickle_s / batches * 1e3, "first_s": first}
+
+
+def one_core(args: argparse.Namespace, ks: list[int]) -> None:
+    os.environ.update(RAYON_NUM_THREADS="1", FEEDLINE_BENCH_WARMUP=str(args.warmup), FEEDLINE_BENCH_SECONDS=str(args.seconds))
+    cpu = str(max(os.sched_getaffinity(0)))
+    for name in args.workloads.split(","):
+        base_spec(name)  # corpora written before any clock starts
+        runs: dict[int, list[dict[str, float]]] = {k: [] for k in ks}
+        for _ in range(args.rounds):
+            for k in ks:
+                got = in_fresh_process("one-core", name, str(k), cpu)
+                if got is not None:
+                    runs[k].append(got)
+        one = statistics.median(r["tok_s"] for r in runs[ks[0]]) if runs[ks[0]] else float("nan")
+        for k in ks:
+            if not runs[k]:
+                continue
+            med = {key: statistics.median(r[key] for r in runs[k]) for key in runs[k][0]}
+            each = ", ".join(f"{r['tok_s'] / 1e6:.2f}" for r in runs[k])
+            print(f"{name:16s} K={k:<3d} one partition on one core: {med['tok_s'] / 1e6:6.2f} M tok/s "
+                  f"({each}), x{med['tok_s'] / one:.2f} of K={ks[0]}; "
+                  f"{med['rows_per_batch']:.1f} rows, {med['ms_per_batch']:.2f} ms a batch (its state "
+                  f"{med['state_ms']:.2f} ms, pickling {med['pickle_ms']:.2f} ms); first batch {med['first_s']:.2f} s",
+                  flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default="clm-1024-short,mlm-128")
@@ -263,11 +329,13 @@ def main() -> None:
     ap.add_argument("--first", action="store_true", help="first-batch times, each in a fresh process")
     ap.add_argument("--breakdown", action="store_true", help="a worker's start, phase by phase (spawn, forkserver)")
     ap.add_argument("--transport", action="store_true", help="a batch's cost on a multiprocessing pipe")
+    ap.add_argument("--one-core", action="store_true", help="one partition's rate on one pinned core")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         kind, name, k, extra = args.child
-        out = first_child(name, int(k), extra) if kind == "first" else breakdown_child(name, int(k), extra)
+        child = {"first": first_child, "one-core": one_core_child}.get(kind, breakdown_child)
+        out = child(name, int(k), extra)
         print(json.dumps(out))
         return
     require_data()
@@ -280,6 +348,8 @@ def main() -> None:
         breakdowns(args, ks)
     elif args.transport:
         transport(args)
+    elif args.one_core:
+        one_core(args, ks)
     else:
         rates(args, ks)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")

@@ -224,6 +224,25 @@ def test_workers_run_the_parents_feedline_not_another_on_the_default_path(corpus
     assert len(pids) >= 3, f"the workers imported another feedline: only {len(pids)} process(es) imported the copy"
 
 
+def test_a_script_without_a_main_guard_fails_at_once_naming_the_fix(corpus: str, small_tokenizer: str,
+                                                                    tmp_path: Path) -> None:
+    """Each worker runs the script's top level again: it must not start workers of its own (a
+    process tree growing level by level) and the parent must not go on restarting it."""
+    script = tmp_path / "train.py"
+    s = spec(corpus, small_tokenizer, 2, "processes", epochs=None, parallel={"placement": "processes"})
+    script.write_text(f"import time, feedline\nloader = feedline.Loader({s!r})\nt = time.monotonic()\n"
+                      "while time.monotonic() - t < 90:\n    next(loader)\nprint('finished')\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    t = time.monotonic()
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, env=env)
+    assert out.returncode == 1 and "finished" not in out.stdout
+    last = out.stderr.strip().splitlines()[-1]
+    assert "failed to start" in last and "if __name__ == '__main__':" in last, last
+    assert "asked to start workers of its own" in out.stderr   # what each worker said, on stderr
+    assert out.stderr.count("Traceback") <= 4, out.stderr[-3000:]   # the parent's and one per worker start
+    assert time.monotonic() - t < 60
+
+
 @pytest.mark.parametrize("warm", [False, True])
 def test_one_partition_in_a_worker_process_is_the_plain_loader_bit_for_bit(corpus: str, small_tokenizer: str,
                                                                           warm: bool) -> None:

@@ -30,14 +30,25 @@ from multiprocessing.context import BaseContext
 from typing import Any
 
 from feedline._partitions.worker import run_worker
-from feedline.errors import SpecError
+from feedline.errors import FeedlineError, SpecError
 
-__all__ = ["DEAD", "PRELOAD", "WorkerProcess", "context", "pickled"]
+__all__ = ["DEAD", "MAIN_GUARD", "PRELOAD", "WorkerProcess", "context", "importing_main", "pickled"]
 
 DEAD = "dead"
 #: Modules the fork server imports before it forks workers, those of them this process has imported.
 PRELOAD = ("numpy", "pyarrow", "pyarrow.parquet", "tokenizers", "fastokens", "zstandard", "orjson", "msgpack",
            "yaml", "sentencepiece")
+
+
+#: What a script that starts a processes Loader at import time must do.
+MAIN_GUARD = ("worker processes import the script's main module: a script that makes and iterates its Loader at "
+              "import time needs `if __name__ == '__main__':` around that code (or parallel: threads)")
+
+
+def importing_main() -> bool:
+    """Whether this process is a worker still importing its parent's main module
+    (``multiprocessing``'s bootstrap: a Loader made at import time, without a main guard)."""
+    return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
 
 
 def context() -> BaseContext:
@@ -65,6 +76,8 @@ class WorkerProcess:
 
     def __init__(self, ctx: BaseContext, index: int, make: bytes, owned: list[int], prefetch: int, threads: int,
                  inbox: queue.Queue[tuple[WorkerProcess, Any]]) -> None:
+        if importing_main():  # a worker running the script's top level: stop here, not one level deeper
+            raise FeedlineError(f"a feedline worker process was asked to start workers of its own: {MAIN_GUARD}")
         self.owned = owned
         self.ready = False  # set by the placement when the worker says it is ("ready",)
         self.conn, child = ctx.Pipe(duplex=True)

@@ -24,6 +24,9 @@ ready.
 The parent keeps each partition's state after the last batch it handed out. A worker that dies
 (killed, out of memory) is restarted from those states, so the stream goes on exactly; after
 :data:`MAX_RESTARTS` deaths of one worker the stream fails with a :class:`FeedlineError` naming it.
+A worker that exits with an error before it is ready (its start failed: almost always a script
+that makes its Loader at import time, which each worker runs again) fails the stream at once,
+naming the fix; a worker running a script's top level refuses to start workers of its own.
 An error raised by a partition's pipeline (a bad spec, a missing file) is raised here as it was.
 Workers exit when the parent dies, even by SIGKILL, and ignore Ctrl-C (the parent stops them).
 """
@@ -39,7 +42,7 @@ from feedline._core.cores import usable_cores
 from feedline._core.dataset import State
 from feedline._core.deferred import materialize
 from feedline._core.prefetch import Prefetch
-from feedline._partitions.launch import DEAD, WorkerProcess, context, pickled
+from feedline._partitions.launch import DEAD, MAIN_GUARD, WorkerProcess, context, pickled
 from feedline._partitions.placement import Make, Part, Placement
 from feedline._spec import ParallelSpec
 from feedline.errors import FeedlineError
@@ -170,6 +173,9 @@ class ProcessPlacement(Placement):
         worker.stop()
         code = worker.exitcode
         self._pool[w] = None
+        if not worker.ready and code is not None and code > 0:  # an error before its first word, not a kill:
+            raise FeedlineError(f"the worker process of partitions {worker.owned} failed to start (exit code {code}; "
+                                f"its traceback is on stderr above). Usually: {MAIN_GUARD}")  # the same each time
         self.restarts[w] += 1
         if self.restarts[w] > MAX_RESTARTS:
             raise FeedlineError(
