@@ -12,7 +12,9 @@ pad 64 rows, Wikipedia articles) and ``parquet`` (pre-tokenized GPT-2 ids in Par
 1024 x 16). Every setting runs in a fresh process: it builds the loader, takes the first batch
 (``first batch s``, from the loader's construction), then counts real tokens (``attention_mask``)
 for ``--seconds`` (from ``--warmup`` seconds after the first batch; 0, the default, measures the first
-window, where a stall shows). ``raw`` is ``tokenizers``' ``encode_batch_fast`` on the workload's texts (in
+window, where a stall shows), and the CPU that process spent per step in that window (all its
+threads; with partitions in worker processes, the composing process alone: the cap it sets is
+about 1000 / that many steps a second). ``raw`` is ``tokenizers``' ``encode_batch_fast`` on the workload's texts (in
 memory, calls of ~1 MiB from one thread, Rayon on every core), run in the same rounds: each rate is
 also shown as a ratio to it, and to ``workers: 1``. Rounds interleave the settings, so load from
 other work hits all of them alike; the table shows medians.
@@ -210,7 +212,7 @@ def child(setting: dict[str, Any], mb: float, seconds: float, warmup: float) -> 
     if setting["kind"] == "raw":
         return measure_raw(setting["workload"], mb, seconds)
     spec = spec_for(setting["workload"], mb, setting["workers"], setting.get("partitions", 1), setting.get("placement"))
-    return measure_loader(spec, seconds, warmup)
+    return measure_loader(spec, seconds, warmup, cpu=time.process_time)  # this process's CPU: with workers, the composer's
 
 
 def settings_for(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -263,8 +265,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     for s, rs in zip(settings, runs, strict=True):
         rate = statistics.median(r["tokens_per_s"] for r in rs) if rs else float("nan")
         firsts = [r["first_batch_s"] for r in rs if r["first_batch_s"] is not None]
+        cpus = [r["cpu_ms_per_step"] for r in rs if r.get("cpu_ms_per_step") is not None]
         rows.append({"workload": s["workload"], "setting": label(s), **s, "tokens_per_s": rate,
                      "first_batch_s": statistics.median(firsts) if firsts else None,
+                     "cpu_ms_per_step": statistics.median(cpus) if cpus else None,
                      "runs": [round(r["tokens_per_s"]) for r in rs]})
     for r in rows:
         same = [x for x in rows if x["workload"] == r["workload"]]
@@ -278,7 +282,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 def print_rows(rows: list[dict[str, Any]]) -> None:
     print(table(rows, [("workload", "workload", ""), ("setting", "setting", ""), ("tokens_per_s", "median tok/s", ",.0f"),
                        ("vs_raw", "/ raw", ".2f"), ("vs_workers_1", "/ workers=1", ".2f"),
-                       ("first_batch_s", "first batch s", ".2f"), ("runs", "each run", "")]))
+                       ("first_batch_s", "first batch s", ".2f"), ("cpu_ms_per_step", "this process's CPU ms/step", ".2f"),
+                       ("runs", "each run", "")]))
 
 
 def main(argv: list[str] | None = None) -> int:
