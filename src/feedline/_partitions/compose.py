@@ -79,10 +79,10 @@ class Composed(Dataset[Batch]):
 
 
 class _Pads(Mapping[str, Any]):
-    """A composed stream's pad values, resolved when first read: joining rows of equal shapes
-    (packed rows) never reads them, so the first step never waits for this process to load the
-    tokenizer and build the task; where they are read, a thread has been resolving them since the
-    first ask (:meth:`warm`)."""
+    """A composed stream's pad values, resolved when first read: only steps that join rows of
+    different lengths read them (in the tail, after a partition's short last batch), so no step
+    waits for this process to load the tokenizer and build the task; a thread resolves them once
+    step 1 is out (:meth:`warm`; sooner, it would compete with the partition making step 1)."""
 
     def __init__(self, ds: Composed) -> None:
         self.ds = ds
@@ -144,15 +144,17 @@ class ComposedIterator(DatasetIterator[Batch]):
     def __next__(self) -> Batch:
         self._settle(False)
         batch = self._compose()
+        self._pads.warm()
         return batch.expand() if isinstance(batch, CompactBatch) else batch
 
     def next_compact(self) -> Batch | CompactBatch:
         """:meth:`__next__`, compact where the partitions' batcher can (see the module docstring)."""
         self._settle(True)
-        return self._compose()
+        batch = self._compose()
+        self._pads.warm()
+        return batch
 
     def _compose(self) -> Batch | CompactBatch:
-        self._pads.warm()
         need = self.ds.batch_size
         parts: list[Batch | CompactBatch] = []
         rows = 0

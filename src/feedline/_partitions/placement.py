@@ -68,21 +68,22 @@ class ThreadPlacement(Placement):
     def __init__(self, make: Make, k: int, options: ParallelSpec) -> None:
         super().__init__(make, k, options)
         self._stages = [self._stage(p) for p in range(k)]
-        self._started = False
+        self._started = False   # every partition started
+        self._out = False       # step 1 (or the first step after a restore) handed out
 
     def _stage(self, p: int) -> Prefetch:
         return Prefetch(lambda: iter(self.make(p)), self.options.prefetch, name=f"feedline-partition-{p}")
 
     def next(self, p: int) -> tuple[Part, State] | None:
-        got = next(self._stages[p], None)
-        if not self._started:  # the first ask (or after a restore) started the partition asked alone: the
-            self._started = True  # first step waits for it, not for K pipelines sharing the cores; the others
-            for stage in self._stages:  # start now, not when their turn comes
-                stage.start()
-        return got
+        if self._out and not self._started:  # the first ask (or the first after a restore) started the
+            self._started = True  # partition asked alone: step 1 waited for it, not for K pipelines built
+            for stage in self._stages:  # and sharing the cores; at the next ask the others start, not
+                stage.start()  # when their turn comes
+        self._out = True
+        return next(self._stages[p], None)
 
     def set_states(self, states: list[State | None]) -> None:
-        self._started = False
+        self._started = self._out = False
         for p, (stage, state) in enumerate(zip(self._stages, states, strict=True)):
             if state is None:
                 stage.close()

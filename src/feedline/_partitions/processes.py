@@ -217,15 +217,15 @@ class ProcessPlacement(Placement):
         if not self.options.warm_start:
             for v in range(self.workers):
                 self._worker(v)
-        got = self._next(p)
-        if not self._started and self.options.warm_start and len(self._first) < self.k:
+        elif not self._started and len(self._first) < self.k:
             self._start_rest()
-        return got
+        return self._next(p)
 
     def _start_rest(self) -> None:
-        """Warm start, once step 1 is out (the partition asked first ran here alone: on few cores, K
-        pipelines and K processes starting would slow it): every other partition here and the
-        workers, so none waits for its turn to start."""
+        """Warm start, at the first ask after step 1 is out (the partition asked first ran here
+        alone, and its batch went to the consumer without waiting for K - 1 pipelines to be built:
+        on few cores, they and K processes starting would slow it): every other partition here and
+        the workers, so none waits for its turn to start."""
         self._started = True
         for q in range(self.k):
             if self._mode[q] != _WORKER and not self._ended[q]:
