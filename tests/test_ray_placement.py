@@ -82,3 +82,18 @@ def test_a_lost_node_is_recovered_exactly(cluster: Any, corpus: str, small_token
     assert sum(placement.restarts) >= 1
     assert_batches_equal(want, got, "after a lost node")
 
+
+
+def test_one_partition_on_ray_is_the_plain_loader_bit_for_bit(cluster: Any, corpus: str, small_tokenizer: str) -> None:
+    """``partitions: 1`` with ``placement: ray`` runs the one pipeline in an actor: the plain
+    loader's batches and states, and either resumes the other's state."""
+    on_ray = spec(corpus, small_tokenizer, "ray", partitions=1)
+    plain = {k: v for k, v in on_ray.items() if k not in ("partitions", "parallel")}
+    want, states = collect(Loader(plain), with_states=True)
+    loader = Loader(on_ray)
+    got, got_states = collect(loader, with_states=True)
+    assert len(want) > 8 and type(placement_of(loader)).__name__ == "RayPlacement"
+    assert_batches_equal(want, got, "K = 1: plain vs ray")
+    assert states == got_states
+    assert_batches_equal(want[4:], collect(Loader(on_ray, state=states[3])), "ray resumed from a plain state")
+    assert_batches_equal(want[4:], collect(Loader(plain, state=got_states[3])), "plain resumed from a ray state")
