@@ -147,3 +147,23 @@ def test_a_bom_files_first_record_starts_after_the_bom(tmp_path: Path, plain: bo
         [(3, 3 + len(first), 1, {"text": "first record"})]
     # a state saved when the first record of a BOM file was at byte 0 still resumes
     assert reader.fetch(str(path), [0, 3 + len(first)]) == {0: {"text": "first record"}, 3 + len(first): {"text": "second"}}
+
+
+@pytest.mark.parametrize("bom", [False, True])
+def test_fetch_reads_every_record_at_its_position_from_one_open_file(tmp_path: Path, bom: bool) -> None:
+    """A restore fetches thousands of records by position: one open file, a seek per record, the
+    records a streaming read gives (CRLF, non-ASCII, a line over max_record_bytes around them); a
+    position where no record starts is a SourceError naming the file and byte."""
+    import random
+
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes((BOM if bom else b"") + b"".join(_lines(tmp_path)))
+    reader = JsonlReader(SourceSpec(path=str(path), max_record_bytes=50_000))
+    whole = Split(0, str(path), size=path.stat().st_size)
+    records = {p: rec for p, _n, _ln, rec in reader._read_lines(whole, 0, 0) if isinstance(rec, dict)}
+    assert len(records) > 3700 and any(r["text"] == "crlf line" for r in records.values())
+    wanted = [min(records), *random.Random(0).sample(sorted(records)[1:], 1500)]  # the first: after a BOM
+    assert reader.fetch(str(path), wanted) == {p: records[p] for p in wanted}
+    inside = min(records) + 2
+    with pytest.raises(SourceError, match=f"no record at byte {inside}; the file changed"):
+        reader.fetch(str(path), [min(records), inside])

@@ -30,6 +30,7 @@ from feedline._sources.linestream import (
     is_broken,
     iter_lines,
     line_size,
+    lines_from,
     open_decoded,
 )
 from feedline._sources.linestream import is_utf16 as _is_utf16
@@ -220,22 +221,35 @@ class LineReader(Reader):
             lines.close()
 
     def fetch(self, path: str, positions: Sequence[int]) -> dict[int, dict[str, Any]]:
-        """Seek to each position of a plain local file; one forward pass otherwise."""
+        """Seek one open plain local file to each position (a restore fetches thousands of short
+        records: opening the file for each was most of it); one forward pass otherwise."""
         if codec_of(path) is not None or is_url(path) or _is_utf16(path):
             return super().fetch(path, positions)
         found: dict[int, dict[str, Any]] = {}
-        for p in sorted(set(positions)):
-            items = self._read_lines(Split(-1, path, 0, None), p, 0)  # one line, not a block
-            try:
-                item = next(items, None)
-            finally:
-                items.close()  # type: ignore[attr-defined]
-            if item is not None and p == 0 and item[0] == len(BOM):
-                item = (0, *item[1:])  # a state saved before records of BOM files started after the BOM
-            if item is None or item[0] != p or isinstance(item[3], Rejection):
-                raise SourceError(f"{path}: no record at byte {p}; the file changed since the state was saved")
-            found[p] = item[3]
+        f, _ = open_decoded(path)
+        with f:
+            for p in sorted(set(positions)):
+                f.seek(p)
+                items = self.records(lines_from(f, p, self.max_bytes), path, 0, True, None)  # one record
+                try:
+                    item = next(items, None)
+                except Exception as e:
+                    if not is_broken(e):
+                        raise
+                    item = None
+                finally:
+                    items.close()  # type: ignore[attr-defined]
+                found[p] = self._fetched(path, p, item)
         return found
+
+    @staticmethod
+    def _fetched(path: str, p: int, item: Item | None) -> dict[str, Any]:
+        """The record of the item read at byte ``p``, or the :class:`SourceError` saying the file changed."""
+        if item is not None and p == 0 and item[0] == len(BOM):
+            item = (0, *item[1:])  # a state saved before records of BOM files started after the BOM
+        if item is None or item[0] != p or isinstance(item[3], Rejection):
+            raise SourceError(f"{path}: no record at byte {p}; the file changed since the state was saved")
+        return item[3]  # type: ignore[no-any-return]
 
 
 #: Bytes read at a time by the plain-file path (from ``_FIRST_BLOCK``, doubling); lines longer than

@@ -18,7 +18,7 @@ from typing import IO
 from feedline._sources.files import DecodingStream, codec_of, is_url, open_binary
 from feedline._sources.remote import ResumingStream, url_head
 
-__all__ = ["BOM", "Oversized", "is_broken", "is_utf16", "iter_lines", "line_size", "open_decoded"]
+__all__ = ["BOM", "Oversized", "is_broken", "is_utf16", "iter_lines", "line_size", "lines_from", "open_decoded"]
 
 BOM = codecs.BOM_UTF8
 _UTF16 = {codecs.BOM_UTF16_LE: "utf-16-le", codecs.BOM_UTF16_BE: "utf-16-be"}
@@ -133,12 +133,18 @@ def iter_lines(path: str, position: int = 0, *, align: bool = False,
                 _skip(f, pos)
         if align and position > 0:
             pos += line_size(next(_bounded(f, 1 << 20), b""))
-        for raw in (f if max_bytes is None else _bounded(f, max_bytes)):
-            start = pos
-            pos += line_size(raw)
-            if start == 0 and raw.startswith(BOM) and not isinstance(raw, Oversized):
-                raw, start = raw[len(BOM):], len(BOM)  # the record starts after the BOM
-            yield start, raw
+        yield from lines_from(f, pos, max_bytes)
+
+
+def lines_from(f: IO[bytes], pos: int, max_bytes: int | None = None) -> Iterator[tuple[int, bytes]]:
+    """Yield ``(position, raw_line)`` of an open stream standing at byte ``pos`` (a line start):
+    :func:`iter_lines` without opening, for a reader that seeks one open file to many lines."""
+    for raw in (f if max_bytes is None else _bounded(f, max_bytes)):
+        start = pos
+        pos += line_size(raw)
+        if start == 0 and raw.startswith(BOM) and not isinstance(raw, Oversized):
+            raw, start = raw[len(BOM):], len(BOM)  # the record starts after the BOM
+        yield start, raw
 
 
 def is_utf16(path: str) -> bool:
