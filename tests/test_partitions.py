@@ -269,3 +269,29 @@ def test_stats_sum_the_partitions_mixtures(tmp_path: Path, small_tokenizer: str)
             p = p["parent"]
         counts = [c + d for c, d in zip(counts, p["counts"], strict=True)]
     assert counts[1] > 0 and stats["mixture"] == [round(c / sum(counts), 4) for c in counts]
+
+
+@pytest.mark.parametrize("placement", ["threads", "processes"])
+def test_a_partition_with_nothing_to_read_ends_and_an_empty_stream_is_an_error(tmp_path: Path, small_tokenizer: str,
+                                                                               placement: str) -> None:
+    """Three short lines over three partitions: a share may hold no line start (or only a bad line);
+    that partition just ends and the others deliver every record (it once failed the stream with
+    'no record'). With nothing anywhere, the composing stage says so, naming every partition."""
+    from feedline import SourceError
+
+    small = tmp_path / "small.jsonl"
+    small.write_text('{"text": "one short line of text"}\n{"text": "two"}\n{not json}\n{"text": "four words here now"}\n')
+    s = {**spec(str(small), small_tokenizer, 3, epochs=1, batching={"strategy": "pad", "batch_size": 2, "remainder": "keep"}),
+         "parallel": {"placement": placement, "warm_start": False}}
+    got = collect(Loader(s))
+    assert sum(len(b["input_ids"]) for b in got) == 3
+    plain = collect(Loader({k: v for k, v in s.items() if k not in ("partitions", "parallel")}))
+    assert sorted(r[r != 0].tolist() for b in got for r in b["input_ids"]) == \
+        sorted(r[r != 0].tolist() for b in plain for r in b["input_ids"])
+    # a share holding one bad line only (the first half of the file), the other a good line
+    small.write_text("{not json " + "x" * 90 + "}\n" + '{"text": "a good line"}\n')
+    assert sum(len(b["input_ids"]) for b in collect(Loader({**s, "partitions": 2}))) == 1
+    for body in ("", "{not json}\n"):
+        small.write_text(body)
+        with pytest.raises(SourceError, match="delivered no record to any of its 3 partitions.*check the path and format"):
+            collect(Loader(s))

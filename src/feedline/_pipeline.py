@@ -163,6 +163,7 @@ class Pipeline:
                                     f"task {self.spec.task.kind!r} needs text: use task: clm, or a text source")
         mapped = engine(self.spec.engine.kind)(self)
         mapped.locate = self.mixture.locate
+        mapped.share = self.partition is not None and self.spec.partitions > 1
         return self.task.stream(mapped)
 
     def batches(self) -> Batcher | Composed:

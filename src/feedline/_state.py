@@ -34,7 +34,7 @@ from feedline._core.report import FILTERED, sum_rejected
 from feedline.errors import StateError
 
 __all__ = ["MAX_DEPTH", "MAX_NODES", "ROW_DEALT", "STATE_VERSION", "check_state", "epochs_in", "filtered_in", "find_rejected", "make_state",
-           "mixture_shares", "parse_state_json", "partitions_in", "state_json"]
+           "mixture_shares", "parse_state_json", "partitions_in", "refuse_row_dealt", "state_json"]
 
 STATE_VERSION = 1
 #: Why a composed state without ``turn`` is refused (partitions took turns after 0.1.0's first cut).
@@ -97,10 +97,14 @@ def check_state(state: Any, spec_hash: str | tuple[str, ...], partitions: int | 
     if not _is_int(world_size) or world_size < 1:
         raise StateError(f"resume state: world_size must be a positive integer, got {world_size!r:.40}")
     _check_values(state["pipeline"])
-    pipeline = state["pipeline"]
+    refuse_row_dealt(state["pipeline"])
+    return {"step": step, "pipeline": state["pipeline"]}
+
+
+def refuse_row_dealt(pipeline: Any) -> None:
+    """Raise :data:`ROW_DEALT` for a composed state of the row-dealing partitions (no ``turn``)."""
     if isinstance(pipeline, Mapping) and {"partitions", "ended", "carry"} <= pipeline.keys() and "turn" not in pipeline:
         raise StateError(ROW_DEALT)
-    return {"step": step, "pipeline": pipeline}
 
 
 def parse_state_json(text: str | bytes) -> Any:

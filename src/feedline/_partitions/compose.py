@@ -54,8 +54,8 @@ from feedline._core.deferred import materialize
 from feedline._partitions.placement import Make, Placement, placement_class
 from feedline._partitions.rows import join_rows, row_count, take_rows
 from feedline._spec import ParallelSpec
-from feedline._state import ROW_DEALT
-from feedline.errors import StateError
+from feedline._state import refuse_row_dealt
+from feedline.errors import SourceError, StateError
 
 __all__ = ["CompactBatches", "Composed", "ComposedIterator"]
 
@@ -179,6 +179,12 @@ class ComposedIterator(DatasetIterator[Batch]):
             else:
                 entry[2] = used + m
         if not rows:
+            if self.ds.k > 1 and all(st is None for st in self.states):  # no partition ever gave a batch
+                error = SourceError(f"the spec's sources delivered no record to any of its {self.ds.k} partitions: they "
+                                    "are empty, or every record was rejected; check the path and format: of each "
+                                    "source (with partitions: 1 the error names the rejections)")
+                error.at_end = True  # type: ignore[attr-defined]
+                raise error
             raise StopIteration
         return join_rows(parts, self._pads)
 
@@ -251,8 +257,7 @@ class ComposedIterator(DatasetIterator[Batch]):
             self.runner.set_states([dict(state)])
             self.states, self.ended, self.carry, self._carried = [dict(state)], [False], [], []
             return
-        if "turn" not in state and {"partitions", "ended", "carry"} <= state.keys():
-            raise StateError(ROW_DEALT)
+        refuse_row_dealt(state)
         self.restore({k: state[k] for k in self.STATE_KEYS})
 
     def release(self) -> None:

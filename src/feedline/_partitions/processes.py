@@ -81,8 +81,7 @@ class ProcessPlacement(Placement):
         self._local: list[Prefetch | None] = [None] * k
         self._lead = [0] * k   # batches handed out here since the state the worker was started from
         self._started = False  # the threads here started (at the first ask after a start or restore)
-        self._first = set(range(k))  # partitions yet to hand out their first batch (warm start: step 1 is
-        # the first partition's; until it is out, only that one runs)
+        self._out = False      # a batch was handed out (warm start: until step 1 is out, only its partition runs)
         self._gen = 0
         self.restarts = [0] * self.workers
         self._inbox: queue.Queue[tuple[WorkerProcess, Any]] = queue.Queue()  # every worker's messages
@@ -217,7 +216,7 @@ class ProcessPlacement(Placement):
         if not self.options.warm_start:
             for v in range(self.workers):
                 self._worker(v)
-        elif not self._started and len(self._first) < self.k:
+        elif self._out and not self._started:
             self._start_rest()
         return self._next(p)
 
@@ -247,7 +246,7 @@ class ProcessPlacement(Placement):
             if self._mode[p] == _WORKER:
                 break  # else its worker died meanwhile: restarted, and here (warm start) until it is ready
         item = self._queues[p].popleft()
-        self._first.discard(p)
+        self._out = True
         if item is _END:
             self._ended[p] = True
             return None
@@ -266,7 +265,7 @@ class ProcessPlacement(Placement):
             self._failed[p] = e
             self._close_local(p)
             raise
-        self._first.discard(p)
+        self._out = True
         if got is None:
             self._ended[p] = True
             self._close_local(p)

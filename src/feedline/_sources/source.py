@@ -12,8 +12,9 @@ The split order of epoch ``e`` is a permutation keyed by ``(seed, source index, 
 shuffling is on, else file order. Nothing else is random here.
 
 With ``partitions`` K > 1 the source reads partition ``partition``'s share of the splits
-(:func:`~feedline._sources.deal.deal`); a share that is empty, or that holds no record, is an
-exhausted source rather than an error (a small source need not feed every partition).
+(:func:`~feedline._sources.deal.deal`); a share that is empty, or whose every record is rejected
+(counted as ever), is an exhausted source rather than an error (a small source need not feed every
+partition; the composing stage says so when no partition delivered anything).
 """
 
 from __future__ import annotations
@@ -244,10 +245,11 @@ class FileSourceIterator(DatasetIterator[Record]):
                 self._items = batches if batches is not None else reader.read(sp, self.pos, self.line)
                 self._pending, self._at = [], 0
                 return True
+            if self.src.partitions > 1 and self._delivered == 0 and self.epoch == 0:
+                return False  # this partition's share holds no record it can deliver (none, or all rejected: they
+                # are counted); whether the whole stream delivered nothing is the composing stage's to say
             if self._watch and self.src.epochs is not None:
                 self._check_nothing(at_end=True)
-            if self.src.partitions > 1 and self._delivered == 0 and self.epoch == 0 and not self.rejections.counts:
-                return False  # this partition's share holds no record: nothing to read, in any epoch
             if self.src.epochs is None and self._delivered == 0:
                 # Endless reading of a source that yields nothing would spin forever.
                 rejected = ", ".join(f"{k}: {v}" for k, v in sorted(self.rejections.counts.items())) or "none"

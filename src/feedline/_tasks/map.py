@@ -146,6 +146,10 @@ class TaskMap(Dataset[Example]):
 
     #: key -> (file, line) for reports of rejected records; set by the pipeline.
     locate: Callable[[Key], tuple[str, int | None]] | None = None
+    #: One partition's share of the stream (``partitions`` > 1), set by the pipeline: it may end
+    #: without an example (a small source need not feed every partition); whether the whole
+    #: stream delivered nothing is the composing stage's to say.
+    share: bool = False
 
     def runner(self) -> ChunkRunner:
         """A fresh runner for one iterator (override to run chunks elsewhere)."""
@@ -285,7 +289,7 @@ class TaskMapIterator(DatasetIterator[Example]):
         """Advance to a chunk with examples left; False at the end of the stream."""
         while self.skip >= len(self.current):
             if not self._advance():
-                if self._watch:
+                if self._watch and not self.ds.share:
                     self._nothing(first=None)
                 return False
         return True
