@@ -14,6 +14,7 @@ import pytest
 from feedline import Loader
 from feedline._batching.bestfit import BestFitPacker
 from feedline._batching.planner import assign_rows, complete_batch, slice_for_rank
+from feedline._batching.rows import collate_flat
 from feedline._pipeline import GlobalStream, Pipeline
 from feedline.errors import SpecError
 from feedline.testing import assert_resumes_exactly, collect
@@ -25,6 +26,68 @@ HISTOGRAMS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "pac
 def test_docstring_examples(module: str) -> None:
     result = doctest.testmod(importlib.import_module(f"feedline._batching.{module}"))
     assert result.failed == 0
+
+
+def layout_reference(docs: list[int], lengths: list[int], values: dict[str, np.ndarray], max_length: int, max_docs: int,
+                     pads: dict[str, int], mask_first: bool, attention: str) -> dict[str, np.ndarray]:
+    """The packed layout of rows module's docstring, written token by token."""
+    n, out = len(docs), {}
+    for name, v in values.items():
+        out[name] = np.full((n, max_length, *v.shape[1:]), pads.get(name, 0), dtype=v.dtype)
+    out["position_ids"] = np.zeros((n, max_length), np.int32)
+    out["seq_lens"] = np.zeros((n, max_docs), np.int32)
+    out["cu_seqlens"] = np.zeros((n, max_docs + 1), np.int32)
+    segment = np.zeros((n, max_length), np.int64)
+    at = piece = 0
+    for r, d in enumerate(docs):
+        col = 0
+        for j in range(d):
+            length = lengths[piece]
+            for name, v in values.items():
+                out[name][r, col:col + length] = v[at:at + length]
+            out["position_ids"][r, col:col + length] = np.arange(length)
+            if length and mask_first and "labels" in values:
+                out["labels"][r, col] = -100
+            segment[r, col:col + length] = j + 1
+            out["seq_lens"][r, j] = length
+            out["cu_seqlens"][r, j + 1:] += length
+            col, at, piece = col + length, at + length, piece + 1
+    real = segment > 0
+    if attention == "padding":
+        out["attention_mask"] = real.astype(np.int32)
+    else:
+        mask = (segment[:, :, None] == segment[:, None, :]) & real[:, :, None]
+        out["attention_mask"] = mask & np.tri(max_length, dtype=bool)[None] if attention == "block_causal" else mask
+    return out
+
+
+@pytest.mark.parametrize("rows", [3, 40])   # a few rows are laid out one by one, many through one mask
+def test_collate_flat_lays_out_every_piece_as_the_reference(rows: int) -> None:
+    rng = np.random.default_rng(rows)
+    for trial in range(150):
+        max_length, max_docs = int(rng.integers(1, 24)), int(rng.integers(1, 5))
+        full = trial % 3 == 0   # every row full: one copy per field
+        docs, lengths = [], []
+        for _ in range(rows):
+            d = int(rng.integers(1 if full else 0, max_docs + 1))
+            room = max_length if full or rng.random() < 0.3 else int(rng.integers(0, max_length + 1))
+            cuts = np.sort(rng.integers(0, room + 1, d - 1)) if d else np.array([], int)
+            docs.append(d)
+            lengths += np.diff([0, *cuts, room]).tolist() if d else []
+        total = sum(lengths)
+        trailing = (2,) if trial % 5 == 0 else ()
+        ids = rng.integers(0, 500, (total, *trailing)).astype(np.int32)
+        labels = ids if trial % 2 else rng.integers(0, 9, (total, *trailing)).astype(np.int64)
+        values, pads = {"input_ids": ids, "labels": labels}, {"input_ids": 7, "labels": -100}
+        mask_first = trial % 4 != 0
+        attention = ("padding", "block_diagonal", "block_causal")[trial % 3]
+        got = collate_flat(np.array(docs), np.array(lengths, np.int64), values, max_length, max_docs, pads,
+                           mask_first=mask_first, attention=attention)
+        want = layout_reference(docs, lengths, values, max_length, max_docs, pads, mask_first, attention)
+        assert got.keys() == want.keys()
+        for name, w in want.items():
+            assert got[name].dtype == w.dtype and got[name].shape == w.shape, (trial, name)
+            np.testing.assert_array_equal(got[name], w, err_msg=f"trial {trial}, field {name}")
 
 
 def pack_lengths(lengths: list[int], capacity: int, **kw: Any) -> list[list[int]]:
