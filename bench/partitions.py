@@ -22,9 +22,10 @@ factory's module preloaded), each in a fresh process: ``start()`` returning in t
 child's entry (interpreter, main module, arguments), importing the pipeline, loading the tokenizer,
 listing and dealing its partitions' splits, and the first batch of each of its partitions.
 
-``--transport``: a real batch (pack 1024 x 16 rows, mlm 128 x 128 rows) with its state, pickled
-and sent over a ``multiprocessing`` pipe from another process, per batch: the sender's pickling,
-the wall time and the receiver's CPU time.
+``--transport``: a real batch (pack 1024 x 16 rows, mlm 128 x 128 rows) with its state, sent 400
+times over a duplex ``multiprocessing`` pipe from another process, pickled through the
+``Connection`` and as the workers send it (``_partitions/frames.py``: the arrays out of band),
+alternating over 3 rounds; per batch (medians): the wall time, the receiver's and the sender's CPU.
 
 ``--one-core``: what one partition of K delivers on one core, the way a worker on a node with a
 core per partition runs it (pinned to one CPU, the tokenizer's pool one thread): partition 0's
@@ -212,10 +213,34 @@ def breakdowns(args: argparse.Namespace, ks: list[int]) -> None:
 
 
 # ------------------------------------------------------------------------------- --transport
-def _sender(conn: Any, msg: Any, n: int) -> None:
+def _sender(conn: Any, msg: Any, n: int, framed: bool) -> None:
+    from feedline._partitions.frames import FrameWriter
+
+    out = FrameWriter(conn) if framed else conn
+    cpu = time.process_time()
     for _ in range(n):
-        conn.send(msg)
-    conn.send(None)
+        out.send(msg)
+    out.send(("cpu", time.process_time() - cpu))
+
+
+def _pipe_cost(msg: Any, n: int, framed: bool) -> tuple[float, float, float]:
+    """Wall time per batch, the receiver's and the sender's CPU per batch, for ``n`` batches from another process."""
+    from feedline._partitions.frames import FrameReader
+
+    ctx = multiprocessing.get_context("spawn")
+    a, b = ctx.Pipe(duplex=True)
+    pr = ctx.Process(target=_sender, args=(b, msg, n, framed))
+    pr.start()
+    b.close()
+    inbox = FrameReader(a) if framed else a
+    inbox.recv()
+    t, cpu, got = time.perf_counter(), time.process_time(), 1
+    while (m := inbox.recv())[0] != "cpu":
+        got += 1
+    wall, recv = (time.perf_counter() - t) / (got - 1), (time.process_time() - cpu) / (got - 1)
+    pr.join()
+    a.close()
+    return wall, recv, m[1] / n
 
 
 def transport(args: argparse.Namespace) -> None:
@@ -235,27 +260,18 @@ def transport(args: argparse.Namespace) -> None:
         per_batch = (time.perf_counter() - t) / produced
         it.close()
         msg = ("batch", 0, 3, batch, state)
-        t = time.perf_counter()
-        for _ in range(100):
-            data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-        dumps = (time.perf_counter() - t) / 100
-        ctx = multiprocessing.get_context("spawn")
-        a, b = ctx.Pipe()
-        n = 400
-        pr = ctx.Process(target=_sender, args=(b, msg, n))
-        pr.start()
-        b.close()
-        a.recv()
-        t, cpu, got = time.perf_counter(), time.process_time(), 0
-        while a.recv() is not None:
-            got += 1
-        wall, cpu = (time.perf_counter() - t) / got, (time.process_time() - cpu) / got
-        pr.join()
         nbytes = sum(v.nbytes for v in batch.values())
-        print(f"{name} {rows} rows: {nbytes / 1e3:.0f} KB of arrays, {len(data) / 1e3:.0f} KB pickled (state "
-              f"{len(pickle.dumps(state)) / 1e3:.1f} KB); sender pickling {dumps * 1e3:.3f} ms, pipe {wall * 1e3:.3f} ms/batch "
-              f"wall, receiver CPU {cpu * 1e3:.3f} ms/batch; making the batch in one process (K = 1) "
-              f"{per_batch * 1e3:.1f} ms: receiving is {cpu / per_batch:.1%} of it", flush=True)
+        print(f"{name} {rows} rows: {nbytes / 1e3:.0f} KB of arrays (state {len(pickle.dumps(state)) / 1e3:.1f} KB); "
+              f"making the batch in one process (K = 1) {per_batch * 1e3:.1f} ms", flush=True)
+        costs: dict[bool, list[tuple[float, float, float]]] = {False: [], True: []}
+        for r in range(3):   # the two transports alternate
+            for framed in ((False, True) if r % 2 == 0 else (True, False)):
+                costs[framed].append(_pipe_cost(msg, 400, framed))
+        for framed, runs in costs.items():
+            wall, recv, send = (statistics.median(x[i] for x in runs) for i in range(3))
+            print(f"  {'frames (arrays out of band)' if framed else 'pickled (Connection)':28s} pipe {wall * 1e3:.3f} ms/batch "
+                  f"wall, receiver CPU {recv * 1e3:.3f}, sender CPU {send * 1e3:.3f} ms/batch "
+                  f"({(recv + send) / per_batch:.1%} of making it)", flush=True)
 
 
 # ------------------------------------------------------------------------------- --one-core

@@ -29,6 +29,7 @@ import threading
 from multiprocessing.context import BaseContext
 from typing import Any
 
+from feedline._partitions.frames import FrameReader
 from feedline._partitions.worker import run_worker
 from feedline.errors import FeedlineError, SpecError
 
@@ -81,6 +82,7 @@ class WorkerProcess:
         self.owned = owned
         self.ready = False  # set by the placement when the worker says it is ("ready",)
         self.conn, child = ctx.Pipe(duplex=True)
+        self.reader = FrameReader(self.conn)   # what the worker sends (this end sends on the Connection)
         self.process = ctx.Process(target=run_worker, args=(child, make, owned, prefetch, threads),  # type: ignore[attr-defined]
                                    name=f"feedline-partitions-{index}", daemon=True)
         self.inbox = inbox
@@ -98,9 +100,11 @@ class WorkerProcess:
                 self._child.close()
                 self.started.set()
             while True:
-                self.inbox.put((self, self.conn.recv()))
+                self.inbox.put((self, self.reader.recv()))
         except Exception:  # EOF/OSError: the worker is gone (or never started: counted as a death)
             self.inbox.put((self, (DEAD,)))
+        finally:
+            self.reader.close()
 
     @property
     def exitcode(self) -> int | None:
@@ -131,4 +135,5 @@ class WorkerProcess:
                 self.process.kill()
                 self.process.join(timeout=5)
         self.conn.close()
+        self.reader.close()
         self.receiver.join(timeout=5)

@@ -4,7 +4,8 @@ The worker unpickles its factory (``make``, sent as bytes), warms it up (``make.
 has one: the tokenizer loaded), says it is ready, and then runs the streams (``make(p)``) of the
 partitions it is told to start, from the states it is given, sending every batch with the state
 after it, as far ahead as the parent's credit allows (``prefetch`` per partition, one more per
-batch the parent takes or drops). Messages, all tuples over one duplex pipe:
+batch the parent takes or drops). Messages, all tuples over one duplex pipe (the parent's on its
+``Connection``, the worker's as frames with their arrays out of band: :mod:`.frames`):
 
     parent -> worker: ("start", gen, {p: state or None}) | ("credit", gen, p, n) | ("stop",)
     worker -> parent: ("ready",) | ("batch", gen, p, batch, state) | ("end", gen, p) | ("error", gen, p, exception)
@@ -29,6 +30,7 @@ from typing import Any
 
 from feedline._core.deferred import materialize
 from feedline._core.prefetch import Prefetch
+from feedline._partitions.frames import FrameWriter
 
 __all__ = ["run_worker"]
 
@@ -80,6 +82,7 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
             warm()
         except Exception:  # the partition's own start reports it, as the parent's would
             pass
+    writer = FrameWriter(conn)   # batches with their arrays out of band (see frames.py)
     events: queue.Queue[Any] = queue.Queue()
     threading.Thread(target=_read, args=(conn, events), name="feedline-worker-reader", daemon=True).start()
     wake = functools.partial(events.put, ("wake",))
@@ -87,7 +90,7 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
     credit = dict.fromkeys(owned, 0)
     gen = 0
     try:
-        conn.send(("ready",))
+        writer.send(("ready",))
         while True:
             msg = events.get()
             if msg[0] == "stop":
@@ -125,12 +128,13 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
                     out.append(("batch", gen, p, batch, materialize(state)))
                     credit[p] -= 1
             if out:  # one message for all that was ready: one pipe write, one wake-up of the parent
-                conn.send(out[0] if len(out) == 1 else ("many", out))
+                writer.send(out[0] if len(out) == 1 else ("many", out))
     except (EOFError, OSError, BrokenPipeError):
         return  # the parent closed the pipe
     finally:
         for stage in stages.values():
             stage.close()
+        writer.close()
 
 
 def _open(make: Callable[[int], Any], p: int) -> Any:

@@ -1,0 +1,116 @@
+"""Worker-to-parent frames (feedline/_partitions/frames.py): what a partition worker sends arrives
+whole, equal and writable, over a real socket pair, and a pipe that breaks mid-message ends the
+reader with EOFError instead of a garbled message or a hang."""
+
+from __future__ import annotations
+
+import doctest
+import multiprocessing
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from feedline._batching.compact import CompactBatch
+from feedline._partitions import frames
+from feedline._partitions.frames import FrameReader, FrameWriter
+
+
+def test_docstring_examples() -> None:
+    assert doctest.testmod(frames).failed == 0
+
+
+def message() -> tuple[Any, ...]:
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 50_000, 4 * 1024, dtype=np.int64).astype(np.int32)
+    laid = {"input_ids": ids.reshape(4, 1024), "labels": ids.reshape(4, 1024)[:, ::2],   # not contiguous
+            "scores": rng.random((4, 3)), "mask": np.ones((4, 1024), dtype=bool)}
+    compact = CompactBatch(np.array([2, 1]), np.array([3, 2, 4]), {"input_ids": np.arange(9, dtype=np.int32)},
+                           max_length=6, max_docs=3, pad_values={"input_ids": 0})
+    state = {"step": 7, "pipeline": {"rejected": {"bad_json": 2}, "refs": [[0, 1, 2, 3]] * 50}}
+    return ("many", [("batch", 3, 0, laid, state), ("batch", 3, 1, compact, state), ("end", 3, 1)])
+
+
+def assert_same(got: Any, want: Any) -> None:
+    if isinstance(want, np.ndarray):
+        assert isinstance(got, np.ndarray) and got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    elif isinstance(want, dict):
+        assert got.keys() == want.keys()
+        for k in want:
+            assert_same(got[k], want[k])
+    elif isinstance(want, (list, tuple)):
+        assert type(got) is type(want) and len(got) == len(want)
+        for g, w in zip(got, want):
+            assert_same(g, w)
+    elif isinstance(want, CompactBatch):
+        assert_same(got.expand(), want.expand())
+    else:
+        assert got == want
+
+
+@pytest.mark.parametrize("duplex", [True, False])   # a socket pair (out of band) / an os pipe (pickled, as on Windows)
+def test_messages_arrive_whole_equal_and_writable(duplex: bool) -> None:
+    parent, child = multiprocessing.Pipe(duplex=duplex)
+    reader, writer = FrameReader(parent), FrameWriter(child)
+    assert (reader.sock is not None) is duplex and (writer.sock is not None) is duplex
+    big = ("batch", 1, 0, {"input_ids": np.arange(6 << 20, dtype=np.int32)}, {"step": 1})   # 24 MB: many socket buffers
+    sent = [message(), ("ready",), big, message()]
+    t = threading.Thread(target=lambda: [writer.send(m) for m in sent])
+    t.start()
+    got = [reader.recv() for _ in sent]
+    t.join(timeout=30)
+    assert_same(got, sent)
+    ids = got[2][3]["input_ids"]
+    ids[0] = -1   # the consumer may write into what it was given
+    assert ids[0] == -1
+    writer.close()
+    reader.close()
+
+
+def test_a_pipe_that_breaks_mid_message_is_eof_not_a_garbled_message() -> None:
+    parent, child = multiprocessing.Pipe(duplex=True)
+    reader, writer = FrameReader(parent), FrameWriter(child)
+    writer.send(("ready",))
+    assert reader.recv() == ("ready",)
+    # a worker killed while writing: the prefix, part of the header, then nothing
+    assert writer.sock is not None
+    writer.sock.sendall(frames._PREFIX.pack(1, 400) + frames._SIZE.pack(1 << 20) + b"\x80\x05" * 10)
+    writer.close()
+    child.close()
+    with pytest.raises(EOFError):
+        reader.recv()
+    reader.close()
+
+
+def test_closing_the_reader_ends_a_thread_waiting_in_recv() -> None:
+    parent, child = multiprocessing.Pipe(duplex=True)
+    reader = FrameReader(parent)
+    ended: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            reader.recv()
+        except (EOFError, OSError) as e:
+            ended.append(e)
+
+    t = threading.Thread(target=wait)
+    t.start()
+    t.join(timeout=0.3)
+    assert t.is_alive()   # nothing sent: it waits
+    reader.close()
+    t.join(timeout=5)
+    assert not t.is_alive() and ended
+    child.close()
+
+
+def test_a_corrupt_buffer_count_is_refused_before_anything_is_allocated() -> None:
+    parent, child = multiprocessing.Pipe(duplex=True)
+    reader, writer = FrameReader(parent), FrameWriter(child)
+    assert writer.sock is not None
+    writer.sock.sendall(frames._PREFIX.pack(frames.MAX_BUFFERS + 1, 10))
+    with pytest.raises(EOFError, match="corrupt"):
+        reader.recv()
+    writer.close()
+    reader.close()
