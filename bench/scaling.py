@@ -14,7 +14,10 @@ pad 64 rows, Wikipedia articles) and ``parquet`` (pre-tokenized GPT-2 ids in Par
 for ``--seconds`` (from ``--warmup`` seconds after the first batch; 0, the default, measures the first
 window, where a stall shows), and the CPU that process spent per step in that window (all its
 threads; with partitions in worker processes, the composing process alone: the cap it sets is
-about 1000 / that many steps a second). ``raw`` is ``tokenizers``' ``encode_batch_fast`` on the workload's texts (in
+about 1000 / that many steps a second), and the cores that process and its workers kept busy
+(their CPU seconds per second of the window: K partitions on K free cores should keep ~K busy;
+fewer, with a rate below K times one partition's, says the composing process or the transport
+holds them back). ``raw`` is ``tokenizers``' ``encode_batch_fast`` on the workload's texts (in
 memory, calls of ~1 MiB from one thread, Rayon on every core), run in the same rounds: each rate is
 also shown as a ratio to it, and to ``workers: 1``. Rounds interleave the settings, so load from
 other work hits all of them alike; the table shows medians.
@@ -46,7 +49,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import BERT, CORPORA, DATA, GPT2, _documents, _short_paragraphs, machine, require_data, save_json, table
+from common import (
+    BERT,
+    CORPORA,
+    DATA,
+    GPT2,
+    _documents,
+    _short_paragraphs,
+    machine,
+    require_data,
+    save_json,
+    table,
+    tree_cpu,
+)
 
 VOWELS, CONSONANTS = "aeiou", "bcdfghjklmnpqrstvwxyz"
 WORKLOADS: dict[str, dict[str, Any]] = {
@@ -159,9 +174,10 @@ def spec_fields() -> set[str]:
 
 # ------------------------------------------------------------------------------- measurements
 def measure_loader(spec: Any, seconds: float, warmup: float = 0.0,
-                   cpu: Callable[[], float] | None = None) -> dict[str, Any]:
+                   cpu: Callable[[], float] | None = None, tree: Callable[[], float] | None = None) -> dict[str, Any]:
     """First-batch time and real tokens/s over ``seconds`` from ``warmup`` seconds after it (this
-    process); with ``cpu`` (CPU seconds so far, e.g. of a process tree) also steps/s and CPU ms per step."""
+    process); with ``cpu`` (CPU seconds so far, e.g. of a process tree) also steps/s and CPU ms per step;
+    with ``tree`` (CPU seconds of this process and its workers) also the cores they kept busy."""
     import feedline
 
     t0 = time.perf_counter()
@@ -172,15 +188,19 @@ def measure_loader(spec: Any, seconds: float, warmup: float = 0.0,
         while time.perf_counter() - t_first < warmup:
             next(it)
         t1, c1, n, steps = time.perf_counter(), cpu() if cpu else 0.0, 0, 0
+        w1 = tree() if tree else 0.0
         while time.perf_counter() - t1 < seconds:
             n += int(next(it)["attention_mask"].sum())
             steps += 1
         dt = time.perf_counter() - t1
         used = cpu() - c1 if cpu else None
+        busy = (tree() - w1) / dt if tree else None
+    out: dict[str, Any] = {"first_batch_s": t_first - t0, "tokens_per_s": n / dt}
     if used is not None:
-        return {"first_batch_s": t_first - t0, "tokens_per_s": n / dt, "steps_per_s": steps / dt,
-                "cpu_ms_per_step": used / steps * 1e3}
-    return {"first_batch_s": t_first - t0, "tokens_per_s": n / dt}
+        out.update(steps_per_s=steps / dt, cpu_ms_per_step=used / steps * 1e3)
+    if busy is not None:
+        out["busy_cores"] = busy
+    return out
 
 
 def measure_raw(name: str, mb: float, seconds: float) -> dict[str, Any]:
@@ -212,7 +232,8 @@ def child(setting: dict[str, Any], mb: float, seconds: float, warmup: float) -> 
     if setting["kind"] == "raw":
         return measure_raw(setting["workload"], mb, seconds)
     spec = spec_for(setting["workload"], mb, setting["workers"], setting.get("partitions", 1), setting.get("placement"))
-    return measure_loader(spec, seconds, warmup, cpu=time.process_time)  # this process's CPU: with workers, the composer's
+    # this process's CPU (with workers, the composer's), and the cores it and its workers kept busy
+    return measure_loader(spec, seconds, warmup, cpu=time.process_time, tree=tree_cpu)
 
 
 def settings_for(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -266,9 +287,11 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         rate = statistics.median(r["tokens_per_s"] for r in rs) if rs else float("nan")
         firsts = [r["first_batch_s"] for r in rs if r["first_batch_s"] is not None]
         cpus = [r["cpu_ms_per_step"] for r in rs if r.get("cpu_ms_per_step") is not None]
+        busy = [r["busy_cores"] for r in rs if r.get("busy_cores") is not None]
         rows.append({"workload": s["workload"], "setting": label(s), **s, "tokens_per_s": rate,
                      "first_batch_s": statistics.median(firsts) if firsts else None,
                      "cpu_ms_per_step": statistics.median(cpus) if cpus else None,
+                     "busy_cores": statistics.median(busy) if busy else None,
                      "runs": [round(r["tokens_per_s"]) for r in rs]})
     for r in rows:
         same = [x for x in rows if x["workload"] == r["workload"]]
@@ -283,7 +306,7 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
     print(table(rows, [("workload", "workload", ""), ("setting", "setting", ""), ("tokens_per_s", "median tok/s", ",.0f"),
                        ("vs_raw", "/ raw", ".2f"), ("vs_workers_1", "/ workers=1", ".2f"),
                        ("first_batch_s", "first batch s", ".2f"), ("cpu_ms_per_step", "this process's CPU ms/step", ".2f"),
-                       ("runs", "each run", "")]))
+                       ("busy_cores", "busy cores (with workers)", ".2f"), ("runs", "each run", "")]))
 
 
 def main(argv: list[str] | None = None) -> int:
