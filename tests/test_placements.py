@@ -3,6 +3,7 @@ in worker processes and on Ray actors; processes survive a killed worker and nev
 
 from __future__ import annotations
 
+import doctest
 import os
 import signal
 import subprocess
@@ -15,6 +16,8 @@ from typing import Any
 import pytest
 
 from feedline import Loader, Spec
+from feedline._core.cores import usable_cores
+from feedline._partitions import processes
 from feedline._pipeline import Pipeline
 from feedline.testing import assert_batches_equal, assert_resumes_exactly, assert_stage_resumes, collect
 
@@ -85,7 +88,7 @@ def test_processes_resume_exactly(corpus: str, small_tokenizer: str) -> None:
 
 def test_warm_start_serves_from_threads_until_the_workers_take_over(corpus: str, small_tokenizer: str) -> None:
     """The first steps come from threads here; each worker starts where they were and drops what they gave."""
-    warm = {"placement": "processes", "processes": 2, "prefetch": 2}
+    warm = {"placement": "processes", "processes": 2, "prefetch": 2, "warm_start": True}
     loader = Loader(spec(corpus, small_tokenizer, 3, "processes", epochs=None, parallel=warm))
     got = until_workers_serve(loader)
     got += [dict(next(loader)) for _ in range(6)]
@@ -98,6 +101,25 @@ def test_warm_start_serves_from_threads_until_the_workers_take_over(corpus: str,
     loader.close()
     want = collect(Loader(spec(corpus, small_tokenizer, 3, "threads", epochs=None)), limit=len(got))
     assert_batches_equal(want, got, "warm start: threads, then workers, then threads and a new worker")
+
+
+def test_warm_start_auto_waits_for_the_workers_without_a_core_for_each(corpus: str, small_tokenizer: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``warm_start: auto`` serves from threads only where each worker has a core to start on beside
+    two for the parent (the core counts of other machines are patched in: they cannot run here)."""
+    assert doctest.testmod(processes).failed == 0
+    for cores, workers, warm in [(2, 1, False), (2, 2, False), (4, 2, True), (16, 14, True), (16, 15, False)]:
+        monkeypatch.setattr(processes, "usable_cores", lambda c=cores: c)
+        assert processes.warm_start("auto", workers) is warm, (cores, workers)
+        assert processes.warm_start(True, workers) and not processes.warm_start(False, workers)
+    monkeypatch.undo()
+    loader = Loader(spec(corpus, small_tokenizer, 2, "processes", parallel={"placement": "processes", "processes": 2}))
+    next(loader)
+    placement = runner(loader)
+    assert placement.warm is (usable_cores() >= 4)
+    if not placement.warm:   # every batch from a worker, none from a thread here
+        assert all(stage is None for stage in placement._local)
+    loader.close()
 
 
 def test_a_killed_worker_is_restarted_from_its_partitions_states(corpus: str, small_tokenizer: str) -> None:
@@ -139,7 +161,7 @@ CHILD = textwrap.dedent("""
 def test_no_worker_outlives_its_parent(corpus: str, small_tokenizer: str, tmp_path: Path, how: int) -> None:
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    s = spec(corpus, small_tokenizer, 2, "processes", epochs=None, parallel={"placement": "processes"})  # warm start
+    s = spec(corpus, small_tokenizer, 2, "processes", epochs=None, parallel={"placement": "processes", "warm_start": True})
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     child = subprocess.Popen([sys.executable, str(script), repr(s)], stdout=subprocess.PIPE, text=True, env=env,
                              start_new_session=True)

@@ -57,6 +57,24 @@ _END = object()
 _LOCAL, _HANDING, _WORKER = "local", "handing", "worker"
 
 
+def warm_start(setting: bool | str, workers: int) -> bool:
+    """Whether partitions run on threads here until their workers are ready (``parallel.warm_start``).
+
+    ``auto``: when the machine has a core for each worker to start on beside two for this process
+    (its partition threads meanwhile, and the consumer). With fewer, the workers' start (imports,
+    the tokenizer: ~1 CPU second each) and their restore from the threads' states take the cores
+    the threads serve from: on 2 cores with K = 2, the first batch came at 0.2 s warm against
+    0.7 s cold, but by 3 s cold had delivered 18-19 M tokens of clm-short against 8-12 M
+    (docs/benchmarks.md).
+
+        >>> warm_start("auto", 14) == (usable_cores() >= 16), warm_start(False, 1)
+        (True, False)
+    """
+    if isinstance(setting, bool):
+        return setting
+    return usable_cores() >= workers + 2
+
+
 def _kill_all(pool: list[WorkerProcess | None]) -> None:
     for worker in pool:
         if worker is not None:
@@ -69,6 +87,7 @@ class ProcessPlacement(Placement):
     def __init__(self, make: Make, k: int, options: ParallelSpec) -> None:
         super().__init__(make, k, options)
         self.workers = min(k, options.processes or usable_cores())
+        self.warm = warm_start(options.warm_start, self.workers)
         self._pool: list[WorkerProcess | None] = [None] * self.workers
         # A placement dropped without close() (a loader never closed) stops its workers when collected.
         weakref.finalize(self, _kill_all, self._pool)
@@ -185,7 +204,7 @@ class ProcessPlacement(Placement):
         for p in worker.owned:  # what it sent and was not taken is made again, here until the new worker is ready
             self._queues[p].clear()
             self._mode[p], self._lead[p], self._owed[p] = _LOCAL, 0, 0
-            if self.options.warm_start and not self._ended[p]:
+            if self.warm and not self._ended[p]:
                 self._local_stage(p).start()
         self._worker(w)
 
@@ -213,7 +232,7 @@ class ProcessPlacement(Placement):
             raise failed
         if self._make_bytes is None:
             self._make_bytes = pickled(self.make)  # a spec that cannot go raises here, before anything starts
-        if not self.options.warm_start:
+        if not self.warm:
             for v in range(self.workers):
                 self._worker(v)
         elif self._out and not self._started:
@@ -236,7 +255,7 @@ class ProcessPlacement(Placement):
         self._drain()  # hears "ready"s, batches, deaths
         w = self.owner(p)
         while True:
-            if not self.options.warm_start:
+            if not self.warm:
                 while not self._worker(w).ready:
                     self._wait()
             if self._mode[p] != _WORKER:

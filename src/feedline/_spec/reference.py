@@ -106,9 +106,11 @@ def _type_name(hint: Any) -> str:
 
 
 def _allowed(hint: Any) -> tuple[str, ...]:
+    """The values a key takes where they are few: a Literal's, and ``true``/``false`` beside it."""
     for h in (hint, *get_args(hint)):
         if get_origin(h) is Literal:
-            return tuple(str(a) for a in get_args(h))
+            flags = ("true", "false") if bool in get_args(hint) else ()
+            return (*flags, *(str(a) for a in get_args(h)))
     return ()
 
 

@@ -316,8 +316,10 @@ class ParallelSpec:
         num_cpus: CPUs each Ray actor reserves.
         prefetch: batches each partition runs ahead of the composing stage.
         warm_start: with ``processes``, run each partition on a thread here until its worker
-            process is ready, so the first steps never wait for processes to start (on a
-            machine with fewer free cores than partitions, ``false`` reaches the full rate sooner).
+            process is ready, so the first steps never wait for processes to start; ``auto`` (the
+            default) does so when the machine has a core for each worker beside two for this
+            process: with fewer, the workers' start takes the cores the threads serve from, and
+            waiting for the workers (``false``) reaches the full rate sooner.
     """
 
     placement: Placement = "auto"
@@ -325,7 +327,7 @@ class ParallelSpec:
     address: str = "auto"
     num_cpus: float = 1.0
     prefetch: int = 4
-    warm_start: bool = True
+    warm_start: bool | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
         if self.processes < 0:
