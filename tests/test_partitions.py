@@ -272,6 +272,29 @@ def test_stats_sum_the_partitions_mixtures(tmp_path: Path, small_tokenizer: str)
 
 
 @pytest.mark.parametrize("placement", ["threads", "processes"])
+def test_stats_count_the_rejections_of_every_partition_to_the_end(tmp_path: Path, small_tokenizer: str,
+                                                                  placement: str) -> None:
+    """A partition's rejections after its last batch, or in a share that gave no batch at all, are
+    counted once it has ended (its state at the end replaces its last batch's): at the end of the
+    stream, stats() give K = 1's counts. The states stay exact: the stream resumes from each."""
+    bad = "{not json " + "x" * 90 + "}"   # the first and the last third of the bytes: bad lines only
+    lines = [bad] * 10 + [json.dumps({"text": f"good line number {i} with some words"}) for i in range(9)] + [bad] * 10
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    base = {**spec(str(path), small_tokenizer, 3, epochs=1, batching={"strategy": "pad", "batch_size": 2, "remainder": "keep"}),
+            "parallel": {"placement": placement, "warm_start": False}}
+    plain = Loader({k: v for k, v in base.items() if k not in ("partitions", "parallel")})
+    collect(plain)
+    assert plain.stats()["rejected"] == {"bad_json": 20}
+    loader = Loader(base)
+    got, states = collect(loader, with_states=True)
+    assert sum(len(b["input_ids"]) for b in got) == 9
+    assert loader.stats()["rejected"] == {"bad_json": 20}   # two shares gave no batch
+    for i in (0, len(states) // 2, len(states) - 1):
+        assert_batches_equal(got[i + 1:], collect(Loader(base, state=states[i])), f"resumed after step {i + 1}")
+
+
+@pytest.mark.parametrize("placement", ["threads", "processes"])
 def test_a_partition_with_nothing_to_read_ends_and_an_empty_stream_is_an_error(tmp_path: Path, small_tokenizer: str,
                                                                                placement: str) -> None:
     """Three short lines over three partitions: a share may hold no line start (or only a bad line);

@@ -54,7 +54,13 @@ __all__ = ["Prefetch"]
 log = logging.getLogger("feedline")
 _REAP_AFTER = 600.0   # seconds a detached thread may take to leave its parent before the parent is left open
 
-_END = object()
+class _End:
+    """The end of the stream, with the parent's state there (``None`` where it could not be read)."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: State | None) -> None:
+        self.state = state
 
 
 class _Failed:
@@ -110,6 +116,9 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         self._resolved: State | None = None  # the same, materialized (see get_state)
         self._rewind = False               # parent must be set to _state before producing
         self._ended = False
+        #: The parent's state at its end, once the end was taken (a snapshot; ``None`` before, or
+        #: when it could not be read): what a consumer that counts the whole stream reads.
+        self.end_state: State | None = None
         self._thread: threading.Thread | None = None
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=0 if hold else depth)
         self._slots = threading.Semaphore(depth)  # hold: the queue's bound, freed by release()
@@ -140,8 +149,9 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         if item is None:
             return None
         self._held = self.hold
-        if item is _END:
+        if isinstance(item, _End):
             self._ended = True
+            self.end_state = item.state
             self._halt()
             raise StopIteration
         if isinstance(item, _Failed):
@@ -209,6 +219,7 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         self._state = self._resolved = dict(state)
         self._rewind = True
         self._ended = False
+        self.end_state = None
 
     def close(self) -> None:
         """Stop the thread and close the parent. Idempotent; a factory parent is rebuilt on next use."""
@@ -302,7 +313,11 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
                 try:
                     element = next(parent)
                 except StopIteration:
-                    self._put(q, stop, _END, slots)
+                    try:
+                        end = snapshot()
+                    except Exception:  # the state is a courtesy here: the end is what matters
+                        end = None
+                    self._put(q, stop, _End(end), slots)
                     return
                 if self._stop is stop:   # a detached old thread never counts into a newer run
                     self.pulled += 1

@@ -17,7 +17,8 @@ applies to it, as without partitions).
 
 State (the stage's own; under the global stream's ``pipeline``)::
 
-    {"partitions": [<partition 0's batcher state, or null before its first batch>, ...],
+    {"partitions": [<partition 0's batcher state, or null before its first batch; once it has
+                     ended, its state at the end (what it read after its last batch counts)>, ...],
      "ended": [false, ...],
      "turn": <the partition asked next>,
      "carry": [[p, <p's state before a batch>, rows of it already used], ...]}
@@ -120,6 +121,7 @@ class ComposedIterator(DatasetIterator[Batch]):
         self.runner: Placement = placement_class(ds.placement)(ds.make, ds.k, ds.options)   # starts at its first next
         self._decided = False   # laid-out or compact partition batches: settled by the first request
         self.states: list[State | None] = [None] * ds.k  # each partition's state after its last batch taken
+        self.given = False   # a step was composed (from this stream's start or the state restored)
         self.ended = [False] * ds.k
         self.turn = 0                       # the partition asked next
         self.carry: list[list[Any]] = []   # [p, state before the batch, rows used]
@@ -165,6 +167,7 @@ class ComposedIterator(DatasetIterator[Batch]):
                 whole = self._take_turn(need - rows)
                 if whole is not None:
                     if not parts:  # the usual step: one partition's full batch, as it came
+                        self.given = True
                         return whole
                     parts.append(whole)
                     rows = need
@@ -179,13 +182,14 @@ class ComposedIterator(DatasetIterator[Batch]):
             else:
                 entry[2] = used + m
         if not rows:
-            if self.ds.k > 1 and all(st is None for st in self.states):  # no partition ever gave a batch
+            if self.ds.k > 1 and not self.given:  # no partition ever gave a batch
                 error = SourceError(f"the spec's sources delivered no record to any of its {self.ds.k} partitions: they "
                                     "are empty, or every record was rejected; check the path and format: of each "
                                     "source (with partitions: 1 the error names the rejections)")
                 error.at_end = True  # type: ignore[attr-defined]
                 raise error
             raise StopIteration
+        self.given = True
         return join_rows(parts, self._pads)
 
     def _take_turn(self, need: int) -> Batch | CompactBatch | None:
@@ -200,6 +204,9 @@ class ComposedIterator(DatasetIterator[Batch]):
             got = self.runner.next(p)
             if got is None:
                 self.ended[p] = True
+                end = self.runner.end_state(p) if k > 1 else None   # K = 1: the plain pipeline's states
+                if end is not None:   # its rejections after its last batch (or with none) count too
+                    self.states[p] = end
                 continue
             batch, state = got
             before, self.states[p] = self.states[p], state
@@ -249,6 +256,7 @@ class ComposedIterator(DatasetIterator[Batch]):
                              f"{[c[0] for c in carry]}) for partitions: {k}")
         self.runner.set_states([None if s is None else dict(s) for s in states])
         self.states, self.ended, self.turn = list(states), ended, turn
+        self.given = any(s is not None for s in states)
         self.carry = carry
         self._carried = [self.runner.replay(p, before) for p, before, _ in carry]
 

@@ -49,6 +49,12 @@ class Placement(ABC):
     def next(self, p: int) -> tuple[Part, State] | None:
         """Partition ``p``'s next batch and its state after it; ``None`` when it has ended."""
 
+    def end_state(self, p: int) -> State | None:
+        """Partition ``p``'s state at its end, once :meth:`next` returned ``None`` (``None``: not
+        known). It counts what the partition read after its last batch (rejections), which the
+        composing stage keeps as the partition's state from then on."""
+        return None
+
     @abstractmethod
     def set_states(self, states: list[State | None]) -> None:
         """Position every partition at its state (``None``: its start); nothing prefetched survives."""
@@ -81,6 +87,9 @@ class ThreadPlacement(Placement):
                 stage.start()  # when their turn comes
         self._out = True
         return next(self._stages[p], None)
+
+    def end_state(self, p: int) -> State | None:
+        return self._stages[p].end_state
 
     def set_states(self, states: list[State | None]) -> None:
         self._started = self._out = False

@@ -95,6 +95,7 @@ class ProcessPlacement(Placement):
         self._queues: list[deque[Any]] = [deque() for _ in range(k)]
         self._taken: list[State | None] = [None] * k   # each partition's state after the last batch handed out
         self._ended = [False] * k
+        self._end: list[State | None] = [None] * k   # each partition's state at its end (see end_state)
         self._failed: list[BaseException | None] = [None] * k  # a partition's error, raised again when asked
         self._mode = [_LOCAL] * k  # without warm_start, a partition waits for its worker
         self._local: list[Prefetch | None] = [None] * k
@@ -169,7 +170,7 @@ class ProcessPlacement(Placement):
             else:
                 self._queues[p].append((msg[3], msg[4]))
         elif kind == "end":
-            self._queues[p].append(_END)
+            self._queues[p].append((_END, msg[3]))
         else:
             self._failed[p] = msg[3]
             raise msg[3]
@@ -264,12 +265,11 @@ class ProcessPlacement(Placement):
                 self._wait()
             if self._mode[p] == _WORKER:
                 break  # else its worker died meanwhile: restarted, and here (warm start) until it is ready
-        item = self._queues[p].popleft()
+        batch, state = self._queues[p].popleft()
         self._out = True
-        if item is _END:
-            self._ended[p] = True
+        if batch is _END:
+            self._ended[p], self._end[p] = True, state
             return None
-        batch, state = item
         self._taken[p] = state
         self._owed[p] += 1
         if self._owed[p] >= self._credit_every:  # credit in bulk: fewer messages, the worker stays ahead
@@ -287,6 +287,7 @@ class ProcessPlacement(Placement):
         self._out = True
         if got is None:
             self._ended[p] = True
+            self._end[p] = self._local_stage(p).end_state
             self._close_local(p)
             return None
         self._taken[p] = got[1]
@@ -294,11 +295,15 @@ class ProcessPlacement(Placement):
             self._lead[p] += 1
         return got
 
+    def end_state(self, p: int) -> State | None:
+        return self._end[p]
+
     def set_states(self, states: list[State | None]) -> None:
         self._gen += 1
         self._started = False
         self._taken = list(states)
         self._ended = [False] * self.k
+        self._end = [None] * self.k
         self._failed = [None] * self.k
         self._lead = [0] * self.k
         self._owed = [0] * self.k

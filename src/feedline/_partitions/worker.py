@@ -8,7 +8,8 @@ batch the parent takes or drops). Messages, all tuples over one duplex pipe (the
 ``Connection``, the worker's as frames with their arrays out of band: :mod:`.frames`):
 
     parent -> worker: ("start", gen, {p: state or None}) | ("credit", gen, p, n) | ("stop",)
-    worker -> parent: ("ready",) | ("batch", gen, p, batch, state) | ("end", gen, p) | ("error", gen, p, exception)
+    worker -> parent: ("ready",) | ("batch", gen, p, batch, state) | ("end", gen, p, state at the end)
+                      | ("error", gen, p, exception)
                       | ("many", [several of the three before, in order])
 
 ``gen`` numbers the parent's restores: anything of an older one is dropped on arrival. The worker
@@ -115,8 +116,9 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
                     try:
                         got = stages[p].poll()
                     except StopIteration:
-                        out.append(("end", gen, p))
-                        stages.pop(p).close()
+                        stage = stages.pop(p)
+                        out.append(("end", gen, p, materialize(stage.end_state)))
+                        stage.close()
                         break
                     except Exception as e:
                         out.append(("error", gen, p, _portable(e)))

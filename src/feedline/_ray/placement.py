@@ -38,11 +38,15 @@ class PartitionActor:
         if state is not None:
             self.it.set_state(state)
 
-    def next(self) -> tuple[Part, State] | None:
+    def next(self) -> tuple[Part | None, State | None]:
+        """The next batch and the state after it; ``(None, the state at the end)`` at the end."""
         try:
             batch = next(self.it)
         except StopIteration:
-            return None
+            try:
+                return None, self.it.get_state()
+            except Exception:  # the state is a courtesy here: the end is what matters
+                return None, None
         return batch, self.it.get_state()
 
     def node(self) -> str:
@@ -64,6 +68,7 @@ class RayPlacement(Placement):
         self._pending: list[deque[Any]] = [deque() for _ in range(k)]
         self._taken: list[State | None] = [None] * k
         self._ended = [False] * k
+        self._end: list[State | None] = [None] * k   # each partition's state at its end
         self.restarts = [0] * k
 
     def actor(self, p: int) -> Any:
@@ -92,10 +97,10 @@ class RayPlacement(Placement):
             except self.ray.exceptions.RayTaskError as e:  # the pipeline's own error, raised as it was
                 raise e.as_instanceof_cause() from None
             break
-        if got is None:
-            self._ended[p] = True
-            return None
         batch, state = got
+        if batch is None:
+            self._ended[p], self._end[p] = True, state
+            return None
         self._taken[p] = state
         return {k: v if v.flags.writeable else np.array(v) for k, v in batch.items()}, state
 
@@ -125,6 +130,10 @@ class RayPlacement(Placement):
             self._kill(p)
         self._taken = list(states)
         self._ended = [False] * self.k
+        self._end = [None] * self.k
+
+    def end_state(self, p: int) -> State | None:
+        return self._end[p]
 
     def close(self) -> None:
         for p in range(self.k):
@@ -137,7 +146,7 @@ class RayPlacement(Placement):
             got = self.ray.get(actor.next.remote())
         finally:
             self.ray.kill(actor)
-        if got is None:
+        if got[0] is None:
             raise FeedlineError(f"partition {p} ended where the state says a batch of it was carried; the data changed")
         return {k: np.array(v) for k, v in got[0].items()}
 
