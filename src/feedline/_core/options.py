@@ -112,6 +112,8 @@ def _type_name(tp: Any) -> str:
         return " | ".join(_type_name(a) for a in get_args(tp))
     if tp is type(None):
         return "null"
+    if tp is bool:
+        return "true | false"
     return getattr(tp, "__name__", str(tp))
 
 
@@ -141,7 +143,7 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         hinted = [x for x in errors if "did you mean" in str(x)]
         if hinted:
             raise hinted[0]
-        raise SpecError(f"{path}: {value!r} is not a {_type_name(tp)}")
+        raise SpecError(f"{path}: {value!r} is not one of: {_type_name(tp)}")
     if tp is type(None):
         if value is None:
             return None
