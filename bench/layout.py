@@ -54,7 +54,7 @@ def measures(compact: list[Any]) -> dict[str, Callable[[], None]]:
     from feedline._service.trust import BatchGuard
 
     laid = [b.expand() for b in compact]
-    state = b"\x81\xa4step\x01" * 400   # ~3.6 KB: a pack stream's state as msgpack
+    state = b"\x81\xa4step\x01" * 400   # ~3.6 KB of state bytes, a pack stream's size (a client keeps them undecoded)
     messages = [encode_batches([(b, i + j, state) for j, b in enumerate(compact[i:i + 4])])
                 for i in range(0, len(compact), 4)]
     guard = BatchGuard(None, 1 << 30)

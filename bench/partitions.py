@@ -13,9 +13,11 @@ its first batch and then counts real tokens (``attention_mask``) for ``--seconds
 for ``--rounds`` rounds so that a busy machine's drift falls on both. K = 1 is the plain loader
 (no composing stage); K > 1 runs ``parallel: {placement: --placement}``.
 
-``--first``: the seconds from the loader's construction to its first batch and to its 6th, each in
-a fresh process, K = 1 against each K > 1 under ``processes`` (warm start: partitions on threads
-here until their worker is ready), ``processes-cold`` (``warm_start: false``) and ``threads``.
+``--first``: the seconds from the loader's construction to its first batch and to its 6th, and the
+real tokens delivered by 3 s and by 8 s from it, each in a fresh process, K = 1 against each K > 1
+under ``processes-warm`` (partitions on threads here until their worker is ready),
+``processes-cold`` (``warm_start: false``), ``processes`` (``auto``: warm only with a core per
+worker beside two for the parent) and ``threads``.
 
 ``--breakdown``: a worker's start, phase by phase, with ``spawn`` and with ``forkserver`` (the
 factory's module preloaded), each in a fresh process: ``start()`` returning in the parent, the
@@ -56,7 +58,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, prose_corpus, require_data, short_corpus
 from contenders import WORKLOADS, feedline_spec
 
-PLACEMENTS = {"processes": {"placement": "processes"}, "processes-cold": {"placement": "processes", "warm_start": False},
+PLACEMENTS = {"processes": {"placement": "processes"},   # warm_start: auto
+              "processes-warm": {"placement": "processes", "warm_start": True},
+              "processes-cold": {"placement": "processes", "warm_start": False},
               "threads": {"placement": "threads"}}
 
 
@@ -111,12 +115,21 @@ def first_child(name: str, k: int, placement: str) -> dict[str, float]:
 
     t0 = time.perf_counter()
     with feedline.Loader(with_k(base_spec(name), k, placement)) as loader:
-        it = iter(loader)
-        next(it)
-        first = time.perf_counter() - t0
-        for _ in range(5):
-            next(it)
-        return {"first_s": first, "sixth_s": time.perf_counter() - t0}
+        out: dict[str, float] = {}
+        tokens = 0
+        for n, batch in enumerate(loader, 1):
+            now = time.perf_counter() - t0
+            if n == 1:
+                out["first_s"] = now
+            elif n == 6:
+                out["sixth_s"] = now
+            if now >= 3 and "by_3s" not in out:
+                out["by_3s"] = tokens
+            if now >= 8:
+                out["by_8s"] = tokens
+                return out
+            tokens += int(batch["attention_mask"].sum())
+    return out
 
 
 def in_fresh_process(*child_args: str, timeout: float = 300) -> dict[str, Any] | None:
@@ -142,11 +155,13 @@ def first_batches(args: argparse.Namespace, ks: list[int]) -> None:
                     runs[(k, p)].append(got)
         one = statistics.median(r["first_s"] for r in runs[settings[0]])
         print(f"\n{name}: seconds from Loader(...) to the first batch and to the 6th, medians of {args.rounds} fresh processes")
-        print("| K | placement | first batch s | x K=1 | 6th batch s | each run (first) |\n|---|---|---:|---:|---:|---|")
+        print("| K | placement | first batch s | x K=1 | 6th batch s | M tokens by 3 s | by 8 s | each run (first) |\n"
+              "|---|---|---:|---:|---:|---:|---:|---|")
         for (k, p), rs in runs.items():
             if rs:
                 f = statistics.median(r["first_s"] for r in rs)
                 print(f"| {k} | {p} | {f:.2f} | {f / one:.1f} | {statistics.median(r['sixth_s'] for r in rs):.2f} | "
+                      f"{statistics.median(r['by_3s'] for r in rs) / 1e6:.1f} | {statistics.median(r['by_8s'] for r in rs) / 1e6:.1f} | "
                       f"{', '.join(format(r['first_s'], '.2f') for r in rs)} |", flush=True)
 
 
@@ -341,7 +356,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=3.0)
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--placement", default="processes", choices=sorted(PLACEMENTS), help="rates: where K > 1 runs")
-    ap.add_argument("--placements", default="processes,processes-cold,threads", help="--first: the placements of K > 1")
+    ap.add_argument("--placements", default="processes-warm,processes-cold,processes,threads",
+                    help="--first: the placements of K > 1")
     ap.add_argument("--first", action="store_true", help="first-batch times, each in a fresh process")
     ap.add_argument("--breakdown", action="store_true", help="a worker's start, phase by phase (spawn, forkserver)")
     ap.add_argument("--transport", action="store_true", help="a batch's cost on a multiprocessing pipe")

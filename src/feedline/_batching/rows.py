@@ -118,12 +118,12 @@ def collate_flat(docs: np.ndarray, lengths: np.ndarray, values: Mapping[str, np.
     np.cumsum(seq_lens, axis=1, out=cu[:, 1:])
     first = exclusive_cumsum(lengths) + np.repeat(rows * max_length - exclusive_cumsum(totals), docs)
     first = first[lengths > 0]   # an empty piece marks no token
-    place = _Placement(totals, max_length)
+    fill = _RowFill(totals, max_length)
     batch: Batch = {}
     for name, arr in like.items():
-        batch[name] = place.lay(values[name], pad_values.get(name, 0), int_dtype(name, arr))
+        batch[name] = fill.lay(values[name], pad_values.get(name, 0), int_dtype(name, arr))
     if reset_positions:
-        positions = place.lay(_piece_positions(lengths), 0, np.dtype(np.int32))
+        positions = fill.lay(_piece_positions(lengths), 0, np.dtype(np.int32))
     else:
         positions = np.broadcast_to(np.arange(max_length, dtype=np.int32), (n, max_length)).copy()
     if "labels" in batch and mask_first:
@@ -133,7 +133,7 @@ def collate_flat(docs: np.ndarray, lengths: np.ndarray, values: Mapping[str, np.
     batch["seq_lens"] = seq_lens
     batch["cu_seqlens"] = cu
     if attention == "padding":
-        batch["attention_mask"] = place.lay(None, 0, np.dtype(np.int32))
+        batch["attention_mask"] = fill.lay(None, 0, np.dtype(np.int32))
     else:
         real = np.arange(max_length)[None, :] < totals[:, None]
         starts = np.zeros((n, max_length), dtype=bool)
@@ -151,7 +151,7 @@ def collate_flat(docs: np.ndarray, lengths: np.ndarray, values: Mapping[str, np.
 _ROW_BY_ROW = 32
 
 
-class _Placement:
+class _RowFill:
     """Where a batch's tokens go. A row's pieces lie end to end from its start, rows in order, so
     the tokens, in order, fill exactly the first ``totals[r]`` places of each row ``r``: every row
     full is one reshape, a few rows a slice each, more rows one boolean mask over the batch."""
