@@ -122,6 +122,23 @@ def test_warm_start_auto_waits_for_the_workers_without_a_core_for_each(corpus: s
     loader.close()
 
 
+@pytest.mark.parametrize("warm", [False, True])
+def test_a_pipeline_that_cannot_start_in_a_worker_raises_its_own_error(small_tokenizer: str, tmp_path: Path,
+                                                                       warm: bool) -> None:
+    """A source path that does not exist fails the stream with the pipeline's SourceError naming
+    the path, whether the partitions start here (warm) or only in their workers: a worker whose
+    pipeline cannot be built reports it instead of dying (restarted, and blamed on the main guard)."""
+    from feedline import SourceError
+
+    missing = tmp_path / "missing.jsonl"
+    s = spec(str(missing), small_tokenizer, 2, "processes", parallel={"placement": "processes", "warm_start": warm})
+    loader = Loader(s)
+    with pytest.raises(SourceError, match=f"{missing}: no such file"):
+        next(loader)
+    assert not any(runner(loader).restarts)
+    loader.close()
+
+
 def test_a_killed_worker_is_restarted_from_its_partitions_states(corpus: str, small_tokenizer: str) -> None:
     s = spec(corpus, small_tokenizer, 3, "processes", parallel={"placement": "processes", "processes": 3, "warm_start": False})
     want = collect(Loader(spec(corpus, small_tokenizer, 3, "threads")))

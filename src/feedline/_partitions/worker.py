@@ -96,6 +96,7 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
             msg = events.get()
             if msg[0] == "stop":
                 return
+            out: list[tuple[Any, ...]] = []
             if msg[0] == "credit" and msg[1] == gen:
                 credit[msg[2]] += msg[3]
             elif msg[0] == "start":
@@ -105,12 +106,17 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
                     if old is not None:
                         old.close()
                     credit[p] = prefetch
-                    stage = stages[p] = Prefetch(functools.partial(_open, make, p), prefetch, wake=wake,
-                                                 name=f"feedline-partition-{p}")
-                    if state is not None:
-                        stage.set_state(state)
-                    stage.start()
-            out: list[tuple[Any, ...]] = []
+                    stage = Prefetch(functools.partial(_open, make, p), prefetch, wake=wake,
+                                     name=f"feedline-partition-{p}")
+                    try:   # building the pipeline may fail (a missing file, a bad spec): the parent raises it
+                        if state is not None:
+                            stage.set_state(state)
+                        stage.start()
+                    except Exception as e:
+                        stage.close()
+                        out.append(("error", gen, p, _portable(e)))
+                        continue
+                    stages[p] = stage
             for p in list(stages):  # everything ready that credit allows (a wake is heard once per empty queue)
                 while credit[p] > 0 and p in stages:
                     try:
