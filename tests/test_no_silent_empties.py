@@ -64,3 +64,16 @@ def test_an_unreachable_dataset_is_an_error(monkeypatch: pytest.MonkeyPatch, sma
             "task": {"kind": "clm", "max_length": 16}, "batching": {"strategy": "pad", "batch_size": 2}}
     with pytest.raises(SourceError, match="no-such-dataset.*load_dataset failed"):
         list(feedline.Loader(spec))
+
+
+@pytest.mark.parametrize("pattern", ["*.jsonl", ""])  # a glob, and the folder itself
+def test_a_dangling_link_a_glob_matches_is_unreadable_not_skipped(tmp_path: Path, small_tokenizer: str,
+                                                                  pattern: str) -> None:
+    make_corpus(tmp_path / "c", files=2, docs=20)
+    (tmp_path / "c" / "z-gone.jsonl").symlink_to(tmp_path / "moved-away.jsonl")
+    spec = _spec(str(tmp_path / "c" / pattern), small_tokenizer, batching={"strategy": "pad", "batch_size": 2})
+    with pytest.raises(SourceError, match=r"z-gone\.jsonl: a link to .*moved-away\.jsonl, which does not exist.*on_unreadable: skip"):
+        list(feedline.Loader(spec))
+    loader = feedline.Loader({**spec, "on_unreadable": "skip"})
+    assert len(list(loader)) == 20  # the two real files' 40 documents, two a step
+    assert loader.stats()["rejected"] == {"unreadable": 1}

@@ -48,6 +48,9 @@ def _local(path: str) -> str:
 def expand(path: str) -> list[str]:
     """All files named by a path, glob, directory or URL, sorted for determinism.
 
+    A link whose target is missing (dangling) is listed like a file: reading it fails, so the
+    source's ``on_unreadable`` decides (stop, or count it as ``unreadable``), never a silent skip.
+
     Raises:
         SourceError: when nothing matches.
     """
@@ -55,11 +58,11 @@ def expand(path: str) -> list[str]:
         return _expand_url(path)
     p = os.path.expanduser(_local(path))
     if any(c in p for c in "*?["):
-        files = sorted(f for f in glob.glob(p, recursive=True) if os.path.isfile(f))
+        files = sorted(f for f in glob.glob(p, recursive=True) if os.path.isfile(f) or _dangling(f))
     elif os.path.isdir(p):
         files = sorted(
             str(f) for f in Path(p).rglob("*")
-            if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
+            if (f.is_file() or _dangling(str(f))) and not any(part.startswith(".") for part in f.relative_to(p).parts)
         )
     elif os.path.isfile(p):
         files = [p]
@@ -68,6 +71,11 @@ def expand(path: str) -> list[str]:
     if not files:
         raise SourceError(f"{path}: no files match; check the glob or directory")
     return files
+
+
+def _dangling(path: str) -> bool:
+    """True for a symbolic link whose target does not exist."""
+    return os.path.islink(path) and not os.path.exists(path)
 
 
 # What each URL protocol needs beyond fsspec, and how to install it.
@@ -142,6 +150,8 @@ def open_raw(path: str) -> IO[bytes]:
     try:
         return open(_local(path), "rb")
     except FileNotFoundError:
+        if _dangling(_local(path)):
+            raise SourceError(f"{path}: a link to {os.readlink(_local(path))}, which does not exist") from None
         raise SourceError(f"{path}: file not found (was it removed after listing?)") from None
     except OSError as e:
         raise SourceError(f"{path}: cannot open ({e.strerror})") from e
