@@ -56,3 +56,16 @@ def test_scan_reads_the_spec_from_stdin_and_reports_bad_usage(spec_file: Path, t
     missing = subprocess.run([sys.executable, "-m", "feedline", "scan", "-"], input='{"sources": ["/nonexistent/x.jsonl"]}',
                              text=True, capture_output=True, check=False)
     assert missing.returncode == 1 and "no such file" in missing.stderr and len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_scan_counts_the_text_of_records_kept_whole(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    chat = tmp_path / "chat.jsonl"
+    rows = [{"messages": [{"role": "user", "content": "Grüß dich"}, {"role": "assistant", "content": "hi"}], "id": 7},
+            {"messages": [{"role": "user", "content": "again"}]}]
+    chat.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"sources": [{"path": "chat.jsonl", "text": None}]}))
+    assert main(["scan", str(spec), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    strings = ["user", "Grüß dich", "assistant", "hi", "user", "again"]  # every string value, keys and numbers not
+    assert out["records"] == 2 and out["bytes"] == sum(len(s.encode()) for s in strings) == 35

@@ -5,7 +5,8 @@
     (120034, {'bad_json': 2})
 
 Each source is read once, in file order (no mixing, no shuffling, one epoch), so the counts are
-the ones a one-epoch run delivers. ``bytes`` is the UTF-8 size of the delivered text.
+the ones a one-epoch run delivers. ``bytes`` is the UTF-8 size of the delivered text: the text
+field, or for a record kept whole (``text: null``: chat data) every string it holds, nested.
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ def scan(spec: Spec, *, tokens: bool = False, limit: int | None = None,
                 if limit is not None and total >= limit:
                     break
                 text = rec.data.get("text")
-                if isinstance(text, str):
+                if not isinstance(text, str):  # a record kept whole (chat)
+                    nbytes += _string_bytes(rec.data)
+                else:
                     nbytes += len(text.encode("utf-8"))
                     if tok is not None:
                         batch.append(text)
@@ -91,3 +94,18 @@ def scan(spec: Spec, *, tokens: bool = False, limit: int | None = None,
     report["seconds"] = round(time.perf_counter() - started, 3)
     report["sources"] = per_source
     return report
+
+
+def _string_bytes(value: Any) -> int:
+    """The UTF-8 size of every string in ``value`` (mappings' values and lists, nested; keys not counted).
+
+        >>> _string_bytes({"messages": [{"role": "user", "content": "héllo"}], "id": 3})
+        10
+    """
+    if isinstance(value, str):
+        return len(value.encode("utf-8"))
+    if isinstance(value, dict):
+        return sum(_string_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_string_bytes(v) for v in value)
+    return 0
