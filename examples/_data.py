@@ -8,6 +8,7 @@ from Python's own documentation, and tokenizers trained on it with
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -15,6 +16,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The module docstring as written, and each option's default after its help (``--help``)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
 
 
 def shared(*parts: str) -> Path | None:

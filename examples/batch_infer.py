@@ -25,19 +25,19 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _data import keyword_label_tsv, run, shared, tokenizer
+from _data import HelpFormatter, keyword_label_tsv, run, shared, tokenizer
 
 from feedline.tools import join_predictions
 from feedline.torch import TorchLoader
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--data", help="records to label (default: the GoEmotions test split, or a stand-in)")
     p.add_argument("--text", default="text", help="field holding the text")
     p.add_argument("--model", help="a sequence classifier directory (save_pretrained) or hub name")
     p.add_argument("--tokenizer", help="default: the model's, else bert-base-uncased from ../shared/data")
-    p.add_argument("--work", default="runs/infer")
+    p.add_argument("--work", default="runs/infer", help="directory for generated data and outputs")
     p.add_argument("--out", help="output JSONL (default: WORK/predictions.jsonl)")
     p.add_argument("--limit", type=int, help="stop after this many batches")
     p.add_argument("--seq-len", type=int, default=128)

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 
-from _data import demo_corpus, run, shared, tokenizer
+from _data import HelpFormatter, demo_corpus, run, shared, tokenizer
 
 
 def build_spec(args: argparse.Namespace) -> dict[str, object]:
@@ -97,7 +97,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--data", help="a Wikipedia dump (pages-articles .xml.bz2, cirrussearch .json.gz) or any source")
     p.add_argument("--tokenizer", help="default: bert-base-uncased from ../shared/data, else a WordPiece trained here")
     p.add_argument("--shuffle-buffer", type=int, help="records (pages) in the shuffle buffer (default: 1000; 4 for the sample)")

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import torch
-from _data import demo_corpus, run, shared, trained_tokenizer
+from _data import HelpFormatter, demo_corpus, run, shared, trained_tokenizer
 from _models import GPT, batch_tokens
 
 import feedline
@@ -53,10 +53,10 @@ def demo_conversations(out: Path, n: int = 500) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--data", help="JSONL conversations (default: ../shared/data OpenAssistant threads)")
     p.add_argument("--tokenizer", help="a tokenizer with a chat template (default: Qwen2.5 from ../shared/data)")
-    p.add_argument("--work", default="runs/chat")
+    p.add_argument("--work", default="runs/chat", help="directory for generated data and checkpoints")
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=8, help="global packed rows per step")

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _data import keyword_label_tsv, run, shared, tokenizer
+from _data import HelpFormatter, keyword_label_tsv, run, shared, tokenizer
 
 import feedline
 from feedline.torch import TorchLoader, passthrough_collate
@@ -58,10 +58,10 @@ def make_spec(path: str, tok: str, num_labels: int, seq_len: int, batch_size: in
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--model", help="a pretrained BERT to fine-tune (name or path); default: a small one from scratch")
     p.add_argument("--tokenizer", help="default: bert-base-uncased from ../shared/data (or the --model's)")
-    p.add_argument("--work", default="runs/goemotions")
+    p.add_argument("--work", default="runs/goemotions", help="directory for generated data and the trained model")
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--seq-len", type=int, default=48, help="tokens per text (longer texts are truncated)")
     p.add_argument("--batch-size", type=int, default=32, help="global rows per step")

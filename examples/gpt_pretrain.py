@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import torch
-from _data import demo_corpus, run, shared, tokenizer, trained_tokenizer
+from _data import HelpFormatter, demo_corpus, run, shared, tokenizer, trained_tokenizer
 from _models import GPT, batch_tokens
 
 import feedline
@@ -50,7 +50,7 @@ def write_shards(out: Path, shards: int) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--data", help="glob of .jsonl.zst shards (default: shards written from the sample corpus)")
     p.add_argument("--tokenizer", help="tokenizer (default: GPT-2 on a GPU, a 4,096-token BPE trained here on a CPU)")
     p.add_argument("--work", default="runs/gpt", help="directory for generated shards and checkpoints")

@@ -21,7 +21,7 @@ import sys
 import time
 
 import torch
-from _data import demo_corpus, run, shared, tokenizer
+from _data import HelpFormatter, demo_corpus, run, shared, tokenizer
 
 import feedline
 from feedline.torch import TorchLoader
@@ -33,7 +33,7 @@ def sync(device: torch.device) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--data", help="any source (default: ../shared/data Wikipedia articles, else the demo corpus)")
     p.add_argument("--tokenizer", help="default: bert-base-uncased from ../shared/data, else a WordPiece trained here")
     p.add_argument("--steps", type=int, default=300)

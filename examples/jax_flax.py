@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from _data import demo_corpus, run, shared, tokenizer, trained_tokenizer
+from _data import HelpFormatter, demo_corpus, run, shared, tokenizer, trained_tokenizer
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -62,7 +62,7 @@ def loss_fn(params: Any, model: TinyLM, batch: dict[str, jax.Array]) -> jax.Arra
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--data", help="any source (default: ../shared/data C4 sample, else the demo corpus)")
     p.add_argument("--tokenizer", help="default: GPT-2 from ../shared/data on an accelerator, a 4,096-token BPE trained here on a CPU")
     p.add_argument("--steps", type=int, default=200)

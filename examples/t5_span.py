@@ -23,14 +23,14 @@ import json
 import time
 
 import torch
-from _data import demo_corpus, run, shared, tokenizer
+from _data import HelpFormatter, demo_corpus, run, shared, tokenizer
 
 import feedline
 from feedline.torch import TorchLoader
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--data", help="any source (default: ../shared/data Wikipedia articles, else the demo corpus)")
     p.add_argument("--tokenizer", help="default: T5 from ../shared/data, else a unigram with sentinels trained here")
     p.add_argument("--epochs", type=int, default=1, help="passes over the data (training stops at --steps or here)")

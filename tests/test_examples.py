@@ -153,3 +153,19 @@ def test_bert_mlm_sop_through_the_service_on_two_torchrun_ranks(tmp_path: Path) 
     assert "done: 3 steps on 2 ranks; loader state at step 3" in proc.stdout
     lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith('{"')]
     assert lines[-1]["rows_per_rank"] == 2
+
+
+@pytest.mark.parametrize("name", ["batch_infer.py", "chat_sft.py", "goemotions_trainer.py", "gpt_pretrain.py"])
+def test_help_shows_the_work_folder_default(name: str, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    monkeypatch.setattr(sys, "argv", [name, "--help"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(EXAMPLES / name), run_name="__main__")
+    assert done.value.code == 0
+    default = re.search(r'"--work", default="([^"]+)"', (EXAMPLES / name).read_text(encoding="utf-8"))
+    assert default is not None
+    help_text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert re.search(rf"--work WORK .*\(default: {re.escape(default.group(1))}\)", help_text), help_text
