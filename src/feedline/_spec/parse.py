@@ -2,15 +2,14 @@
 
 A spec field with a ``section`` in its metadata (:class:`~feedline._spec.spec.Spec`) is parsed by
 one of these functions; every other field, and what a section returns, goes through
-:func:`~feedline._core.options.build`. Also here: reading a spec file, and the two path rules
+:func:`~feedline._core.options.build`. Also here: the two path rules
 (:func:`join_root` resolves a path written relative to ``root``; :func:`portable_path` is how the
-hash sees a path).
+hash sees a path). Reading a spec file is :mod:`feedline._spec.files`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from feedline._spec.sections import (
 )
 from feedline.errors import SpecError
 
-__all__ = ["join_root", "portable_path", "read_spec_file"]
+__all__ = ["join_root", "portable_path"]
 
 
 @dataclass(frozen=True)
@@ -184,25 +183,3 @@ def _engine(raw: Any, ctx: _Context) -> EngineSpec:
 
 def _parallel(raw: Any, ctx: _Context) -> ParallelSpec:
     return build(ParallelSpec, {"placement": raw} if isinstance(raw, str) else (raw or {}), "parallel")
-
-
-def read_spec_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a ``.yaml``/``.yml``/``.json`` spec file (``-`` reads standard input)."""
-    import sys
-
-    import yaml
-
-    p = str(path)
-    try:
-        text = sys.stdin.read() if p == "-" else Path(p).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(f"{p}: spec file not found") from None
-    except OSError as e:
-        raise SpecError(f"{p}: cannot read spec file ({e.strerror})") from e
-    try:
-        data = json.loads(text) if p.endswith(".json") else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise SpecError(f"{p}: not valid {'JSON' if p.endswith('.json') else 'YAML'}: {e}") from e
-    if not isinstance(data, dict):
-        raise SpecError(f"{p}: a spec must be a mapping at the top level, got {type(data).__name__}")
-    return data

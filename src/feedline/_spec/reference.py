@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from feedline._spec import files
 from feedline._spec.sections import BatchingSpec, TaskSpec, TokenizerSpec
 from feedline._spec.spec import Spec
 
@@ -209,7 +210,11 @@ def markdown(tasks: Mapping[str, type], batchers: Mapping[str, type]) -> str:
            "mean 'format'? (allowed: ...)`); `feedline spec --check FILE` checks a file (its `streams` too) "
            "without reading any data. `Spec.hash()` covers every key "
            "that changes the batches (not `root`, `engine`, `workers`, `prefetch`, `reject_limit`, `streams`, "
-           "the tokenizer's `backend`).", ""]
+           "the tokenizer's `backend`).", "",
+           f"A spec file is read as UTF-8, at most {files.MAX_BYTES >> 20} MB, nested at most {files.MAX_DEPTH} "
+           f"levels and expanding, with its YAML aliases followed, to at most {files.MAX_VALUES:,} values "
+           f"({files.MAX_CHARS >> 20} MB of text): a file beyond these (an alias bomb, 20,000 nested lists) or "
+           "not UTF-8 is refused in one line naming the file and line, before anything else is read.", ""]
 
     def section(title: str, path: str, rows: list[FieldDoc], intro: str = "") -> None:
         out.extend([f"## {title}", ""])

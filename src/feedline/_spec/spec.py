@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from feedline._core.callables import importable
 from feedline._core.options import build, close_match, to_plain
+from feedline._spec.files import parse_spec_text, read_spec_text
 from feedline._spec.parse import (
     _batching,
     _Context,
@@ -43,7 +44,6 @@ from feedline._spec.parse import (
     _transforms,
     join_root,
     portable_path,
-    read_spec_file,
 )
 from feedline._spec.sections import (
     Backend,
@@ -165,7 +165,8 @@ class Spec:
         if isinstance(spec, Spec):
             return spec
         if isinstance(spec, (str, os.PathLike)):
-            data = read_spec_file(spec)
+            text = read_spec_text(spec)
+            data = parse_spec_text(text, str(spec))
             try:
                 return cls.from_mapping(data, base=Path(spec).resolve().parent, registry=registry)
             except SpecError as e:
@@ -173,7 +174,7 @@ class Spec:
                     raise
                 from feedline._spec.locate import located
 
-                raise SpecError(located(str(e), str(spec), Path(spec).read_text(encoding="utf-8"))) from e
+                raise SpecError(located(str(e), str(spec), text)) from e
         if isinstance(spec, Mapping):
             return cls.from_mapping(spec, registry=registry)
         raise SpecError(f"a spec must be a path, a mapping or a feedline.Spec; got {type(spec).__name__}")
