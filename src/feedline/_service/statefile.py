@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from feedline.errors import SpecError, StateError
 __all__ = ["StateFile"]
 
 FORMAT = 1
+MAX_BYTES = 256 << 20   # a state file's size (a state holds at most 4 M values: about 40 MB)
 
 
 class StateFile:
@@ -60,12 +62,9 @@ class StateFile:
             SpecError: the file cannot be read or is not a state file.
             StateError: a state in it is malformed or was saved under another spec.
         """
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+        text = self._read()
+        if text is None:
             return {}
-        except OSError as e:
-            raise SpecError(f"{self.path}: cannot read the --state file ({e.strerror})") from e
         try:
             doc = parse_state_json(text)
         except StateError as e:
@@ -93,6 +92,47 @@ class StateFile:
                 raise StateError(f"{self.path}: stream {name!r}: {e}") from None
             self.states[name] = json.dumps(state, separators=(",", ":"))
         return out
+
+    def _read(self) -> str | None:
+        """The file's text (``None``: it does not exist): a regular file of at most :data:`MAX_BYTES`, as UTF-8.
+
+        It is opened without blocking and checked before a byte is read, so a FIFO, a device
+        (a link to ``/dev/zero``) or a folder is refused at once instead of hanging or filling memory.
+        """
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise SpecError(f"{self.path}: cannot read the --state file ({e.strerror})") from None
+        try:
+            kind = os.fstat(fd).st_mode
+            if not stat.S_ISREG(kind):
+                what = "a folder" if stat.S_ISDIR(kind) else "a FIFO" if stat.S_ISFIFO(kind) else \
+                    "a device" if stat.S_ISCHR(kind) or stat.S_ISBLK(kind) else "not a regular file"
+                raise SpecError(f"{self.path}: the --state file is {what}; give a regular file (or a path "
+                                "that does not exist yet: the server creates it)")
+            chunks, size = [], 0
+            while size <= MAX_BYTES:
+                chunk = os.read(fd, min(1 << 20, MAX_BYTES + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            data = b"".join(chunks)
+        except OSError as e:
+            raise SpecError(f"{self.path}: cannot read the --state file ({e.strerror})") from None
+        finally:
+            os.close(fd)
+        if len(data) > MAX_BYTES:
+            raise SpecError(f"{self.path}: larger than {MAX_BYTES:,} bytes, so not a --state file the server "
+                            "wrote; give another path, or delete the file to start the streams over")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise SpecError(f"{self.path}: not a feedline state file (byte 0x{data[e.start]:02x} at offset "
+                            f"{e.start} is not UTF-8 text); give another path, or delete the file to start "
+                            "the streams over") from None
 
     def save(self, wires: Mapping[str, bytes | str]) -> None:
         """Record these streams' states (as batch headers carry them) and rewrite the file atomically."""

@@ -22,7 +22,7 @@ from feedline._service.lograte import limit_log_rate
 from feedline._service.server import Server, ServerOptions
 from feedline._service.streams import load_streams, parse_stream_option
 from feedline._spec import Spec, read_spec_file
-from feedline.errors import SpecError
+from feedline.errors import SpecError, StateError
 
 NAME = "serve"
 DEFAULT_BIND = "tcp://127.0.0.1:5555"
@@ -92,7 +92,11 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("feedline").setLevel(min(logging.getLogger().level, logging.INFO))
     limit_log_rate(_FLOODABLE)
     raise_fd_limit()
-    address = server.bind()
+    try:
+        address = server.bind()
+    except StateError as e:   # a --state file this server cannot resume from: a usage error (exit 2)
+        server.close()
+        raise SpecError(str(e)) from None
     gateway = None
     if http is not None:
         keys = ClientKeys.load(args.keys) if args.keys else None
