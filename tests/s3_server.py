@@ -3,7 +3,7 @@
 ``S3Fixture`` starts ``moto.server.ThreadedMotoServer`` on a free loopback port and an HTTP proxy
 in front of it; clients are pointed at the proxy with the standard ``AWS_ENDPOINT_URL_S3``. The
 proxy forwards every request and records ``(method, path, Range)``; a test can make it answer the
-next GETs of an object with a 503, or cut a body short and drop the connection.
+next GETs of an object with a 503, cut a body short and drop the connection, or ignore ``Range``.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ class _Proxy(BaseHTTPRequestHandler):
             return
         conn = http.client.HTTPConnection("127.0.0.1", fx.moto_port, timeout=60)
         try:
-            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP
+                       and not (k.lower() == "range" and key in fx.ignore_range)}
             conn.request(self.command, self.path, body=body or None, headers=headers)
             resp = conn.getresponse()
             data = resp.read()
@@ -94,6 +95,7 @@ class S3Fixture:
         self.requests: list[tuple[str, str, str | None]] = []
         self.fail: Counter[str] = Counter()
         self.cut: Counter[str] = Counter()
+        self.ignore_range: set[str] = set()  # objects whose GETs are forwarded without Range (answered whole)
         handler = type("Proxy", (_Proxy,), {"fixture": self})
         self.proxy = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.proxy.daemon_threads = True

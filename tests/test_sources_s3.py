@@ -125,6 +125,27 @@ def test_a_resume_starts_mid_object_with_a_ranged_request(s3: S3Fixture, small_t
     assert pos in starts  # reading went on from the saved byte offset, not from the start of the object
 
 
+def test_a_server_that_ignores_range_is_named_on_resume(s3: S3Fixture, small_tokenizer: str) -> None:
+    """A resume from an endpoint that answers every ranged GET with the whole object says the server
+    ignored the range request (it said the file changed since the state was saved)."""
+    url = _put(s3, "norange/big.jsonl", _docs(3000, "norange"))
+    spec = {"sources": [url], "tokenizer": small_tokenizer, "task": {"kind": "clm", "max_length": 64},
+            "batching": {"strategy": "pack", "batch_size": 8}}
+    with feedline.Loader(spec, prefetch=1) as loader:
+        it = iter(loader)
+        for _ in range(40):
+            next(it)
+        state = loader.state_dict()
+    s3.ignore_range.add(f"/{BUCKET}/norange/big.jsonl")
+    try:
+        with pytest.raises(SourceError) as e, feedline.Loader(spec, state=state) as again:
+            list(again)
+    finally:
+        s3.ignore_range.clear()
+    assert str(e.value).startswith(f"{url}: the server ignored the range request (asked for bytes ")
+    assert "changed" not in str(e.value) and "AWS_ENDPOINT_URL_S3" in str(e.value)
+
+
 def _find(state: object, key: str) -> int:
     """The first integer under ``key`` in a nested state (the source's byte position)."""
     if isinstance(state, dict) and isinstance(state.get(key), int):

@@ -115,6 +115,8 @@ class ResumingStream(PositionedRaw):
                 data = self._f.read(min(want, _CHUNK))
             except FileNotFoundError as e:
                 raise missing_bucket(self.url, e) or SourceError(f"{self.url}: not found (HTTP 404 or missing object)") from e
+            except SourceError:
+                raise  # retrying cannot mend it (a server that ignores ranges)
             except Exception as e:
                 refused = access_error(self.url, e)
                 if refused is not None:
@@ -165,6 +167,7 @@ class ResumingStream(PositionedRaw):
             f = self.fs.open(self.path, "rb", block_size=_BLOCK)
             if self.size is None:
                 self.size = getattr(f, "size", None)
+            _check_ranges(f, self.url)
             if self.pos:
                 f.seek(self.pos)
         self._f = f
@@ -202,6 +205,30 @@ def missing_bucket(url: str, e: BaseException) -> SourceError | None:
     return SourceError(f"{url}: bucket {bucket!r} does not exist {at}; check the bucket's name in the path, the endpoint "
                        "(an S3-compatible server's address goes in AWS_ENDPOINT_URL_S3), and that the credentials "
                        "(AWS_PROFILE, AWS_ACCESS_KEY_ID) are for the account or server that holds it")
+
+
+def _check_ranges(f: Any, url: str) -> None:
+    """Make ``f``'s block fetches (fsspec's ``cache.fetcher``) fail on a body longer than the range asked for.
+
+    A server (or a proxy before it) that ignores ``Range`` answers every block with the whole object;
+    fsspec would slice the wrong bytes out of it (a resume then finds no record where the state
+    says, a file "changed"). A fetch from byte 0 of the whole object is the same either way.
+    """
+    cache: Any = getattr(f, "cache", None)
+    fetch = getattr(cache, "fetcher", None)
+    if fetch is None:
+        return
+
+    def ranged(start: int, end: int) -> bytes:
+        data = fetch(start, end)
+        if len(data) > end - start:
+            raise SourceError(f"{url}: the server ignored the range request (asked for bytes {start}-{end - 1}, "
+                              f"got {len(data):,} bytes: the whole object?); reading from an offset (a resume, any "
+                              "block past the first) needs a server that honours Range: check the endpoint "
+                              "(AWS_ENDPOINT_URL_S3) and any proxy in front of it")
+        return data  # type: ignore[no-any-return]
+
+    cache.fetcher = ranged
 
 
 def _content_length(f: Any) -> int | None:
