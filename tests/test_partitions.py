@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from feedline import Loader, Spec, StateError
+from feedline import Loader, SourceError, Spec, StateError
 from feedline._pipeline import GlobalStream, Pipeline
 from feedline._sources.deal import deal, partition_seed
 from feedline._sources.reader import Split
@@ -318,3 +318,26 @@ def test_a_partition_with_nothing_to_read_ends_and_an_empty_stream_is_an_error(t
         small.write_text(body)
         with pytest.raises(SourceError, match="delivered no record to any of its 3 partitions.*check the path and format"):
             collect(Loader(s))
+
+
+@pytest.mark.parametrize("placement", ["threads", "processes"])
+def test_a_resume_after_a_file_shrank_is_refused_rather_than_repeating_records(tmp_path: Path, small_tokenizer: str,
+                                                                               placement: str) -> None:
+    """The files are cut into K shares by size: a shrunk file moves the cuts, and partition 1, resumed
+    on its new share, would read again records partition 0 had delivered (1,400 records twice in the
+    report). Each partition's state names its share, so the resume says the files changed instead."""
+    files = make_corpus(tmp_path / "c", files=3, docs=60)
+    parallel = {"placement": placement, "prefetch": 2, **({"warm_start": False} if placement == "processes" else {})}
+    s = {**spec(str(tmp_path / "c"), small_tokenizer, 2), "parallel": parallel}
+    loader = Loader(s)
+    for _ in range(6):
+        next(loader)
+    state = loader.state_dict()
+    loader.close()
+    assert_batches_equal(collect(Loader(s), limit=12)[6:], collect(Loader(s, state=state), limit=6), "unchanged files")
+    text = Path(files[0]).read_text().splitlines(keepends=True)
+    Path(files[0]).write_text("".join(text[:len(text) // 3]))   # the first file loses two thirds of its records
+    resumed = Loader(s, state=state)
+    with pytest.raises(SourceError, match=r"partition [01] of 2 cannot resume: its files changed since the state"):
+        next(resumed)
+    resumed.close()

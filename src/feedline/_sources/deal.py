@@ -17,18 +17,22 @@ every split of the source is dealt whole, round robin in order (split ``i`` to p
     [[0, 2, 4], [1, 3]]
 
 The deal is a pure function of the splits and ``K``; positions inside a piece are the file's, so
-record keys (and what a state names) mean the same as without partitions.
+record keys (and what a state names) mean the same as without partitions. Cut by size, the deal
+moves when a file shrinks or grows: a partition's state names its share (:func:`fingerprint`), and
+a resume on another share is refused (:func:`moved_share`) rather than repeating or losing records.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Sequence
 
 from feedline._core.rng import mix64
 from feedline._sources.reader import Split
+from feedline.errors import SourceError
 
-__all__ = ["deal", "partition_seed"]
+__all__ = ["deal", "fingerprint", "moved_share", "partition_seed"]
 
 _SALT = 0x9A27
 
@@ -64,3 +68,19 @@ def _cut(splits: Sequence[Split], extents: Sequence[tuple[int, int]], k: int, to
                               else dataclasses.replace(sp, start=a + s - lo, end=a + e - lo))
         offset = hi
     return out
+
+
+def fingerprint(share: Sequence[Split]) -> str:
+    """A short fingerprint of a partition's share: its pieces' files and ranges (not paths: a
+    ``root:`` moved elsewhere is the same share; not sizes: a whole file dealt round robin resumes
+    where it was, as with one partition)."""
+    return hashlib.blake2b(repr([(sp.file, sp.start, sp.end) for sp in share]).encode(), digest_size=8).hexdigest()
+
+
+def moved_share(label: str, partition: int, k: int) -> SourceError:
+    """The error of a partition resumed on another share than its state was read from."""
+    return SourceError(
+        f"source {label!r}: partition {partition} of {k} cannot resume: its files changed since the state was saved "
+        "(one shrank, grew, or was added or removed), so the share of them the state was read from is cut elsewhere "
+        "now and records would repeat or be lost. Restore the files as they were, or start over without the state "
+        "(with partitions: 1 a changed file resumes where it was)")

@@ -6,7 +6,8 @@ State (version 1)::
      "split": 3,          # index into this epoch's split order
      "pos": 81920,        # reader position to resume at within that split
      "line": 1204,        # line number at "pos" (for error reports)
-     "rejected": {"bad_json": 2}}
+     "rejected": {"bad_json": 2},
+     "deal": "9f2c41d07a3e5b18"}   # partitions K > 1 only: this partition's share, fingerprinted
 
 The split order of epoch ``e`` is a permutation keyed by ``(seed, source index, e)`` when shard
 shuffling is on, else file order. Nothing else is random here.
@@ -29,7 +30,7 @@ from feedline._core.report import Rejections, nothing_delivered
 from feedline._core.rng import permutation
 from feedline._sources.arrow import saved_dataset_files
 from feedline._sources.cache import ObjectCache
-from feedline._sources.deal import deal
+from feedline._sources.deal import deal, fingerprint, moved_share
 from feedline._sources.files import expand, is_url, use_cache
 from feedline._sources.reader import Item, Reader, Split, detect_format, reader_class
 from feedline._spec import SourceSpec
@@ -128,6 +129,7 @@ class FileSource(Dataset[Record]):
         self._files: list[str] | None = None
         self._reader: Reader | None = None
         self._splits: list[Split] | None = None
+        self._deal: str | None = None
 
     # Listing is deferred to first use: constructing a recipe does no I/O.
     @property
@@ -159,6 +161,13 @@ class FileSource(Dataset[Record]):
                 splits = deal(splits, [self._extent(sp) for sp in splits], self.partitions)[self.partition]
             self._splits = splits
         return self._splits
+
+    @property
+    def deal(self) -> str:
+        """This partition's share, fingerprinted (:func:`~feedline._sources.deal.fingerprint`)."""
+        if self._deal is None:
+            self._deal = fingerprint(self.splits)
+        return self._deal
 
     def _extent(self, split: Split) -> tuple[int, int] | None:
         try:
@@ -208,7 +217,7 @@ class FileSource(Dataset[Record]):
 class FileSourceIterator(DatasetIterator[Record]):
     """Cursor over a :class:`FileSource` (a leaf: its state is all its own)."""
 
-    STATE_KEYS = ("epoch", "split", "pos", "line", "rejected")
+    STATE_KEYS = ("epoch", "split", "pos", "line", "rejected")   # and "deal" with partitions > 1
 
     def __init__(self, source: FileSource) -> None:
         self.src = source
@@ -227,12 +236,17 @@ class FileSourceIterator(DatasetIterator[Record]):
         # Until the first record is delivered on a fresh read, a source that yields nothing is
         # an error (reject_limit; see _check_nothing). A restored cursor delivered before.
         self._watch = source.reject_limit > 0
+        self._saved_deal: str | None = None   # a restored state's share, checked when reading starts
 
     def _start_split(self) -> bool:
         """Open the current split; False when the epochs are exhausted."""
         while True:
             if self.src.epochs is not None and self.epoch >= self.src.epochs:
                 return False
+            if self._saved_deal is not None:
+                saved, self._saved_deal = self._saved_deal, None
+                if saved != self.src.deal:
+                    raise moved_share(self.src.spec.label, self.src.partition, self.src.partitions)
             if self._order is None:
                 self._order = self.src.order(self.epoch)
             if self.split < len(self._order):
@@ -357,8 +371,11 @@ class FileSourceIterator(DatasetIterator[Record]):
             raise SourceError(nothing_delivered(where, counts, self.rejections.samples, first=first))
 
     def get_state(self) -> State:
-        return {"epoch": self.epoch, "split": self.split, "pos": self.pos, "line": self.line,
-                "rejected": self.rejections.get_state()}
+        state: dict[str, Any] = {"epoch": self.epoch, "split": self.split, "pos": self.pos, "line": self.line,
+                 "rejected": self.rejections.get_state()}
+        if self.src.partitions > 1:
+            state["deal"] = self.src.deal
+        return state
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         try:
@@ -366,6 +383,8 @@ class FileSourceIterator(DatasetIterator[Record]):
             self.pos = None if state["pos"] is None else int(state["pos"])
             self.line = int(state["line"])
             self.rejections.set_state(state.get("rejected", {}))
+            deal = state.get("deal")
+            self._saved_deal = None if deal is None or self.src.partitions == 1 else str(deal)
         except (KeyError, TypeError, ValueError) as e:
             raise StateError(f"source {self.src.spec.label!r}: malformed state {dict(state)!r} ({e})") from e
         self._order, self._items, self._pending, self._at = None, None, [], 0
