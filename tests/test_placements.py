@@ -301,3 +301,106 @@ def test_one_partition_in_a_worker_process_is_the_plain_loader_bit_for_bit(corpu
     mid = len(a) // 2
     assert_batches_equal(a[mid:], collect(Loader(off, state=sa[mid - 1])), "in-process state, resumed in a process")
     assert_batches_equal(b[mid:], collect(Loader(plain, state=sb[mid - 1])), "process state, resumed in-process")
+
+
+USER_MAPS = textwrap.dedent("""
+    import sys
+
+
+    def explode(rec):
+        if rec["text"].startswith("Document 1-5:"):
+            return {**rec, "text": rec["text"][1 / 0]}  # THE USER'S LINE
+        return rec
+
+
+    def leave(rec):
+        if rec["text"].startswith("Document 1-5:"):
+            sys.exit(3)
+        return rec
+
+
+    def interrupt(rec):
+        if rec["text"].startswith("Document 1-5:"):
+            raise KeyboardInterrupt
+        return rec
+""")
+
+
+def user_maps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A module of transforms, importable here and in the workers (their sys.path is the parent's)."""
+    (tmp_path / "user_maps.py").write_text(USER_MAPS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path / "user_maps.py"
+
+
+def causes(error: BaseException) -> list[BaseException]:
+    chain: list[BaseException] = []
+    e: BaseException | None = error
+    while e is not None and len(chain) < 20:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    return chain
+
+
+def test_a_transform_that_raises_in_a_worker_shows_its_own_frame(corpus: str, small_tokenizer: str, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pickled exception loses its traceback: the worker sends it formatted, and it comes back as the
+    cause of the error raised here, with the user's file, line and function."""
+    from feedline import TransformError
+    from feedline._partitions import remote
+
+    assert doctest.testmod(remote).failed == 0
+    module = user_maps(tmp_path, monkeypatch)
+    s = spec(corpus, small_tokenizer, 2, "processes", transforms=[{"map": "user_maps:explode"}])
+    loader = Loader(s)
+    with pytest.raises(TransformError, match=r"transforms\[0\] \(map user_maps:explode\) raised ZeroDivisionError") as got:
+        collect(loader)
+    remote = [e for e in causes(got.value) if type(e).__name__ == "RemoteTraceback"]
+    assert remote, f"no remote traceback in the chain: {causes(got.value)}"
+    line = 1 + USER_MAPS.splitlines().index('        return {**rec, "text": rec["text"][1 / 0]}  # THE USER\'S LINE')
+    assert f'File "{module}", line {line}, in explode' in str(remote[0]), str(remote[0])
+    assert not any(runner(loader).restarts)
+    loader.close()
+
+
+@pytest.mark.parametrize("fn, what", [("leave", "SystemExit(3)"), ("interrupt", "KeyboardInterrupt()")])
+def test_sys_exit_in_a_workers_transform_is_an_error_naming_it_without_restarts(
+        corpus: str, small_tokenizer: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fn: str, what: str) -> None:
+    """It used to end the worker, which was restarted 3 times, and the stream failed blaming the main guard."""
+    from feedline import TransformError
+
+    user_maps(tmp_path, monkeypatch)
+    loader = Loader(spec(corpus, small_tokenizer, 2, "processes", transforms=[{"map": f"user_maps:{fn}"}]))
+    t = time.monotonic()
+    with pytest.raises(TransformError, match=rf"part-001.jsonl:6: transforms\[0\] \(map user_maps:{fn}\) raised "
+                                             rf"{what.replace('(', '[(]').replace(')', '[)]')}"):
+        collect(loader)
+    assert not any(runner(loader).restarts) and time.monotonic() - t < 60
+    loader.close()
+
+
+def test_a_stopped_worker_is_named_then_restarted_and_the_stream_resumes_exactly(
+        corpus: str, small_tokenizer: str, caplog: pytest.LogCaptureFixture) -> None:
+    """SIGSTOP froze the stream for as long as the worker stayed stopped, and nothing was logged.
+    A live worker says so every beat; a silent one is named, then killed and restarted from its states."""
+    parallel = {"placement": "processes", "processes": 2, "prefetch": 2, "warm_start": False, "hang_timeout": 3}
+    s = spec(corpus, small_tokenizer, 2, "processes", epochs=None, parallel=parallel)
+    want = collect(Loader(spec(corpus, small_tokenizer, 2, "threads", epochs=None)), limit=60)
+    loader = Loader(s)
+    got = [dict(next(loader)) for _ in range(10)]
+    placement = runner(loader)
+    victim = placement.pids()[1]
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        with caplog.at_level("WARNING", logger="feedline"):
+            t = time.monotonic()
+            got += [dict(next(loader)) for _ in range(50)]
+            took = time.monotonic() - t
+    finally:
+        os.kill(victim, signal.SIGKILL) if alive(victim) else None
+    named = [r.getMessage() for r in caplog.records if f"(pid {victim})" in r.getMessage()]
+    assert named and "partitions [1]" in named[0] and "said nothing" in named[0], caplog.text
+    assert placement.restarts[1] == 1 and victim not in placement.pids(), placement.restarts
+    assert took < 30, f"the stream stalled {took:.0f} s"
+    assert_batches_equal(want, got, "after a stopped worker was restarted")
+    loader.close()

@@ -6,6 +6,8 @@ what unpickling them needs, and the parent's ``start`` blocks until then), and t
 then receives the worker's messages into ``inbox`` (one queue for all the workers of a placement,
 each message as ``(worker, message)``, so the parent waits on one queue whichever worker speaks
 next); ``("dead",)`` is the last message when the worker's pipe closes (it died, or it was stopped).
+The thread notes when the worker was last heard from (:attr:`WorkerProcess.heard`; its heartbeats,
+``("alive",)``, go no further), which is how the placement tells a silent worker from a slow one.
 
 Workers are started with ``forkserver`` where the platform has it, with the heavy third-party
 modules preloaded (:data:`PRELOAD`: a fork of a server that already imported numpy, pyarrow and
@@ -26,6 +28,7 @@ import pickle
 import queue
 import sys
 import threading
+import time
 from multiprocessing.context import BaseContext
 from typing import Any
 
@@ -36,6 +39,7 @@ from feedline.errors import FeedlineError, SpecError
 __all__ = ["DEAD", "MAIN_GUARD", "PRELOAD", "WorkerProcess", "context", "importing_main", "pickled"]
 
 DEAD = "dead"
+ALIVE = "alive"
 #: Modules the fork server imports before it forks workers, those of them this process has imported.
 PRELOAD = ("numpy", "pyarrow", "pyarrow.parquet", "tokenizers", "fastokens", "zstandard", "orjson", "msgpack",
            "yaml", "sentencepiece")
@@ -76,14 +80,17 @@ class WorkerProcess:
     """Worker ``index`` serving partitions ``owned``, started at once in the background."""
 
     def __init__(self, ctx: BaseContext, index: int, make: bytes, owned: list[int], prefetch: int, threads: int,
-                 inbox: queue.Queue[tuple[WorkerProcess, Any]]) -> None:
+                 inbox: queue.Queue[tuple[WorkerProcess, Any]], beat: float = 1.0) -> None:
         if importing_main():  # a worker running the script's top level: stop here, not one level deeper
             raise FeedlineError(f"a feedline worker process was asked to start workers of its own: {MAIN_GUARD}")
         self.owned = owned
         self.ready = False  # set by the placement when the worker says it is ("ready",)
+        self.heard = time.monotonic()   # when the worker last said anything (its start, before it did)
+        self.spoke = False              # it said something (its heartbeat runs)
+        self.named = 0.0                # the silence a warning named last (the placement's)
         self.conn, child = ctx.Pipe(duplex=True)
         self.reader = FrameReader(self.conn)   # what the worker sends (this end sends on the Connection)
-        self.process = ctx.Process(target=run_worker, args=(child, make, owned, prefetch, threads),  # type: ignore[attr-defined]
+        self.process = ctx.Process(target=run_worker, args=(child, make, owned, prefetch, threads, beat),  # type: ignore[attr-defined]
                                    name=f"feedline-partitions-{index}", daemon=True)
         self.inbox = inbox
         self.lock = threading.Lock()
@@ -100,7 +107,10 @@ class WorkerProcess:
                 self._child.close()
                 self.started.set()
             while True:
-                self.inbox.put((self, self.reader.recv()))
+                msg = self.reader.recv()
+                self.heard, self.spoke = time.monotonic(), True
+                if msg[0] != ALIVE:
+                    self.inbox.put((self, msg))
         except Exception:  # EOF/OSError: the worker is gone (or never started: counted as a death)
             self.inbox.put((self, (DEAD,)))
         finally:

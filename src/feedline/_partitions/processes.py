@@ -27,13 +27,20 @@ The parent keeps each partition's state after the last batch it handed out. A wo
 A worker that exits with an error before it is ready (its start failed: almost always a script
 that makes its Loader at import time, which each worker runs again) fails the stream at once,
 naming the fix; a worker running a script's top level refuses to start workers of its own.
-An error raised by a partition's pipeline (a bad spec, a missing file) is raised here as it was.
+An error raised by a partition's pipeline (a bad spec, a missing file) is raised here as it was,
+with the worker's traceback as its cause (:mod:`feedline._partitions.remote`); a ``SystemExit`` in
+user code fails the stream the same way, without restarts. A worker that falls silent (stopped,
+hung holding the interpreter: a live one says so every second) is named in a warning after a
+quarter of ``parallel.hang_timeout`` (at most 30 s) and killed after all of it, then restarted
+from its partitions' states like one that died.
 Workers exit when the parent dies, even by SIGKILL, and ignore Ctrl-C (the parent stops them).
 """
 
 from __future__ import annotations
 
+import logging
 import queue
+import time
 import weakref
 from collections import deque
 from typing import Any
@@ -44,10 +51,13 @@ from feedline._core.deferred import materialize
 from feedline._core.prefetch import Prefetch
 from feedline._partitions.launch import DEAD, MAIN_GUARD, WorkerProcess, context, pickled
 from feedline._partitions.placement import Make, Part, Placement
+from feedline._partitions.remote import with_remote
 from feedline._spec import ParallelSpec
 from feedline.errors import FeedlineError
 
 __all__ = ["MAX_RESTARTS", "ProcessPlacement"]
+
+log = logging.getLogger("feedline")
 
 #: Deaths of one worker process that are restarted before the stream fails.
 MAX_RESTARTS = 3
@@ -107,6 +117,7 @@ class ProcessPlacement(Placement):
         self._inbox: queue.Queue[tuple[WorkerProcess, Any]] = queue.Queue()  # every worker's messages
         self._owed = [0] * k   # batches taken since the partition's worker was last given credit
         self._credit_every = max(1, options.prefetch // 2)
+        self._beat = min(1.0, options.hang_timeout / 8)   # the workers' heartbeat, and how often silence is checked
 
     def owner(self, p: int) -> int:
         return p % self.workers
@@ -120,12 +131,40 @@ class ProcessPlacement(Placement):
             threads = max(1, usable_cores() // self.workers)
             ctx = context()
             worker = self._pool[w] = WorkerProcess(ctx, w, self._make_bytes, owned, self.options.prefetch, threads,
-                                                   self._inbox)
+                                                   self._inbox, self._beat)
         return worker
 
     def _wait(self) -> None:
-        """Handle the next message of any worker (waits for one)."""
-        self._deliver(*self._inbox.get())
+        """Handle the next message of any worker (waits for one, watching for silent workers)."""
+        while True:
+            try:
+                got = self._inbox.get(timeout=self._beat)
+            except queue.Empty:
+                self._watch()
+                continue
+            self._deliver(*got)
+            return
+
+    def _watch(self) -> None:
+        """Name a worker silent for a quarter of ``hang_timeout`` (at most 30 s); kill one silent for
+        all of it (restarted when its pipe closes). Before its first word a worker may take 4 times
+        as long (plus a minute): its start on a busy machine."""
+        timeout, now = self.options.hang_timeout, time.monotonic()
+        for worker in self._pool:
+            if worker is None or worker.pid is None or worker.named < 0:
+                continue
+            silent = now - worker.heard
+            limit = timeout if worker.spoke else 4 * timeout + 60
+            if silent >= min(timeout / 4, 30.0) and worker.named != worker.heard:
+                worker.named = worker.heard
+                log.warning("feedline: the worker process of partitions %s (pid %d) has said nothing for %.0f s "
+                            "(stopped, or hung); it is killed and restarted from their states after %.0f s of silence "
+                            "(parallel.hang_timeout)", worker.owned, worker.pid, silent, limit)
+            if silent >= limit:
+                worker.named = -1.0   # killed: once
+                log.warning("feedline: killing the worker process of partitions %s (pid %d), silent for %.0f s; "
+                            "restarting it from their states", worker.owned, worker.pid, silent)
+                worker.kill()
 
     def _deliver(self, worker: WorkerProcess, msg: tuple[Any, ...]) -> None:
         w = self.owner(worker.owned[0])
@@ -172,8 +211,8 @@ class ProcessPlacement(Placement):
         elif kind == "end":
             self._queues[p].append((_END, msg[3]))
         else:
-            self._failed[p] = msg[3]
-            raise msg[3]
+            self._failed[p] = with_remote(msg[3], msg[4])
+            raise self._failed[p]
 
     def _ready(self, w: int) -> None:
         worker = self._worker(w)
@@ -201,7 +240,8 @@ class ProcessPlacement(Placement):
                 f"the worker process of partitions {worker.owned} died (exit code {code}) {self.restarts[w]} times; the "
                 "stream stops. Workers import the main module: a script that makes its Loader at import "
                 "time needs `if __name__ == '__main__':`; a worker killed for memory needs a lower parallel.prefetch, "
-                "smaller batches or fewer processes; parallel: threads runs the partitions in this process")
+                "smaller batches or fewer processes; one killed for silence (logged) a longer parallel.hang_timeout; "
+                "parallel: threads runs the partitions in this process")
         for p in worker.owned:  # what it sent and was not taken is made again, here until the new worker is ready
             self._queues[p].clear()
             self._mode[p], self._lead[p], self._owed[p] = _LOCAL, 0, 0

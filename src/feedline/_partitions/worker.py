@@ -9,10 +9,13 @@ batch the parent takes or drops). Messages, all tuples over one duplex pipe (the
 
     parent -> worker: ("start", gen, {p: state or None}) | ("credit", gen, p, n) | ("stop",)
     worker -> parent: ("ready",) | ("batch", gen, p, batch, state) | ("end", gen, p, state at the end)
-                      | ("error", gen, p, exception)
-                      | ("many", [several of the three before, in order])
+                      | ("error", gen, p, exception, its formatted traceback: :mod:`.remote`)
+                      | ("many", [several of the three before, in order]) | ("alive",)
 
-``gen`` numbers the parent's restores: anything of an older one is dropped on arrival. The worker
+``gen`` numbers the parent's restores: anything of an older one is dropped on arrival. From its
+first moment the worker says ``("alive",)`` every ``beat`` seconds on a thread of its own, so a
+worker that falls silent (stopped, or hung with the interpreter held) is told from one whose
+pipeline is slow (``parallel.hang_timeout``). The worker
 ignores SIGINT (the parent stops it: a Ctrl-C reaches the whole process group), and exits at once
 when its parent dies (it watches the parent's sentinel), so no worker outlives a killed parent.
 """
@@ -25,6 +28,7 @@ import pickle
 import queue
 import signal
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -32,6 +36,7 @@ from typing import Any
 from feedline._core.deferred import materialize
 from feedline._core.prefetch import Prefetch
 from feedline._partitions.frames import FrameWriter
+from feedline._partitions.remote import portable
 
 __all__ = ["run_worker"]
 
@@ -46,15 +51,13 @@ def _watch_parent() -> None:
     os._exit(0)  # the parent is gone: nothing to deliver to, and nothing to clean up that the OS does not
 
 
-def _portable(error: BaseException) -> BaseException:
-    """The error itself when it survives pickling, else a FeedlineError with its text."""
+def _beat(send: Callable[[Any], None], every: float) -> None:
     try:
-        pickle.loads(pickle.dumps(error))
-        return error
-    except Exception:
-        from feedline.errors import FeedlineError
-
-        return FeedlineError(f"{type(error).__name__}: {error}")
+        while True:
+            time.sleep(every)
+            send(("alive",))
+    except (OSError, ValueError):
+        return  # the pipe is closed: the worker is stopping
 
 
 def _read(conn: Connection, events: queue.Queue[Any]) -> None:
@@ -65,7 +68,8 @@ def _read(conn: Connection, events: queue.Queue[Any]) -> None:
         events.put(("stop",))  # the parent closed the pipe
 
 
-def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: int, threads: int) -> None:
+def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: int, threads: int,
+               beat: float = 1.0) -> None:
     """Serve partitions ``owned`` over ``conn`` until told to stop or the parent goes away.
 
     Each started partition runs on a thread of its own (a :class:`Prefetch` ``prefetch`` batches
@@ -74,6 +78,14 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, name="feedline-parent-watch", daemon=True).start()
+    writer = FrameWriter(conn)   # batches with their arrays out of band (see frames.py)
+    lock = threading.Lock()
+
+    def send(msg: Any) -> None:
+        with lock:   # this thread's messages and the heartbeat's
+            writer.send(msg)
+
+    threading.Thread(target=_beat, args=(send, beat), name="feedline-worker-beat", daemon=True).start()
     if threads:
         os.environ["RAYON_NUM_THREADS"] = str(threads)  # the tokenizer's pool (tokenizers, sentencepiece): this worker's share of the cores
     make: Callable[[int], Any] = pickle.loads(make_bytes)
@@ -83,7 +95,6 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
             warm()
         except Exception:  # the partition's own start reports it, as the parent's would
             pass
-    writer = FrameWriter(conn)   # batches with their arrays out of band (see frames.py)
     events: queue.Queue[Any] = queue.Queue()
     threading.Thread(target=_read, args=(conn, events), name="feedline-worker-reader", daemon=True).start()
     wake = functools.partial(events.put, ("wake",))
@@ -91,7 +102,7 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
     credit = dict.fromkeys(owned, 0)
     gen = 0
     try:
-        writer.send(("ready",))
+        send(("ready",))
         while True:
             msg = events.get()
             if msg[0] == "stop":
@@ -112,9 +123,9 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
                         if state is not None:
                             stage.set_state(state)
                         stage.start()
-                    except Exception as e:
+                    except BaseException as e:   # SystemExit from user code too: reported, never a death
                         stage.close()
-                        out.append(("error", gen, p, _portable(e)))
+                        out.append(("error", gen, p, *portable(e)))
                         continue
                     stages[p] = stage
             for p in list(stages):  # everything ready that credit allows (a wake is heard once per empty queue)
@@ -126,8 +137,8 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
                         out.append(("end", gen, p, materialize(stage.end_state)))
                         stage.close()
                         break
-                    except Exception as e:
-                        out.append(("error", gen, p, _portable(e)))
+                    except BaseException as e:   # SystemExit from user code too: reported, never a death
+                        out.append(("error", gen, p, *portable(e)))
                         stages.pop(p).close()
                         break
                     if got is None:
@@ -136,13 +147,14 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
                     out.append(("batch", gen, p, batch, materialize(state)))
                     credit[p] -= 1
             if out:  # one message for all that was ready: one pipe write, one wake-up of the parent
-                writer.send(out[0] if len(out) == 1 else ("many", out))
+                send(out[0] if len(out) == 1 else ("many", out))
     except (EOFError, OSError, BrokenPipeError):
         return  # the parent closed the pipe
     finally:
         for stage in stages.values():
             stage.close()
-        writer.close()
+        with lock:
+            writer.close()
 
 
 def _open(make: Callable[[int], Any], p: int) -> Any:

@@ -8,7 +8,7 @@ back in order) and each partition's state after the last batch it took. An actor
 (its node died, it was killed) is started again from that state on any node, so the stream goes
 on exactly; after :data:`MAX_RESTARTS` losses of one partition the stream fails with a
 :class:`FeedlineError`. Errors raised by a partition's pipeline are raised in the driver as they
-were. The actors are killed when the stream closes.
+were, with the actor's traceback as their cause. The actors are killed when the stream closes.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import numpy as np
 
 from feedline._core.dataset import State
 from feedline._partitions.placement import Make, Part, Placement
+from feedline._partitions.remote import with_remote
 from feedline._ray.runtime import connect
 from feedline._spec import EngineSpec, ParallelSpec
 from feedline.errors import FeedlineError
@@ -94,8 +95,12 @@ class RayPlacement(Placement):
             except self._lost as e:
                 self._lose(p, e)
                 continue
-            except self.ray.exceptions.RayTaskError as e:  # the pipeline's own error, raised as it was
-                raise e.as_instanceof_cause() from None
+            except self.ray.exceptions.RayTaskError as e:  # the pipeline's own error, raised as it was,
+                cause = e.cause  # with the actor's traceback as its cause (feedline._partitions.remote)
+                if not isinstance(cause, BaseException):
+                    raise e.as_instanceof_cause() from None
+                error = with_remote(cause, str(e.traceback_str))
+                raise error from error.__cause__   # (not in the context of Ray's wrapper)
             break
         batch, state = got
         if batch is None:

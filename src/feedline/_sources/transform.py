@@ -18,6 +18,7 @@ far: carried like rejections (a task map counts them as it reads them), reported
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -64,6 +65,11 @@ class Transform(Dataset[Record]):
                 out = fn(data)
             except Exception as e:
                 self._fail(key, f"{name} raised {type(e).__name__}: {e}", e)
+            except (SystemExit, KeyboardInterrupt) as e:  # user code's: no Ctrl-C lands off the main thread
+                if isinstance(e, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
+                    raise
+                self._fail(key, f"{name} raised {type(e).__name__}({e}) (a transform raises an exception; it never "
+                                "exits the process)", e)
             if kind == "filter":
                 if not out:
                     return None

@@ -320,6 +320,11 @@ class ParallelSpec:
             default) does so when the machine has a core for each worker beside two for this
             process: with fewer, the workers' start takes the cores the threads serve from, and
             waiting for the workers (``false``) reaches the full rate sooner.
+        hang_timeout: with ``processes``, seconds a worker process may stay silent (stopped, hung
+            with the interpreter held; a live worker says so every second even while its
+            pipeline works) before it is killed and restarted from its partitions' states like
+            a crashed one; it is named in a warning (partitions and pid) after a quarter of that,
+            at most 30 s.
     """
 
     placement: Placement = "auto"
@@ -328,6 +333,7 @@ class ParallelSpec:
     num_cpus: float = 1.0
     prefetch: int = 4
     warm_start: bool | Literal["auto"] = "auto"
+    hang_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         if self.processes < 0:
@@ -336,6 +342,8 @@ class ParallelSpec:
             raise SpecError(f"parallel.prefetch: {self.prefetch} must be >= 1")
         if self.num_cpus <= 0:
             raise SpecError(f"parallel.num_cpus: {self.num_cpus} must be > 0")
+        if not self.hang_timeout > 0:
+            raise SpecError(f"parallel.hang_timeout: {self.hang_timeout} must be > 0 (seconds)")
 
     def resolve(self, partitions: int) -> str:
         """The placement that runs ``partitions`` partitions (``auto``: processes when more than one)."""

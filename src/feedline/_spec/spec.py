@@ -106,7 +106,7 @@ class Spec:
         partitions: independent pipelines (K) that the splits are dealt to, taking turns to
             make whole steps; changes the stream like the seed (1: one pipeline).
         parallel: where the partitions run: ``{placement: auto | threads | processes | ray,
-            processes, address, num_cpus, prefetch, warm_start}`` or the placement alone; never changes a batch.
+            processes, address, num_cpus, prefetch, warm_start, hang_timeout}`` or the placement alone; never changes a batch.
         workers: task threads (``0``: chosen from the cores).
         prefetch: batches prepared ahead of the consumer.
         streams: a service's other named streams (``validation: val.yaml`` or overrides of this spec).
