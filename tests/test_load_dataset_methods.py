@@ -11,7 +11,7 @@ import pytest
 
 import feedline
 from conftest import shared
-from feedline.errors import SpecError, StateError
+from feedline.errors import RecordError, SpecError, StateError
 from feedline.testing import assert_stage_resumes
 from hf_compare import check
 
@@ -206,3 +206,23 @@ def test_to_loader_runs_map_and_filter_as_spec_transforms(files: dict, gpt2_path
     rows = list(ds)
     assert stats["filtered"] == 300 - len(rows) and stats["rejected"] == {}
     assert sum(len(b["input_ids"]) for b in batches) == len(rows)
+
+
+def test_to_loader_names_a_missing_text_field_in_one_line_with_or_without_functions(files: dict,
+                                                                                      gpt2_path: str) -> None:
+    """Rows whose text is under another field: the same one-line RecordError whatever methods came before
+    (it was a bare KeyError('text') from the task after map/filter)."""
+    ds = feedline.load_dataset("json", data_files=files["jsonl"], split="train").rename_column("text", "body")
+    opts: dict[str, Any] = {"tokenizer": gpt2_path, "task": {"kind": "clm", "max_length": 64},
+                            "batching": {"strategy": "pad", "batch_size": 4}}
+    messages = set()
+    for variant in (ds, ds.filter(lambda r: len(r["body"]) < 1500), ds.map(lambda r: {"body": r["body"][:200]}),
+                    ds.filter(lambda r: True).select_columns(["body"])):
+        with pytest.raises(RecordError) as e:
+            variant.to_loader(**opts)
+        messages.add(str(e.value))
+    assert messages == {"to_loader: the rows have no field 'text'; they have: body; pass text= naming "
+                        "the field holding the text, e.g. to_loader(text='body') (text=None keeps rows whole, for chat)"}
+    assert e.value.reason == "missing_field" and e.value.path == files["jsonl"][0]
+    with ds.filter(lambda r: True).to_loader(text="body", **opts) as loader:    # the fix it names works
+        assert next(iter(loader))["input_ids"].shape[0] == 4

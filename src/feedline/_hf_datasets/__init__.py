@@ -8,6 +8,9 @@
     functions.py   what datasets' row methods do to rows
     features.py    features/column_names; JSON rows typed as datasets types them
     formats.py     with_format("numpy" | "torch")
+    workers.py     torch DataLoader workers: each reads its share of the files, as datasets shares them
+    torch_dataset.py  the torch.utils.data.IterableDataset subclass (imported only where torch is)
+    to_loader.py   IterableDataset.to_loader: the recipe as a Loader spec; a missing text field refused
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from feedline._hf_datasets import functions as fns
 from feedline._hf_datasets.formats import formatter
 from feedline._hf_datasets.roots import FileRoot
 from feedline._hf_datasets.stages import RowOp, Slice
+from feedline._hf_datasets.workers import split_number, too_many_workers, torch_available, torch_worker
 from feedline._sources.shuffle import ShuffleBuffer
 from feedline.errors import SpecError, StateError
 
@@ -42,6 +43,7 @@ class Op:
     build: Callable[[Dataset[Record], int], Dataset[Record]]
     keyed: bool = True
     row_fn: fns.RowsFn | None = None   # one-row-to-at-most-one functions (what to_loader can run)
+    count: int | None = None           # take/skip: the rows (split among DataLoader workers)
     columns: Callable[[dict[str, Any], Callable[[Any], Any]], dict[str, Any] | None] = lambda d, wrap: d
 
 
@@ -56,7 +58,18 @@ class IterableDataset:
     :meth:`load_state_dict`; :meth:`state_dict` is the position after the last row returned.
     The state is ``{"version", "fingerprint", "epoch", "records"}``: ``records`` the stages'
     nested state (files, positions, a shuffle buffer's keys, rows into a batch).
+
+    Where torch is importable it is a ``torch.utils.data.IterableDataset`` too, and in
+    ``DataLoader`` workers each worker reads its share of the files (:mod:`~feedline._hf_datasets.workers`).
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> IterableDataset:
+        kind: type[IterableDataset] = cls
+        if cls is IterableDataset and torch_available():
+            from feedline._hf_datasets.torch_dataset import TorchIterableDataset
+
+            kind = TorchIterableDataset
+        return object.__new__(kind)
 
     def __init__(self, root: Any, ops: Sequence[Op] = (), *, format: str | None = None, epoch: int = 0) -> None:
         self.root = root
@@ -100,8 +113,29 @@ class IterableDataset:
     def _with(self, op: Op) -> IterableDataset:
         return IterableDataset(self.root, (*self.ops, op), format=self.format, epoch=self.epoch)
 
+    def _worker_share(self, index: int, workers: int) -> IterableDataset | None:
+        """What DataLoader worker ``index`` of ``workers`` reads (``None``: nothing), as ``datasets`` shares it."""
+        n = self.n_shards
+        if index == 0 and n < workers:
+            too_many_workers(n, workers)
+        if index >= n:
+            return None
+        parts = min(n, workers)
+        ops = tuple(op if op.count is None else _slice_op(op.kind, split_number(op.count, parts)[index])
+                    for op in self.ops)
+        root = self.root.shard(parts, index, False)
+        root = root.in_worker(index) if hasattr(root, "in_worker") else root
+        return IterableDataset(root, ops, format=self.format, epoch=self.epoch)
+
     # ---------------------------------------------------------------- reading
     def __iter__(self) -> Iterator[Any]:
+        worker = torch_worker()
+        if worker is None:
+            return self._rows()
+        share = self._worker_share(*worker)
+        return iter(()) if share is None else share._rows()
+
+    def _rows(self) -> Iterator[Any]:
         it = iter(self.stage())
         if self._start is not None:
             it.set_state(self._start["records"])
@@ -247,11 +281,11 @@ class IterableDataset:
 
     def take(self, n: int) -> IterableDataset:
         """The first ``n`` rows."""
-        return self._with(Op("take", f"take({int(n)})", lambda p, e: Slice(p, 0, int(n)), columns=_same))
+        return self._with(_slice_op("take", int(n)))
 
     def skip(self, n: int) -> IterableDataset:
         """Every row after the first ``n``."""
-        return self._with(Op("skip", f"skip({int(n)})", lambda p, e: Slice(p, int(n), None), columns=_same))
+        return self._with(_slice_op("skip", int(n)))
 
     def batch(self, batch_size: int, drop_last_batch: bool = False) -> IterableDataset:
         """Rows grouped into dicts of lists of ``batch_size`` rows (the last may be short)."""
@@ -307,61 +341,22 @@ class IterableDataset:
 
         ``map``, ``filter`` and column methods become the spec's record transforms (in-process);
         ``take``/``skip``/``batch``, batched or indexed functions and interleaving stay
-        ``datasets``-side only. ``text`` names the field holding the text (``None`` for chat rows).
+        ``datasets``-side only. ``text`` names the field holding the text (``None`` for chat rows);
+        a field the first row lacks is refused at once (:mod:`~feedline._hf_datasets.to_loader`).
         """
-        from feedline._loader import Loader
+        from feedline._hf_datasets.to_loader import to_loader
 
-        if not isinstance(self.root, FileRoot):
-            raise SpecError("to_loader: an interleaved dataset has no spec; give the Loader a spec with several "
-                            "sources and mix weights instead")
-        transforms = []
-        for op in self.ops:
-            if op.row_fn is None:
-                raise SpecError(f"to_loader: {op.kind}() has no counterpart in a spec; the loader takes map, filter "
-                                "and column methods (one row in, at most one out) and a shuffle called first")
-            transforms.append({"filter" if op.kind == "filter" else "map": _record_fn(op)})
-        full: dict[str, Any] = {**self.root.spec(self.epoch), **spec}
-        full["sources"] = [{**s, "text": text} for s in full["sources"]]
-        if transforms:  # the rows reach the functions as datasets gives them; the text field is read after
-            if text not in (None, "text"):
-                transforms.append({"map": _text_from(text)})
-            full["transforms"] = transforms
-            full["sources"] = [{**s, "text": None} for s in full["sources"]]
-        if tokenizer is not None:
-            full["tokenizer"] = tokenizer
-        if task is not None:
-            full["task"] = {"kind": task} if isinstance(task, str) else dict(task)
-        if batching is not None:
-            full["batching"] = dict(batching)
-        return Loader(full, rank=rank, world_size=world_size)
+        return to_loader(self, tokenizer, task, batching, text=text, rank=rank, world_size=world_size, **spec)
 
     def __repr__(self) -> str:
         ops = "".join(f".{op.describe}" for op in self.ops)
         return f"IterableDataset({self.root.describe()}{ops})"
 
 
-def _record_fn(op: Op) -> Callable[[dict[str, Any]], Any]:
-    fn = op.row_fn
-    assert fn is not None
-
-    def one(record: dict[str, Any]) -> Any:
-        rows = fn([record], 0)
-        return bool(rows) if op.kind == "filter" else rows[0]
-
-    one.__qualname__ = op.describe  # what the spec hashes
-    one.__module__ = "feedline.load_dataset"
-    return one
-
-
-def _text_from(field: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    from feedline._core.record import get_path
-
-    def text(record: dict[str, Any]) -> dict[str, Any]:
-        return {**record, "text": get_path(record, field)}
-
-    text.__qualname__ = f"text_from({field!r})"
-    text.__module__ = "feedline.load_dataset"
-    return text
+def _slice_op(kind: str, n: int) -> Op:
+    """``take(n)`` or ``skip(n)``."""
+    return Op(kind, f"{kind}({n})", lambda p, e: Slice(p, 0, n) if kind == "take" else Slice(p, n, None),
+              columns=_same, count=n)
 
 
 def _names(value: str | Sequence[str] | None) -> tuple[str, ...] | None:

@@ -41,7 +41,7 @@ class Interleave(Dataset[Record]):
     """Rows of ``children`` interleaved as ``datasets.interleave_datasets`` does."""
 
     def __init__(self, children: Sequence[Dataset[Record]], *, probabilities: Sequence[float] | None, seed: int,
-                 stopping: str, epoch: int = 0, columns: Sequence[str] | None = None) -> None:
+                 stopping: str, epoch: int = 0, columns: Sequence[str] | None = None, worker: int | None = None) -> None:
         if stopping not in STOPPING:
             raise SpecError(f"stopping_strategy: {stopping!r} is not one of {', '.join(STOPPING)}")
         if probabilities is not None and len(probabilities) != len(children):
@@ -52,6 +52,7 @@ class Interleave(Dataset[Record]):
         self.stopping = stopping
         self.epoch = epoch
         self.columns = None if columns is None else list(columns)
+        self.worker = worker
 
     def align(self, data: dict[str, Any]) -> dict[str, Any]:
         """A row with every dataset's columns (``None`` where its dataset lacks one), as ``datasets`` aligns them."""
@@ -68,6 +69,8 @@ class Interleave(Dataset[Record]):
         rng = np.random.default_rng(self.seed)
         if self.epoch:  # datasets' set_epoch: a generator seeded from the first one's draw, less the epoch
             rng = np.random.default_rng(int(rng.integers(0, 1 << 63)) - self.epoch)
+        if self.worker is not None:  # in a DataLoader worker: datasets shifts the generator by the worker's id
+            rng = np.random.default_rng(int(rng.integers(0, 1 << 63)) - self.worker)
         block = start // _DRAWS
         for _ in range(block):  # the draws before: re-made, not kept in the state
             rng.choice(n, size=_DRAWS, p=self.probabilities)
@@ -165,6 +168,7 @@ class InterleaveRoot:
     probabilities: tuple[float, ...] | None
     seed: int
     stopping: str
+    worker: int | None = None  # the DataLoader worker reading it (its draws are shifted, as datasets')
     builder = "interleave"
 
     @property
@@ -173,7 +177,9 @@ class InterleaveRoot:
 
     def describe(self) -> str:
         parts = ", ".join(c.describe() for c in self.children)
-        return f"interleave([{parts}], probabilities={self.probabilities}, seed={self.seed}, stopping={self.stopping})"
+        worker = "" if self.worker is None else f", worker={self.worker}"
+        return (f"interleave([{parts}], probabilities={self.probabilities}, seed={self.seed}, "
+                f"stopping={self.stopping}{worker})")
 
     def columns(self, epoch: int = 0) -> list[str]:
         """Every dataset's columns in order: its known ones, else those of its first 5 rows (as datasets)."""
@@ -191,11 +197,15 @@ class InterleaveRoot:
 
     def stage(self, epoch: int) -> Interleave:
         return Interleave([c.stage(epoch) for c in self.children], probabilities=self.probabilities, seed=self.seed,
-                          stopping=self.stopping, epoch=epoch, columns=self.columns(epoch))
+                          stopping=self.stopping, epoch=epoch, columns=self.columns(epoch), worker=self.worker)
 
     def shard(self, num_shards: int, index: int, contiguous: bool) -> InterleaveRoot:
         return InterleaveRoot(tuple(c.shard(num_shards, index, contiguous) for c in self.children), self.probabilities,
                               self.seed, self.stopping)
+
+    def in_worker(self, index: int) -> InterleaveRoot:
+        """This root as DataLoader worker ``index`` reads it (draws shifted by ``index``, as ``datasets``)."""
+        return InterleaveRoot(self.children, self.probabilities, self.seed, self.stopping, worker=index)
 
     def keyed(self) -> bool:
         return all(c.keyed() for c in self.children)
