@@ -31,7 +31,7 @@ def test_hash_covers_exactly_the_fields_not_marked_hash_false() -> None:
                "prefetch": 9, "streams": {"val": "v.yaml"}, "reject_limit": 5, "root": "/elsewhere", "on_unreadable": "skip",
                "partitions": 2, "parallel": {"placement": "processes", "processes": 2},
                "tokenizer_backend": {"path": "tok.json", "backend": "hf"}}
-    internal = {"relative"}  # set by loading (which paths were written relative to root), not a key
+    internal = {"relative", "whole"}  # set by loading (paths written relative to root, sources read whole), not keys
     assert set(changed) == {f.name for f in dataclasses.fields(Spec)} - internal  # a new field needs a case here
     for name, value in changed.items():
         hashed = dataclasses.fields(Spec)[[f.name for f in dataclasses.fields(Spec)].index(name)].metadata.get("hash", True)

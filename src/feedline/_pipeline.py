@@ -75,6 +75,13 @@ def engine(kind: str) -> Engine:
     return found
 
 
+def _whole_record_fixes(kind: str, index: int, text: str) -> dict[str, str]:
+    """What to write when a source's ``text:`` rejects every record of a task that reads whole records."""
+    fix = (f"task {kind!r} reads each record whole (the conversation, not a text field): remove text: {text!r} "
+           f"from sources[{index}], or write text: null")
+    return dict.fromkeys(("missing_field", "not_string", "empty"), fix)
+
+
 class Pipeline:
     """The recipes of one spec (or of its partition ``partition``). Cheap to build; nothing is opened until iteration."""
 
@@ -100,11 +107,12 @@ class Pipeline:
         s.check_root()
         endless = s.mix.stopping == "cycle" or s.epochs is None
         part, k = (0, 1) if self.partition is None else (self.partition, s.partitions)
+        whole = task_class(s.task.kind).whole_records
         return [
             FileSource(src, i, seed=self.seed, shuffle_splits=bool(s.shuffle and s.shuffle.shards),
                        epochs=None if endless else s.epochs, on_error=s.on_error, reject_limit=s.reject_limit,
-                       on_unreadable=s.on_unreadable,
-                       partition=part, partitions=k)
+                       on_unreadable=s.on_unreadable, partition=part, partitions=k,
+                       fixes=_whole_record_fixes(s.task.kind, i, src.text) if whole and src.text is not None else None)
             for i, src in enumerate(s.sources)
         ]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Example", "ExampleRef", "Key", "Record", "Rejection", "get_path", "text_record"]
+__all__ = ["TEXT_FIELD_ADVICE", "Example", "ExampleRef", "Key", "Record", "Rejection", "get_path", "text_record"]
 
 Key = tuple[int, int, int]
 ExampleRef = tuple[int, int, int, int, int]
@@ -85,6 +85,10 @@ def get_path(data: Any, dotted: str) -> Any:
     return cur
 
 
+#: The advice of a ``missing_field`` rejection (a whole-record task's error replaces it: :mod:`~feedline._core.report`).
+TEXT_FIELD_ADVICE = "; set the source's text: to the field holding the text"
+
+
 def text_record(obj: Any, field: str | None, path: str, line: int | None) -> dict[str, Any] | Rejection:
     """Check that ``obj`` is an object whose ``field`` holds non-empty text; put it under ``"text"``.
 
@@ -104,7 +108,7 @@ def text_record(obj: Any, field: str | None, path: str, line: int | None) -> dic
     except KeyError:
         have = ", ".join(sorted(obj)[:12]) or "no fields"
         return Rejection(path, line, "missing_field",
-                         f"no field {field!r}; records have: {have}; set the source's text: to the field holding the text")
+                         f"no field {field!r}; records have: {have}{TEXT_FIELD_ADVICE}")
     if not isinstance(text, str):
         return Rejection(path, line, "not_string", f"field {field!r} is {type(text).__name__}")
     if not text.strip():

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from feedline._core.record import Key, Rejection
+from feedline._core.record import TEXT_FIELD_ADVICE, Key, Rejection
 from feedline.errors import RecordError
 
 __all__ = ["FILTERED", "Rejections", "add_counts", "nothing_delivered", "rejected_along", "sum_rejected"]
@@ -121,8 +121,10 @@ _FIXES = {
 }
 
 
-def nothing_delivered(where: str, counts: Mapping[str, int], samples: list[str], *, first: int | None = None) -> str:
-    """The message for a source (or task) that delivered nothing: counts, a sample and the likely fix.
+def nothing_delivered(where: str, counts: Mapping[str, int], samples: list[str], *, first: int | None = None,
+                      fixes: Mapping[str, str] | None = None) -> str:
+    """The message for a source (or task) that delivered nothing: counts, a sample and the likely fix
+    (``fixes``: the caller's own, by reason, e.g. for a chat source whose ``text:`` rejects every record).
 
         >>> nothing_delivered("source 'a.jsonl'", {"missing_field": 3}, ["a.jsonl:1: missing_field (no field 'x')"])[:56]
         "source 'a.jsonl' delivered no record: every one of the 3"
@@ -136,6 +138,8 @@ def nothing_delivered(where: str, counts: Mapping[str, int], samples: list[str],
     top = max(counts, key=lambda k: counts[k])
     sample = next((s for s in samples if f": {top}" in s), samples[0] if samples else "")
     fix = _FIXES.get(top, "check the spec against the data (feedline scan shows what is read)")
+    if fixes and top in fixes:
+        fix, sample = fixes[top], sample.replace(TEXT_FIELD_ADVICE, "")
     off = " (reject_limit: 0 turns this early check off; a stream with no example at all is still an error)" \
         if first is not None else ""
     return f"{where} delivered no record: {head} ({reasons})" + (f"; e.g. {sample}" if sample else "") + f"; {fix}{off}"

@@ -116,8 +116,10 @@ class FileSource(Dataset[Record]):
 
     def __init__(self, spec: SourceSpec, index: int, *, seed: int, shuffle_splits: bool,
                  epochs: int | None, on_error: str = "skip", reject_limit: int = 0,
-                 on_unreadable: str = "skip", partition: int = 0, partitions: int = 1) -> None:
+                 on_unreadable: str = "skip", partition: int = 0, partitions: int = 1,
+                 fixes: Mapping[str, str] | None = None) -> None:
         self.spec = spec
+        self.fixes = fixes  # the likely fix by rejection reason, where the pipeline knows better (a chat source's text:)
         self.partition, self.partitions = partition, partitions
         self.index = index
         self.seed = seed
@@ -368,7 +370,7 @@ class FileSourceIterator(DatasetIterator[Record]):
         if at_end or records >= self.src.reject_limit:
             where = f"source {self.src.spec.label!r}"
             first = None if at_end else self.src.reject_limit
-            raise SourceError(nothing_delivered(where, counts, self.rejections.samples, first=first))
+            raise SourceError(nothing_delivered(where, counts, self.rejections.samples, first=first, fixes=self.src.fixes))
 
     def get_state(self) -> State:
         state: dict[str, Any] = {"epoch": self.epoch, "split": self.split, "pos": self.pos, "line": self.line,

@@ -36,6 +36,7 @@ class _Context:
     base: str | None
     registry: Any  # the spec's Registry (task, batcher and format lookups)
     relative: list[int] = field(default_factory=list)  # sources (and -1: the tokenizer) written relative
+    untexted: list[int] = field(default_factory=list)  # sources written without a text: key
 
 
 def join_root(root: str | os.PathLike[str] | None, path: str) -> str:
@@ -95,6 +96,8 @@ def _sources(raw: Any, ctx: _Context) -> tuple[SourceSpec, ...]:
             raise SpecError(f"sources[{i}]: expected a path or a mapping such as {{path: corpus.jsonl, text: text}}, "
                             f"got {type(s).__name__} {s!r:.60}")
         src = build(SourceSpec, {"path": s} if isinstance(s, str) else s, f"sources[{i}]")
+        if isinstance(s, str) or (isinstance(s, Mapping) and "text" not in s):
+            ctx.untexted.append(i)
         _check_format(src.format, f"sources[{i}].format", ctx.registry)
         if ctx.base is not None and src.path:
             resolved = join_root(ctx.base, src.path)

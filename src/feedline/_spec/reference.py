@@ -29,7 +29,7 @@ from feedline._spec.spec import Spec
 
 __all__ = ["FieldDoc", "describe", "json_schema", "markdown", "undocumented"]
 
-_HIDDEN = {"tokenizer_backend", "iterable", "options", "relative"}  # set through another key, or from Python only
+_HIDDEN = {"tokenizer_backend", "iterable", "options", "relative", "whole"}  # set through another key, or from Python only
 _ITEM = re.compile(r"^(\s*)([A-Za-z_][\w]*(?:\s*,\s*[A-Za-z_][\w]*)*)\s*:\s*(.*)$")
 
 

@@ -95,7 +95,8 @@ class SourceSpec:
         hf: a Hugging Face dataset name, read with ``datasets.load_dataset`` (instead of path).
         format: reader name, or ``auto`` to detect it from the file name.
         text: field holding the text (dotted path allowed, ``body.text``); ``null`` keeps each
-            record as it is, with no text check (chat data: ``messages``/``conversations``).
+            record as it is, with no text check (chat data: ``messages``/``conversations``). With
+            ``task: chat``, which reads whole records, a source without ``text:`` is read so too.
         weight: relative weight in a mixture.
         name: a label for reports; defaults to the path.
         unit: for ``text``: one record per ``line``, ``paragraph`` (blank-line separated) or ``file``.

@@ -133,6 +133,9 @@ class Spec:
     root: str | None = field(default=None, metadata=NOT_HASHED)
     #: The sources (``-1``: the tokenizer) written relative to ``root``; set by loading, hashed as written.
     relative: tuple[int, ...] = field(default=(), repr=False, metadata=NOT_HASHED)
+    #: The sources read whole (``text: null``) because the task reads whole records and they
+    #: write no ``text:``; set by loading, hashed as written (the default ``text: text``).
+    whole: tuple[int, ...] = field(default=(), repr=False, metadata=NOT_HASHED)
     engine: EngineSpec = field(default=EngineSpec(), metadata={"section": _engine, **NOT_HASHED})
     #: Independent pipelines the splits are dealt to, composed into each global step (changes the stream).
     partitions: int = 1
@@ -203,7 +206,7 @@ class Spec:
                 raise SpecError("give either 'source' or 'sources', not both")
             data["sources"] = [data.pop("source")]
         fields = dataclasses.fields(cls)
-        known = {f.name for f in fields} - {"tokenizer_backend", "relative"}  # set by tokenizer: {path, backend}; by loading
+        known = {f.name for f in fields} - {"tokenizer_backend", "relative", "whole"}  # set by tokenizer: {path, backend}; by loading
         for key in data:
             if key not in known:
                 raise SpecError(f"{key}: unknown key{close_match(key, sorted(known))} (allowed: {', '.join(sorted(known))})")
@@ -226,6 +229,9 @@ class Spec:
         values["relative"] = tuple(sorted(ctx.relative))
         spec = build(cls, values, "")
         task_cls = ctx.registry.task(spec.task.kind)
+        if getattr(task_cls, "whole_records", False) and ctx.untexted:  # chat: no text: means whole records
+            sources = tuple(dataclasses.replace(s, text=None) if i in ctx.untexted else s for i, s in enumerate(spec.sources))
+            spec = dataclasses.replace(spec, sources=sources, whole=tuple(ctx.untexted))
         batching = data.get("batching")
         default_remainder = getattr(task_cls, "default_remainder", None)
         if default_remainder and not (isinstance(batching, Mapping) and "remainder" in batching):
@@ -264,6 +270,8 @@ class Spec:
         """The spec as plain data (what :meth:`hash` covers, plus engine/workers/prefetch)."""
         d = to_plain(self)
         relative = d.pop("relative")
+        for i in d.pop("whole"):  # left unwritten, so another process reads them whole as well
+            d["sources"][i].pop("text", None)
         for i in relative:  # written relative to root: so they stay (another process resolves them the same)
             if 0 <= i < len(self.sources) and self.sources[i].path:
                 d["sources"][i]["path"] = portable_path(self.root, self.sources[i].path)
@@ -313,6 +321,8 @@ class Spec:
         for f in dataclasses.fields(self):
             if not f.metadata.get("hash", True):
                 d.pop(f.name, None)
+        for i in self.whole:  # as written: no text:, the default (so states of older versions resume)
+            d["sources"][i]["text"] = "text"
         for s in d["sources"]:  # options added later are hashed only when set, so old states still resume
             for k, default in _HASHED_IF_SET.items():
                 if s.get(k) == default:
@@ -330,6 +340,8 @@ class Spec:
         """A copy with some top-level fields changed (new sources, root or tokenizer are taken as written)."""
         if {"sources", "root", "tokenizer"} & changes.keys():
             changes.setdefault("relative", ())
+        if "sources" in changes:
+            changes.setdefault("whole", ())
         return dataclasses.replace(self, **changes)
 
 

@@ -93,6 +93,9 @@ class Task(ABC):
     #: Whether the task takes pre-tokenized records (``{"input_ids": int32 array}``, from the
     #: ``tokens``/``megatron``/``flat`` formats) as well as text.
     accepts_tokens: ClassVar[bool] = False
+    #: Whether the task reads each record whole (a chat conversation) rather than a text field: a
+    #: source of the spec that writes no ``text:`` then keeps records whole, as ``text: null`` does.
+    whole_records: ClassVar[bool] = False
 
     @classmethod
     def check_spec(cls, spec: Any) -> None:

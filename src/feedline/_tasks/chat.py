@@ -133,6 +133,7 @@ class Chat(Task):
 
     kind = "chat"
     Options = ChatOptions
+    whole_records = True
 
     @cached_property
     def template(self) -> str:
