@@ -68,7 +68,7 @@ def test_a_given_back_batch_keeps_its_age_across_a_pause_longer_than_the_lease(e
         assert slow is not None and served is not None
         time.sleep(2.0)
         assert not feed.release_stale()   # a GET is being served: nothing is given back under it
-        feed.ack(served.step)             # a young credit ...
+        feed.ack(served)                  # a young credit ...
         feed.giveback(slow)               # ... and a batch granted 2 s ago, back at the front
         steps, released_at = [served.step], None
         pause_end = time.monotonic() + 4.0   # longer than the lease; the gateway checks every lease / 8
@@ -79,7 +79,7 @@ def test_a_given_back_batch_keeps_its_age_across_a_pause_longer_than_the_lease(e
         assert released_at is not None and released_at < pause_end - 3.0, "the given-back batch was held too long"
         while (d := feed.take()) is not None:
             steps.append(d.step)
-            feed.ack(d.step)
+            feed.ack(d)
         queue = server.dispatcher.queues["train"]   # type: ignore[union-attr]
         assert queue.lease_expired == 0 and feed.released == 1
     finally:
@@ -175,7 +175,7 @@ def _shared_steps(address: str, n: int | None = None) -> list[int]:
     try:
         while len(steps) != n and (d := feed.take()) is not None:
             steps.append(d.step)
-            feed.ack(d.step)
+            feed.ack(d)
     finally:
         feed.close()
         feed.executor.shutdown()

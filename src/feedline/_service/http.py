@@ -8,6 +8,7 @@ The gateway is a shared-mode consumer of the ZeroMQ server in the same process (
 ``aiohttp.web`` on its own event-loop thread. Routes:
 
     GET /  and  GET /batch   ?stream=NAME   the next batch (200), or 204 once the stream has ended
+    GET /ack                 ?stream=NAME&step=N   ack a step served with confirm=1 (at least once)
     GET /state               ?stream=NAME   the stream's resume state (the shared-mode watermark)
     GET /stats                              the server's stats snapshot plus the gateway's counters
     GET /healthz                            ``ok`` (no token needed)
@@ -24,8 +25,10 @@ server once its response has been written to the socket; a response that cannot 
 client hung up) puts the batch back at the front for the next GET. Batches taken but not acked
 stay in flight to the gateway, so if the whole process dies they are re-delivered by the
 server's successor from the watermark (or from ``serve --state``), as for any shared-mode
-client. HTTP itself has no ack: a response written to the socket but lost before the client
-read it is not re-sent.
+client. A written response is kept until its connection shows the client read it (the next
+request, or a clean close); a reset first serves it again (:mod:`.http_feed`). ``confirm=1``
+asks for at least once instead: the batch is served again unless ``/ack?step=N`` (or ``&ack=N``
+on the next GET) comes within half the lease.
 
 Security: a bind outside loopback needs a bearer token (``--http-token-file``); every route but
 ``/healthz`` then requires ``Authorization: Bearer TOKEN``. Every connection passes a
@@ -103,6 +106,8 @@ class HttpGateway:
         app = web.Application(middlewares=[self._auth_middleware(web)], client_max_size=1 << 16)
         app.router.add_get("/", self._batch)
         app.router.add_get("/batch", self._batch)
+        app.router.add_get("/ack", self._ack)
+        app.router.add_post("/ack", self._ack)
         app.router.add_get("/state", self._state)
         app.router.add_get("/stats", self._stats_route)
         app.router.add_get("/healthz", self._healthz)
@@ -221,6 +226,10 @@ class HttpGateway:
 
         feed = self._feed(request)
         fmt = _negotiate(request.headers.get("Accept", ""))
+        confirm = _flag(request.query.get("confirm"))
+        if "ack" in request.query:
+            feed.client_ack(_step_param(request, "ack"))
+        conn = self.guard.connection(request.transport) if self.guard is not None else None
         loop = asyncio.get_running_loop()
         fut = loop.run_in_executor(feed.executor, self._take, feed, fmt)
         try:
@@ -240,15 +249,37 @@ class HttpGateway:
                 raise
         # a Response sends its headers with the body (one segment: no Nagle/delayed-ACK stall);
         # preparing and finishing it here, not after the handler returns, lets a failed write give the batch back
-        resp = web.Response(body=body, headers={"Content-Type": fmt, "X-Feedline-Step": str(delivery.step)})
+        headers = {"Content-Type": fmt, "X-Feedline-Step": str(delivery.step)}
+        if confirm:
+            headers["X-Feedline-Ack-Within"] = f"{feed.hold:g}"
+        resp = web.Response(body=body, headers=headers)
         try:
             await resp.prepare(request)
             await resp.write_eof()
         except (ConnectionError, asyncio.CancelledError):
             feed.giveback(delivery)
             raise
-        feed.ack(delivery.step)
+        feed.ack(delivery)
+        if confirm:
+            feed.await_ack(delivery, feed.hold)
+        settle = feed.unsettled(delivery, awaits_ack=confirm)
+        if conn is not None:
+            conn.watch(settle)   # a reset before the client shows it read the response: resent
+        else:
+            settle(True)
         return resp
+
+    async def _ack(self, request: Any) -> Any:
+        """``/ack?stream=NAME&step=N``: the client read step N in full (the at-least-once mode)."""
+        from aiohttp import web
+
+        feed = self._feed(request)
+        step = _step_param(request, "step")
+        if feed.client_ack(step):
+            return _json_response(web, 200, {"acked": step})
+        return _json_response(web, 409, {"error": "not awaiting an ack", "message": (
+            f"step {step} of stream {feed.stream!r} is not awaiting an ack: acked already, not asked for with "
+            f"confirm=1, or resent after {feed.hold:g} s without one")})
 
     def _take(self, feed: StreamFeed, fmt: str) -> tuple[Delivery | None, bytes | None]:
         """The next batch and, when cheap (msgpack without texts), its body: one thread hop per GET."""
@@ -296,7 +327,8 @@ class HttpGateway:
         http = {"requests": self.requests, "unauthorized": self.unauthorized,
                 "connections": {"open": guard.open, "pending": len(guard.pending), "max": guard.max_connections,
                                 **dataclasses.asdict(guard.counters)} if guard is not None else {},
-                "streams": {n: {"served": f.served, "returned": f.returned, "ended_at": f.ended_at}
+                "streams": {n: {"served": f.served, "returned": f.returned, "resent": f.resent,
+                                "ended_at": f.ended_at}
                             for n, f in self.feeds.items()}}
         return _json_response(web, 200, {"http": http, "server": self._stats()})
 
@@ -311,6 +343,21 @@ def _negotiate(accept: str) -> str:
     a = accept.lower()
     j, m = a.find(JSON), a.find("msgpack")
     return JSON if j >= 0 and (m < 0 or j < m) else MSGPACK
+
+
+def _flag(value: str | None) -> bool:
+    return value is not None and value.lower() in ("1", "true", "yes")
+
+
+def _step_param(request: Any, name: str) -> int:
+    from aiohttp import web
+
+    text = request.query.get(name, "")
+    if not text.isdigit() or len(text) > 18:
+        raise web.HTTPBadRequest(text=json.dumps({"error": "bad step", "message": (
+            f"{name}={text[:40]!r}: expected a step number, as the X-Feedline-Step header gave it")}),
+            content_type=JSON)
+    return int(text)
 
 
 def _giveback_later(feed: StreamFeed, fut: Any) -> None:

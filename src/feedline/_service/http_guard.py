@@ -57,6 +57,11 @@ class ConnectionGuard:
         self.open = 0
         self.pending: OrderedDict[_Guarded, None] = OrderedDict()   # oldest first
         self.counters = GuardCounters()
+        self.by_transport: dict[Any, _Guarded] = {}
+
+    def connection(self, transport: Any) -> _Guarded | None:
+        """The guarded connection of a request's transport (``None``: already gone)."""
+        return self.by_transport.get(transport)
 
     def __call__(self) -> asyncio.Protocol:
         return _Guarded(self)
@@ -125,9 +130,26 @@ class _Guarded(asyncio.Protocol):
         self.head = bytearray()
         self.timer: asyncio.TimerHandle | None = None
         self.counted = False
+        self.watchers: list[Callable[[bool], None]] = []
+        self.outcome: bool | None = None   # once lost: True closed cleanly, False reset or failed
+
+    def watch(self, settle: Callable[[bool], None]) -> None:
+        """Call ``settle(True)`` once the client shows it read the responses written so far (it sent
+        another request, or the connection closed without an error), ``settle(False)`` if the
+        connection fails first (a reset: a client closing with a response unread sends one)."""
+        if self.outcome is not None:
+            settle(self.outcome)
+        else:
+            self.watchers.append(settle)
+
+    def _settle(self, ok: bool) -> None:
+        watchers, self.watchers = self.watchers, []
+        for settle in watchers:
+            settle(ok)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport   # type: ignore[assignment]
+        self.guard.by_transport[transport] = self
         if not self.guard.admit(self):
             transport.abort()   # type: ignore[attr-defined]
             return
@@ -136,6 +158,8 @@ class _Guarded(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.inner is not None:
+            if self.watchers:   # the next request: the previous responses were read
+                self._settle(True)
             self.inner.data_received(data)
             return
         if self.transport is None or self.transport.is_closing():
@@ -190,6 +214,9 @@ class _Guarded(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._unpend()
+        self.guard.by_transport.pop(self.transport, None)
+        self.outcome = exc is None
+        self._settle(self.outcome)
         if self.counted:
             self.counted = False
             self.guard.open -= 1
