@@ -23,3 +23,25 @@ def fails_on_the_seventh(rec: dict[str, Any]) -> bool:
 
 def not_a_dict(rec: dict[str, Any]) -> Any:
     return rec["text"]
+
+
+def drops_text(rec: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in rec.items() if k != "text"}
+
+
+def text_to_int(rec: dict[str, Any]) -> dict[str, Any]:
+    return {**rec, "text": len(rec["text"])}
+
+
+def array_filter(rec: dict[str, Any]) -> Any:
+    import numpy as np
+
+    return np.array([len(rec["text"]) < 2000, True])
+
+
+def empties_or_grows(rec: dict[str, Any]) -> dict[str, Any]:
+    """Empties the text of about one record in ten and makes about one in ten 60,000 bytes long."""
+    import zlib
+
+    bucket = zlib.crc32(rec["text"].encode()) % 10
+    return {**rec, "text": "" if bucket == 0 else "grown " * 10_000 if bucket == 1 else rec["text"]}

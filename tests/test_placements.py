@@ -353,7 +353,7 @@ def test_a_transform_that_raises_in_a_worker_shows_its_own_frame(corpus: str, sm
     module = user_maps(tmp_path, monkeypatch)
     s = spec(corpus, small_tokenizer, 2, "processes", transforms=[{"map": "user_maps:explode"}])
     loader = Loader(s)
-    with pytest.raises(TransformError, match=r"transforms\[0\] \(map user_maps:explode\) raised ZeroDivisionError") as got:
+    with pytest.raises(TransformError, match=r"transforms\[0\] \(map user_maps:explode, \S+user_maps\.py:\d+\) raised ZeroDivisionError") as got:
         collect(loader)
     remote = [e for e in causes(got.value) if type(e).__name__ == "RemoteTraceback"]
     assert remote, f"no remote traceback in the chain: {causes(got.value)}"
@@ -372,7 +372,7 @@ def test_sys_exit_in_a_workers_transform_is_an_error_naming_it_without_restarts(
     user_maps(tmp_path, monkeypatch)
     loader = Loader(spec(corpus, small_tokenizer, 2, "processes", transforms=[{"map": f"user_maps:{fn}"}]))
     t = time.monotonic()
-    with pytest.raises(TransformError, match=rf"part-001.jsonl:6: transforms\[0\] \(map user_maps:{fn}\) raised "
+    with pytest.raises(TransformError, match=rf"part-001.jsonl:6: transforms\[0\] \(map user_maps:{fn}, \S+user_maps\.py:\d+\) raised "
                                              rf"{what.replace('(', '[(]').replace(')', '[)]')}"):
         collect(loader)
     assert not any(runner(loader).restarts) and time.monotonic() - t < 60

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -80,11 +81,72 @@ def test_a_python_callable_hashes_as_its_import_path_and_a_lambda_works_in_proce
 def test_a_transform_that_raises_names_the_record_file_and_line() -> None:
     s = spec(transforms=[{"filter": "record_transforms:fails_on_the_seventh"}])
     with pytest.raises(TransformError, match=r"c4_demo\.jsonl:7: transforms\[0\] \(filter record_transforms:"
-                                              r"fails_on_the_seventh\) raised ValueError: cannot classify") as e:
+                                              r"fails_on_the_seventh, \S*record_transforms\.py:\d+\) raised ValueError "
+                                              r"at \S*record_transforms\.py:\d+: cannot classify") as e:
         texts(s)
     assert e.value.path.endswith("c4_demo.jsonl") and isinstance(e.value.line, int)
     with pytest.raises(TransformError, match=r"returned str, not a dict"):
         texts(spec(transforms=[{"map": "record_transforms:not_a_dict"}]))
+
+
+@pytest.mark.parametrize(("step", "said"), [
+    ({"map": "record_transforms:drops_text"}, r"returned a record without 'text' \(it has: (no fields|[a-z_, ]+)\); "
+                                              "a map must keep the text field"),
+    ({"map": "record_transforms:text_to_int"}, r"set 'text' to int, not a str"),
+    ({"filter": "record_transforms:array_filter"}, r"returned ndarray, which is neither true nor false \(ValueError: "
+                                                   r"The truth value of an array"),
+])
+def test_a_wrong_return_is_a_transform_error_naming_the_step_and_its_line(
+        step: dict[str, str], said: str, gpt2_path: str) -> None:
+    """Each gave a raw error from deep inside (KeyError from the task, TypeError, ValueError)."""
+    kind, path = next(iter(step.items()))
+    line = getattr(record_transforms, path.split(":")[1]).__code__.co_firstlineno
+    s = spec(tokenizer=gpt2_path, transforms=[step], task={"kind": "clm", "max_length": 64},
+             batching={"strategy": "pad", "batch_size": 8})
+    with pytest.raises(TransformError) as e, feedline.Loader(s) as loader:
+        list(loader)
+    assert re.match(rf"\S*c4_demo\.jsonl:1: transforms\[0\] \({kind} {path}, \S*record_transforms\.py:{line}\) "
+                    + said, str(e.value)), str(e.value)
+    assert e.value.path.endswith("c4_demo.jsonl") and e.value.line == 1
+
+
+def test_a_transform_module_failing_at_import_is_a_transform_error(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """It raised the module's RuntimeError, raw."""
+    (tmp_path / "broken_transforms.py").write_text("import os\n\nraise RuntimeError('needs a GPU')\n\n"
+                                                   "def f(r):\n    return r\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(TransformError, match=r"^transforms\[0\]\.map: importing 'broken_transforms' raised "
+                                             r"RuntimeError at \S*broken_transforms\.py:3: needs a GPU; "):
+        Spec.load(spec(transforms=[{"map": "broken_transforms:f"}]))
+
+
+def _stream(s: dict) -> tuple[list[list[int]], dict]:
+    with feedline.Loader(s) as loader:
+        return [b["input_ids"].tolist() for b in loader], loader.stats()
+
+
+def test_a_text_a_map_empties_or_grows_is_counted_as_the_same_record_on_disk(gpt2_path: str, tmp_path: Path) -> None:
+    """A map emptying ~10 % of texts gave EOS-only rows and rejected {}. Now the records it empties or
+    makes too large are counted (and rejected) as the same records written to disk are."""
+    c4 = str(shared("prose", "c4_demo.jsonl"))
+    common = {"tokenizer": gpt2_path, "task": {"kind": "clm", "max_length": 64},
+              "batching": {"strategy": "pad", "batch_size": 8}}
+    mapped = {**common, "sources": [{"path": c4, "max_record_bytes": 50_000}],
+              "transforms": [{"filter": "record_transforms:short"}, {"map": "record_transforms:empties_or_grows"}]}
+    disk = tmp_path / "mapped.jsonl"
+    with disk.open("w") as f:
+        for r in texts({**mapped, "transforms": []}):
+            if record_transforms.short({"text": r}):
+                f.write(json.dumps(record_transforms.empties_or_grows({"text": r}), ensure_ascii=False) + "\n")
+    got, stats = _stream(mapped)
+    want, on_disk = _stream({**common, "sources": [{"path": str(disk), "max_record_bytes": 50_000}]})
+    assert got == want
+    assert stats["rejected"] == on_disk["rejected"] and set(stats["rejected"]) == {"empty", "too_large"}
+    assert min(stats["rejected"].values()) >= 5 and stats["filtered"] > 0
+    with pytest.raises(feedline.RecordError, match=r"c4_demo\.jsonl:\d+: (empty|too_large) \(.*transforms\[1\] "
+                                                   r"\(map record_transforms:empties_or_grows"):
+        _stream({**mapped, "on_error": "raise"})
 
 
 def test_bad_transform_specs_are_refused_up_front() -> None:

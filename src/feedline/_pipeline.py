@@ -130,7 +130,9 @@ class Pipeline:
         """Records after reading, mixing and the spec's ``transforms`` (unshuffled)."""
         if not self.spec.transforms:
             return self.mixture
-        return Transform(self.mixture, steps_of(self.spec.transforms), locate=self.mixture.locate)
+        s = self.spec
+        return Transform(self.mixture, steps_of(s.transforms), locate=self.mixture.locate, on_error=s.on_error,
+                         limits=[src.max_record_bytes if src.text is not None else None for src in s.sources])
 
     def records(self) -> Dataset[Record]:
         """Records after reading, mixing, transforms and shuffling."""
