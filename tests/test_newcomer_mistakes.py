@@ -232,12 +232,12 @@ def test_spec_check_checks_the_streams_overrides_too(tmp_path: Path, capsys: pyt
 
     f = tmp_path / "serve.yaml"
     f.write_text("sources: [a.jsonl]\ntask: clm\nstreams:\n  validation: {sources: [b.jsonl], epochs: 1}\n")
-    assert spec_command.run(argparse.Namespace(check=str(f), schema=False, markdown=False)) == 0
+    assert spec_command.run(argparse.Namespace(check=str(f), schema=False, markdown=False, no_data=True)) == 0
     out = capsys.readouterr().out
     assert "valid;" in out and "streams validation" in out
     f.write_text("sources: [a.jsonl]\ntask: clm\nstreams:\n  validation: {sourcs: [b.jsonl]}\n")
     with pytest.raises(SpecError, match="streams.validation: sourcs: unknown key; did you mean 'sources'"):
-        spec_command.run(argparse.Namespace(check=str(f), schema=False, markdown=False))
+        spec_command.run(argparse.Namespace(check=str(f), schema=False, markdown=False, no_data=True))
 
 
 def test_interleave_refuses_columns_of_different_types_as_datasets_does(tmp_path: Path) -> None:

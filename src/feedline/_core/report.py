@@ -16,7 +16,7 @@ from typing import Any
 from feedline._core.record import TEXT_FIELD_ADVICE, Key, Rejection
 from feedline.errors import RecordError
 
-__all__ = ["FILTERED", "Rejections", "add_counts", "nothing_delivered", "rejected_along", "sum_rejected"]
+__all__ = ["FILTERED", "Rejections", "add_counts", "likely_fix", "nothing_delivered", "rejected_along", "sum_rejected"]
 
 log = logging.getLogger("feedline")
 
@@ -119,6 +119,11 @@ _FIXES = {
     "unreadable": "check the source's path and permissions",
     FILTERED: "the spec's filter transforms dropped every record; check them (transforms:)",
 }
+
+
+def likely_fix(reason: str) -> str:
+    """The most likely fix when records are rejected for ``reason`` ("" when there is none to say)."""
+    return _FIXES.get(reason, "")
 
 
 def nothing_delivered(where: str, counts: Mapping[str, int], samples: list[str], *, first: int | None = None,

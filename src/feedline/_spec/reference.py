@@ -207,8 +207,13 @@ def markdown(tasks: Mapping[str, type], batchers: Mapping[str, type]) -> str:
            "editors (e.g. `# yaml-language-server: $schema=feedline.schema.json` atop a spec).", "",
            "An unknown key is refused with a did-you-mean and the section's keys, a wrong value with its key path "
            "and what is allowed (from a file, with its line: `train.yaml:3: sources[0].formt: unknown key; did you "
-           "mean 'format'? (allowed: ...)`); `feedline spec --check FILE` checks a file (its `streams` too) "
-           "without reading any data. `Spec.hash()` covers every key "
+           "mean 'format'? (allowed: ...)`). `feedline spec --check FILE` checks a file (its `streams` too) "
+           "and what is cheap to check against its data: every source path matches a file or object, the first "
+           "records have the text field and suit the task (chat's messages, classify's label), the tokenizer loads, "
+           "and a corpus of local files of at most 8 MiB is run to its first batch (a batch larger than the data "
+           "with `remainder: drop` is found there); each problem is one line naming the source, field or key and "
+           "the fix, and the exit code is 1. `--no-data` checks the spec and the tokenizer only. `feedline serve` "
+           "runs the same checks before it listens. `Spec.hash()` covers every key "
            "that changes the batches (not `root`, `engine`, `workers`, `prefetch`, `reject_limit`, `streams`, "
            "the tokenizer's `backend`).", "",
            f"A spec file is read as UTF-8, at most {files.MAX_BYTES >> 20} MB, nested at most {files.MAX_DEPTH} "

@@ -20,7 +20,8 @@ from feedline._service.http_options import HttpOptions, parse_http_bind, read_to
 from feedline._service.launch import READY_PREFIX
 from feedline._service.lograte import limit_log_rate
 from feedline._service.server import Server, ServerOptions
-from feedline._service.streams import load_streams, parse_stream_option
+from feedline._service.streams import DEFAULT_STREAM, load_streams, parse_stream_option
+from feedline._pipeline import Pipeline
 from feedline._spec import Spec, read_spec_file
 from feedline.errors import SpecError, StateError
 
@@ -62,6 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream", action="append", default=[], metavar="NAME=SPEC",
                         help="serve another named stream from a spec file (repeatable), e.g. validation=val.yaml")
     parser.add_argument("--keys", metavar="DIR", help="CurveZMQ keys from 'feedline keys generate DIR'")
+    parser.add_argument("--no-data-check", action="store_true",
+                        help="skip the preflight's look at the data (paths, first records, a small corpus's first batch; "
+                             "see feedline spec --check); the spec and tokenizer are still checked before listening")
     parser.add_argument("--stop-with-stdin", action="store_true",
                         help="stop (draining, as on SIGTERM) when standard input ends: a parent holding the pipe "
                              "takes the server with it however it exits (feedline.service.serve_process uses this)")
@@ -86,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--http-token-file is only used with --http HOST:PORT")
     bind = args.bind or ("tcp://127.0.0.1:0" if http is not None else DEFAULT_BIND)
     streams = load_streams(spec, extra)  # type: ignore[arg-type]
+    if not _preflight(streams, data=not args.no_data_check):
+        return 1
     options = options_from_args(ServerOptions, args, skip=_OWN, bind=bind,
                                 keys=ServerKeys.load(args.keys) if args.keys else None, progress=True)
     server = Server(streams, options)
@@ -138,6 +144,17 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write("\n")
     print("feedline serve: stopped", flush=True)
     return 0
+
+
+def _preflight(streams: dict[str, Pipeline], *, data: bool) -> bool:
+    """Check every stream's spec against its data before listening; print each problem on one line."""
+    from feedline._tools.preflight import preflight
+
+    problems = [(f"stream {name}: " if name != DEFAULT_STREAM else "") + line
+                for name, pipeline in streams.items() for line in preflight(pipeline.spec, data=data)]
+    for line in problems:
+        print(f"feedline serve: error: {line}", file=sys.stderr, flush=True)
+    return not problems
 
 
 def raise_fd_limit() -> None:

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 NAME = "spec"
 HELP = "print the spec reference (every key, type, default, meaning), its JSON Schema, or check a spec file"
-EXAMPLE = "feedline spec --schema > feedline.schema.json      feedline spec --check train.yaml"
+EXAMPLE = "feedline spec --schema > feedline.schema.json      feedline spec --check train.yaml [--no-data]"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     what = p.add_mutually_exclusive_group()
     what.add_argument("--schema", action="store_true", help="print a JSON Schema (draft 2020-12) for editors")
     what.add_argument("--markdown", action="store_true", help="print docs/spec.md (the default)")
-    what.add_argument("--check", metavar="SPEC", help="validate a spec file and print its hash")
+    what.add_argument("--check", metavar="SPEC",
+                      help="validate a spec file and check it against its data (paths match files, the first records "
+                           "have the text field and suit the task, the tokenizer loads, a small corpus fills a batch); "
+                           "print its hash, or one line per problem and exit 1")
+    p.add_argument("--no-data", action="store_true",
+                   help="with --check: do not list or read the sources (the spec and its tokenizer only)")
 
 
 def registries() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -31,10 +37,19 @@ def run(args: argparse.Namespace) -> int:
 
     if args.check:
         from feedline._cli._common import load_spec
-        from feedline._service.streams import load_streams
+        from feedline._service.streams import DEFAULT_STREAM, load_streams
+
+        from feedline._tools.preflight import preflight
 
         spec = load_spec(args.check)
-        others = sorted(load_streams(spec if args.check == "-" else args.check))[1:]  # streams: overrides checked too
+        streams = load_streams(spec if args.check == "-" else args.check)  # streams: overrides checked too
+        problems = [(f"stream {name}: " if name != DEFAULT_STREAM else "") + line
+                    for name, pipeline in streams.items() for line in preflight(pipeline.spec, data=not args.no_data)]
+        for line in problems:
+            print(f"{args.check}: {line}", file=sys.stderr)
+        if problems:
+            return 1
+        others = sorted(streams)[1:]
         print(f"{args.check}: valid; task {spec.task.kind}, batching {spec.batching.strategy}, hash {spec.hash()}"
               + (f"; streams {', '.join(others)}" if others else ""))
         return 0
