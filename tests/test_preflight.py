@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import shared
 
+from conftest import shared
 from feedline._cli.__main__ import main
 
 
@@ -81,14 +81,16 @@ def test_a_chat_spec_reading_a_text_field_is_told_to_read_whole_records(tmp_path
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
     threads = shared("chat", "oasst", "en_100_top_threads.messages.jsonl")
     tok = str(shared("tokenizers", "qwen2.5"))
-    spec = _write(tmp_path, "chat.yaml", tok, sources=[{"path": str(threads)}], task={"kind": "chat", "max_length": 256},
-                  batching={"strategy": "pack", "batch_size": 4})
+    spec = _write(tmp_path, "chat.yaml", tok, sources=[{"path": str(threads), "text": "text"}],
+                  task={"kind": "chat", "max_length": 256}, batching={"strategy": "pack", "batch_size": 4})
     code, _, err = _check(capsys, str(spec))
     assert code == 1 and len(err) == 1
-    assert "missing_field: 100" in err[0] and err[0].endswith("a chat task reads whole records: set the source's text: null")
-    whole = _write(tmp_path, "chat.yaml", tok, sources=[{"path": str(threads), "text": None}],
-                   task={"kind": "chat", "max_length": 256}, batching={"strategy": "pack", "batch_size": 4})
-    assert _check(capsys, str(whole))[0] == 0
+    assert "no record among the first 100 read (missing_field: 100)" in err[0]
+    assert err[0].endswith("remove text: 'text' from sources[0], or write text: null"), err[0]
+    for whole in ({"path": str(threads)}, {"path": str(threads), "text": None}):  # no text: reads records whole
+        fixed = _write(tmp_path, "chat.yaml", tok, sources=[whole], task={"kind": "chat", "max_length": 256},
+                       batching={"strategy": "pack", "batch_size": 4})
+        assert _check(capsys, str(fixed))[0] == 0
 
 
 def test_a_classify_spec_whose_rows_lack_the_label_is_refused(tmp_path: Path, bert_path: str,

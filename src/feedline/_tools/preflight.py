@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-from feedline._core.record import Record, Rejection
+from feedline._core.record import TEXT_FIELD_ADVICE, Record, Rejection
 from feedline._core.report import Rejections, likely_fix
 from feedline._pipeline import GlobalStream, Pipeline
+from feedline._pipeline import _whole_record_fixes as whole_record_fixes
 from feedline._sources.files import size_of
 from feedline._sources.source import FileSource, list_files
 from feedline._spec import EngineSpec, Spec
@@ -59,9 +60,9 @@ def preflight(spec: Spec, *, data: bool = True, small_bytes: int = SMALL_BYTES) 
         if not data:
             return problems
         sizes: list[int | None] = []
-        for i, src in enumerate(spec.sources):
+        for i in range(len(spec.sources)):
             sizes += _check_source(spec, i, tok, problems)
-        if problems or spec.tokenizer and tok is None:
+        if problems or (spec.tokenizer and tok is None):
             return problems
         if sizes and None not in sizes and sum(s or 0 for s in sizes) <= small_bytes:
             _first_batch(spec, tok, problems)
@@ -92,6 +93,9 @@ def _check_source(spec: Spec, i: int, tok: Tokenizer | None, problems: list[str]
     except FeedlineError as e:
         problems.append(f"{where}: {_line(e).removeprefix(f'{src.path}: ')}")
         return [None]
+    # the run's own advice where a task reads records whole (chat) and a text: field rejects them
+    fixes = whole_record_fixes(spec.task.kind, i, src.text) \
+        if task_class(spec.task.kind).whole_records and src.text is not None else {}
     source = FileSource(src, i, seed=spec.seed, shuffle_splits=False, epochs=1, on_unreadable=spec.on_unreadable)
     try:
         records, rejections = _first_records(source)
@@ -99,7 +103,7 @@ def _check_source(spec: Spec, i: int, tok: Tokenizer | None, problems: list[str]
         problems.append(f"{where}: {_line(e)}")
         return [None]
     if not records and rejections.total:
-        problems.append(f"{where}: no record among the first {rejections.total} read{_summary(rejections, spec)}")
+        problems.append(f"{where}: no record among the first {rejections.total} read{_summary(rejections, fixes)}")
     elif records and not spec.transforms and (tok is not None or not spec.tokenizer):
         _check_task(spec, where, source, records, tok, problems)
     return [size_of(f) for f in files]
@@ -135,7 +139,7 @@ def _check_task(spec: Spec, where: str, source: FileSource, records: list[Record
         for o in outputs:
             rejections.add(o)  # type: ignore[arg-type]
         problems.append(f"{where}: task {spec.task.kind} rejected each of the first {len(records)} records"
-                        f"{_summary(rejections, spec)}")
+                        f"{_summary(rejections, {})}")
 
 
 def _first_batch(spec: Spec, tok: Tokenizer | None, problems: list[str]) -> None:
@@ -150,15 +154,15 @@ def _first_batch(spec: Spec, tok: Tokenizer | None, problems: list[str]) -> None
         it.close()
 
 
-def _summary(rejections: Rejections, spec: Spec) -> str:
-    """`` (reason: n, ...); e.g. FILE:LINE: reason (detail); the fix``."""
+def _summary(rejections: Rejections, fixes: Mapping[str, str]) -> str:
+    """`` (reason: n, ...); e.g. FILE:LINE: reason (detail); the fix`` (``fixes``: the caller's, by reason)."""
     counts = rejections.counts
     top = max(counts, key=lambda k: counts[k])
     sample = next((s for s in rejections.samples if f": {top}" in s), rejections.samples[0] if rejections.samples else "")
     fix = likely_fix(top)
-    if top == "missing_field" and spec.task.kind == "chat":
-        fix = "a chat task reads whole records: set the source's text: null"
-    elif fix and "set the source's text:" in sample:
+    if top in fixes:
+        fix, sample = fixes[top], sample.replace(TEXT_FIELD_ADVICE, "")
+    elif TEXT_FIELD_ADVICE in sample:
         fix = ""  # the sample says it
     reasons = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
     return f" ({reasons})" + (f"; e.g. {sample}" if sample else "") + (f"; {fix}" if fix else "")

@@ -14,6 +14,7 @@ from types import FrameType
 
 from feedline._cli._common import add_spec_argument
 from feedline._cli.options import add_option_arguments, options_from_args
+from feedline._pipeline import Pipeline
 from feedline._service.auth import ClientKeys, ServerKeys
 from feedline._service.http import HttpGateway
 from feedline._service.http_options import HttpOptions, parse_http_bind, read_token
@@ -21,7 +22,6 @@ from feedline._service.launch import READY_PREFIX
 from feedline._service.lograte import limit_log_rate
 from feedline._service.server import Server, ServerOptions
 from feedline._service.streams import DEFAULT_STREAM, load_streams, parse_stream_option
-from feedline._pipeline import Pipeline
 from feedline._spec import Spec, read_spec_file
 from feedline.errors import SpecError, StateError
 

@@ -38,7 +38,6 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         from feedline._cli._common import load_spec
         from feedline._service.streams import DEFAULT_STREAM, load_streams
-
         from feedline._tools.preflight import preflight
 
         spec = load_spec(args.check)
