@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from feedline.errors import StateError
@@ -103,9 +103,10 @@ class DatasetIterator(ABC, Iterator[T_co]):
     def __next__(self) -> T_co:
         """Return the next element or raise ``StopIteration`` at the end of the stream."""
 
-    def take(self, n: int) -> list[T_co]:
+    def take(self, n: int) -> Sequence[T_co]:
         """The next ``n`` elements (fewer at the end of the stream), the state then as after ``n``
-        calls of ``next``. Stages that can read many elements faster than one by one override it."""
+        calls of ``next``. Stages that can read many elements faster than one by one override it
+        (a pre-tokenized source returns its records as one :class:`~feedline._core.documents.TokenRecords`)."""
         return list(itertools.islice(self, n))
 
     # ----------------------------------------------------------------- state

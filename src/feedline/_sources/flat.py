@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from feedline._core.documents import TokenItems
 from feedline._sources.reader import Item, Reader, Split
 from feedline._spec import TokensSpec
 from feedline.errors import SourceError, SpecError
@@ -119,6 +120,29 @@ class FlatTokens:
             return self._next_eos(start + 1)
         return min(self._next_eos(start) + 1, len(self.tokens))
 
+    def runs(self, start: int, stop: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``(starts, ends)`` of the documents starting in ``[start, stop)``, a block of tokens at a
+        time: what :meth:`documents` yields, as arrays."""
+        s = self.align(start)
+        n, first = len(self.tokens), int(self.at_start)
+        while s < min(stop, n):
+            block_end = min(s + _BLOCK, n)
+            hits = np.flatnonzero(self.tokens[s + first:block_end] == self.eos) + (s + first)
+            ends = hits if self.at_start else hits + 1
+            if not ends.size:
+                e = self.end_of(s)
+                yield np.array([s], np.int64), np.array([e], np.int64)
+                s = e
+                continue
+            starts = np.empty(len(ends), np.int64)
+            starts[0], starts[1:] = s, ends[:-1]
+            keep = int(np.searchsorted(starts, stop, side="left"))
+            if keep < len(ends):
+                yield starts[:keep], ends[:keep]
+                return
+            yield starts, ends.astype(np.int64)
+            s = int(ends[-1])
+
     def documents(self, start: int, stop: int) -> Iterator[tuple[int, int]]:
         """``(start, end)`` of the documents starting in ``[start, stop)``, found a block at a time."""
         s = self.align(start)
@@ -167,6 +191,12 @@ class FlatReader(Reader):
         stop = len(f) if split.end is None else split.end
         for s, e in f.documents(position, stop):
             yield s, e, s + 1, {"input_ids": f.tokens[s:e].astype(np.int32)}
+
+    def read_batches(self, split: Split, position: int, line: int) -> Iterator[list[Item] | TokenItems]:
+        """:meth:`read` as runs of documents: views of the memory map, no object per document."""
+        f = self.file(split.path)
+        for starts, ends in f.runs(position, len(f) if split.end is None else split.end):
+            yield TokenItems(starts, ends, starts + 1, starts, ends - starts, f.tokens)
 
     def fetch(self, path: str, positions: Sequence[int]) -> dict[int, dict[str, Any]]:
         f = self.file(path)

@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from feedline._core.documents import TokenItems
 from feedline._sources.reader import Item, Reader, Split
 from feedline.errors import SourceError
 
@@ -47,6 +48,7 @@ DTYPES: dict[int, type] = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5:
                            7: np.float32, 8: np.uint16}
 CODES = {np.dtype(v): k for k, v in DTYPES.items()}
 _HEAD = len(MAGIC) + 8 + 1 + 8 + 8
+_RUN = 1 << 14  # documents a run of read_batches
 
 
 def prefix_of(path: str) -> str:
@@ -149,6 +151,22 @@ class MegatronReader(Reader):
         end = len(ix) if split.end is None else min(split.end, len(ix))
         for d in range(position, end):
             yield d, d + 1, d + 1, {"input_ids": ix.document(d)}
+
+    def read_batches(self, split: Split, position: int, line: int) -> Iterator[list[Item] | TokenItems]:
+        """:meth:`read` as runs of documents (views of the memory-mapped ``.bin``); documents of
+        several sequences (sentence-split data) come as lists of items."""
+        ix = self.index(split.path)
+        end = len(ix) if split.end is None else min(split.end, len(ix))
+        for lo in range(position, end, _RUN):
+            hi = min(lo + _RUN, end)
+            seqs = ix.doc_index[lo:hi + 1]
+            if int(seqs[-1] - seqs[0]) != hi - lo:
+                yield list(itertools.islice(self.read(split, lo, lo), hi - lo))
+                continue
+            docs = np.arange(lo, hi, dtype=np.int64)
+            s0 = int(seqs[0])
+            starts = ix.pointers[s0:s0 + hi - lo] // ix.dtype.itemsize
+            yield TokenItems(docs, docs + 1, docs + 1, starts, ix.lengths[s0:s0 + hi - lo].astype(np.int64), ix.data)
 
     def fetch(self, path: str, positions: Sequence[int]) -> dict[int, dict[str, Any]]:
         ix = self.index(path)

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from feedline._core.dataset import Dataset, DatasetIterator, State
+from feedline._core.documents import join_records
 from feedline._core.record import Key, Record
 from feedline._core.rng import uniform
 from feedline._sources.source import FileSource, FileSourceIterator
@@ -116,7 +117,7 @@ class MixtureIterator(DatasetIterator[Record]):
                 raise StopIteration
             self.active[i] = False
 
-    def take(self, n: int) -> list[Record]:
+    def take(self, n: int) -> Sequence[Record]:
         """One source (outside ``cycle``) passes its records straight through: many at a time."""
         if self.mix.stopping == "concat" and any(self.active):
             i = self.active.index(True)
@@ -126,7 +127,7 @@ class MixtureIterator(DatasetIterator[Record]):
             if len(out) < n:  # source i is exhausted; the next source continues the chunk
                 self.step += 1
                 self.active[i] = False
-                out += self.take(n - len(out))
+                return join_records([out, self.take(n - len(out))])
             return out
         if len(self.its) > 1 or self.mix.stopping == "cycle" or not self.active[0]:
             return super().take(n)

@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from feedline._core.documents import TokenItems
 from feedline._core.options import close_match
 from feedline._core.record import Rejection, get_path
 from feedline._sources.files import open_binary, strip_codec
@@ -69,8 +70,9 @@ class Reader(ABC):
     def read(self, split: Split, position: int, line: int) -> Iterator[Item]:
         """Yield the items of ``split`` from ``position`` (whose line number is ``line``)."""
 
-    def read_batches(self, split: Split, position: int, line: int) -> Iterator[list[Item]] | None:
-        """The items of :meth:`read` in lists (a block at a time), or ``None`` where the reader has no such path."""
+    def read_batches(self, split: Split, position: int, line: int) -> Iterator[list[Item] | TokenItems] | None:
+        """The items of :meth:`read` in lists (a block at a time), or as runs of documents
+        (:class:`~feedline._core.documents.TokenItems`), or ``None`` where the reader has no such path."""
         return None
 
     def fetch(self, path: str, positions: Sequence[int]) -> dict[int, dict[str, Any]]:

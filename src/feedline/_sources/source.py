@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from feedline._core.dataset import Dataset, DatasetIterator, State
+from feedline._core.documents import TokenItems, TokenRecords, join_records
 from feedline._core.record import Key, Record, Rejection
 from feedline._core.report import Rejections, nothing_delivered
 from feedline._core.rng import permutation
@@ -231,7 +232,7 @@ class FileSourceIterator(DatasetIterator[Record]):
         self._order: list[int] | None = None
         self._items: Any = None
         self._batched = False  # _items yields lists of items (the reader's read_batches)
-        self._pending: list[Item] = []  # the current list of items, from _at on not yet taken
+        self._pending: list[Item] | TokenItems = []  # the current list of items (or run), from _at on not yet taken
         self._at = 0
         # Records delivered in the current epoch (1 after a restore: unknown, assume some).
         self._delivered = 0
@@ -284,19 +285,23 @@ class FileSourceIterator(DatasetIterator[Record]):
             raise StopIteration
         return got[0]
 
-    def take(self, n: int) -> list[Record]:
-        """The next ``n`` records (fewer at the end); the state is as after ``n`` calls of ``next``."""
+    def take(self, n: int) -> Sequence[Record]:
+        """The next ``n`` records (fewer at the end); the state is as after ``n`` calls of ``next``.
+        A reader's runs (:class:`~feedline._core.documents.TokenItems`) come as ``TokenRecords``."""
+        parts: list[Sequence[Record]] = []
         out: list[Record] = []
-        index, add = self.src.index, out.append
-        while len(out) < n:
+        got, index = 0, self.src.index
+        while got + len(out) < n:
             if self._items is None and not self._start_split():
                 break
             items, epoch = self._items, self.epoch
             file = self.src.splits[self._order[self.split]].file  # type: ignore[index]
             if self._batched:
-                self._take_batched(n, out, items, epoch, file)
+                parts, got, out = [*parts, out], got + len(out), []
+                got += self._take_batched(n - got, parts, items, epoch, file)
                 continue
-            while len(out) < n:
+            add, want = out.append, n - got
+            while len(out) < want:
                 item = self._next_item(items)  # (one call per record: read() is a generator)
                 if item is None:
                     self._items, self.split, self.pos = None, self.split + 1, None
@@ -311,21 +316,34 @@ class FileSourceIterator(DatasetIterator[Record]):
                 if self._watch:
                     self._watch = False
                 self._delivered += 1
-        return out
+        return join_records([*parts, out])
 
-    def _take_batched(self, n: int, out: list[Record], items: Iterator[list[Item]], epoch: int, file: int) -> None:
-        """:meth:`take` from a split read in lists of items: the same records, rejections and state."""
-        index, add = self.src.index, out.append
-        while len(out) < n:
+    def _take_batched(self, n: int, parts: list[Sequence[Record]], items: Iterator[Any], epoch: int, file: int) -> int:
+        """:meth:`take` from a split read in lists of items or :class:`TokenItems` runs: the same records,
+        rejections and state; appends runs of records to ``parts`` and returns how many."""
+        index = self.src.index
+        out: list[Record] = []
+        add, taken = out.append, 0
+        while taken + len(out) < n:
             pend, at = self._pending, self._at
             if at >= len(pend):
                 batch = self._next_item(items)
                 if batch is None:
                     self._items, self.split, self.pos = None, self.split + 1, None
                     self._pending, self._at = [], 0
-                    return
+                    break
                 self._pending, self._at = pend, at = batch, 0
-            stop = min(len(pend), at + n - len(out))
+            stop = min(len(pend), at + n - taken - len(out))
+            if isinstance(pend, TokenItems):  # a run of documents: one slice of arrays
+                parts += [out, TokenRecords.of(pend, at, stop, index, file, epoch)]
+                taken, out = taken + len(out), []
+                add = out.append
+                taken += stop - at
+                self._delivered += stop - at
+                self._watch = False
+                self._at = stop
+                self.pos, self.line = int(pend.next[stop - 1]), int(pend.line[stop - 1])
+                continue
             before, watch = len(out), self._watch
             for pos, _next, _line, rec in pend[at:stop]:
                 if isinstance(rec, Rejection):
@@ -339,6 +357,8 @@ class FileSourceIterator(DatasetIterator[Record]):
             self._delivered += len(out) - before
             self._at = stop
             _pos, self.pos, self.line, _rec = pend[stop - 1]
+        parts.append(out)
+        return taken + len(out)
 
     def _next_item(self, items: Iterator[Any]) -> Any:
         """The reader's next item (or list of items); ``None`` at the end of the split or when its file cannot be read."""

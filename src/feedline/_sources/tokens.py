@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from feedline._core.documents import TokenItems
 from feedline._core.record import Rejection
 from feedline._sources.arrow import open_table
 from feedline._sources.parquet import open_parquet, row_group_splits
@@ -142,6 +143,27 @@ class TokensReader(Reader):
                 if split.end is not None and row >= split.end:
                     return
                 yield row, row + 1, row + 1, rec
+
+    def read_batches(self, split: Split, position: int, line: int) -> Iterator[list[Item] | TokenItems]:
+        """:meth:`read` a block at a time: a block without nulls or labels as a run of documents
+        (views of its values buffer), any other as a list of items."""
+        o = self.options
+        for first, table in self._blocks(split.path, position, split.end):
+            lo = max(0, position - first)
+            hi = table.num_rows if split.end is None else min(table.num_rows, split.end - first)
+            if hi <= lo:
+                continue
+            if o.labels and o.labels in table.column_names and o.labels != o.ids:
+                yield [(row, row + 1, row + 1, rec) for row, rec in self._rows(split.path, first, table)
+                       if first + lo <= row < first + hi]
+                continue
+            values, offsets, nulls = id_lists(table, o.ids, split.path)
+            if nulls[lo:hi].any():
+                yield [(row, row + 1, row + 1, rec) for row, rec in self._rows(split.path, first, table)
+                       if first + lo <= row < first + hi]
+                continue
+            rows = np.arange(first + lo, first + hi, dtype=np.int64)
+            yield TokenItems(rows, rows + 1, rows + 1, offsets[lo:hi], np.diff(offsets[lo:hi + 1]), values)
 
     def fetch(self, path: str, positions: Sequence[int]) -> dict[int, dict[str, Any]]:
         wanted = set(positions)

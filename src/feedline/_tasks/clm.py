@@ -33,6 +33,7 @@ from typing import Literal
 import numpy as np
 
 from feedline._core.block import ExampleBlock, exclusive_cumsum, record_keys, spans
+from feedline._core.documents import TokenRecords
 from feedline._core.record import Record, Rejection
 from feedline._tasks.base import Task, TaskOutput
 from feedline.errors import SpecError
@@ -83,6 +84,10 @@ class CausalLM(Task):
 
     def _block(self, records: Sequence[Record]) -> ExampleBlock:
         """Every record of the chunk at once: text records encoded in one flat call, stored ids checked as arrays."""
+        if isinstance(records, TokenRecords):
+            block = self._run(records)
+            if block is not None:
+                return block
         text: list[int] = []
         stored: list[int] = []
         for i, r in enumerate(records):
@@ -179,6 +184,24 @@ class CausalLM(Task):
                      opts.overflow == "truncate", flat, target)
         block.rejected = rejected
         return block
+
+    def _run(self, recs: TokenRecords) -> ExampleBlock | None:
+        """A run of pre-tokenized documents as arrays: their ids copied once (as int32), no object per
+        document; ``None`` when one would be rejected (:meth:`_stored` then says why)."""
+        opts: CausalLMOptions = self.options
+        lengths = recs.lengths
+        if not len(recs) or not lengths.all():
+            return None
+        span = recs.span()
+        if span is None:
+            flat, starts = recs.ids[spans(recs.starts, lengths)].astype(np.int32), exclusive_cumsum(lengths)
+        else:
+            flat, starts = recs.ids[span[0]:span[1]].astype(np.int32), recs.starts - span[0]
+        vocab = self.ctx.tokenizer.vocab_size if self.ctx.tokenizer is not None else None
+        if int(flat.min()) < 0 or (vocab is not None and int(flat.max()) >= vocab):
+            return None
+        return _cut(recs.keys, np.arange(len(recs), dtype=np.int64), starts, lengths, opts.max_length,
+                    opts.overflow == "truncate", flat, flat)
 
     def _rejection(self, rec: Record, ids: np.ndarray, labels: np.ndarray | None, vocab: int | None) -> Rejection:
         if not len(ids):

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from feedline._core.dataset import DatasetIterator
+from feedline._core.documents import TokenRecords, join_records
 from feedline._core.record import Record
 
 __all__ = ["CHUNK_BYTES", "INFLIGHT_BYTES", "read_chunk", "record_size", "records_size"]
@@ -59,6 +60,8 @@ def record_size(record: Record) -> int:
 
 def records_size(records: Sequence[Record]) -> int:
     """:func:`record_size` summed (the common one-string record without a call per record)."""
+    if isinstance(records, TokenRecords):
+        return records.size()
     n = 0
     for r in records:
         for v in r.data.values():
@@ -66,22 +69,25 @@ def records_size(records: Sequence[Record]) -> int:
     return n
 
 
-def read_chunk(parent: DatasetIterator[Record], most: int, budget: int) -> tuple[list[Record], int, bool]:
+def read_chunk(parent: DatasetIterator[Record], most: int, budget: int) -> tuple[Sequence[Record], int, bool]:
     """Read one chunk from ``parent``: ``(records, their size, whether parent ended)``.
 
     At most ``most`` records; the chunk ends after the record that brings its size to ``budget``
-    or past it (so it holds at least one record unless ``parent`` is exhausted).
+    or past it (so it holds at least one record unless ``parent`` is exhausted). Runs of
+    :class:`~feedline._core.documents.TokenRecords` are joined into one.
     """
-    recs: list[Record] = []
-    size, step = 0, 1
-    while len(recs) < most and size < budget:
-        want = min(step, most - len(recs))
+    parts: list[Sequence[Record]] = []
+    n = size = 0
+    step = 1
+    while n < most and size < budget:
+        want = min(step, most - n)
         got = parent.take(want)
-        recs += got
+        parts.append(got)
+        n += len(got)
         size += records_size(got)
         if len(got) < want:
-            return recs, size, True
+            return join_records(parts), size, True
         # at most double (the overshoot stays below the last take), at least what the records so
         # far say reaches the budget
-        step = len(recs) if size == 0 else max(1, min(len(recs), -(-(budget - size) * len(recs) // size)))
-    return recs, size, False
+        step = n if size == 0 else max(1, min(n, -(-(budget - size) * n // size)))
+    return join_records(parts), size, False

@@ -1,0 +1,126 @@
+"""Pre-tokenized sources hand documents on as runs of arrays (TokenItems -> TokenRecords -> one
+ExampleBlock per chunk), with the batches and states of the per-record path, resumed at every step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import shared
+from feedline import Loader
+from feedline._core.documents import TokenRecords, join_records
+from feedline._pipeline import Pipeline
+from feedline._sources.flat import LLMC_MAGIC, FlatReader
+from feedline._sources.megatron import MegatronReader, write_indexed_dataset
+from feedline._sources.tokens import TokensReader
+from feedline._spec import Spec
+from feedline._tokenize.load import load_tokenizer
+from feedline.testing import assert_resumes_exactly, collect
+
+EOS = 50256
+READERS = (FlatReader, MegatronReader, TokensReader)
+
+
+@pytest.fixture(scope="module")
+def docs() -> list[np.ndarray]:
+    """The 300 C4 documents as GPT-2 ids with EOS, cut to 7-89 tokens (many documents a row), four times
+    over (~58 K tokens: two splits of 64 KiB in the flat and Megatron files)."""
+    texts = [json.loads(line)["text"] for line in shared("prose", "c4_demo.jsonl").read_text(encoding="utf-8").splitlines()]
+    tok = load_tokenizer(str(shared("tokenizers", "gpt2")))
+    ids = tok.encode_batch(texts)
+    return [np.append(ids[i % len(ids)][: 7 + i % 83], EOS).astype(np.int32) for i in range(4 * len(ids))]
+
+
+@pytest.fixture(scope="module")
+def sources(docs: list[np.ndarray], tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    d = tmp_path_factory.mktemp("runs")
+    ids = pa.array([x.tolist() for x in docs], pa.list_(pa.int32()))
+    pq.write_table(pa.table({"input_ids": ids}), d / "t.parquet", row_group_size=300)
+    table = pa.table({"input_ids": pa.array([x.tolist() for x in docs], pa.large_list(pa.int64()))})
+    with pa.OSFile(str(d / "t.arrow"), "wb") as f, pa.ipc.new_stream(f, table.schema) as w:
+        w.write_table(table, max_chunksize=200)
+    write_indexed_dataset(str(d / "m_text_document"), docs, np.uint16)
+    np.concatenate(docs).astype(np.uint16).tofile(d / "train.bin")
+    first = np.concatenate([np.insert(x[:-1], 0, EOS) for x in docs]).astype(np.uint16)
+    header = np.zeros(256, np.int32)
+    header[:3] = [LLMC_MAGIC, 1, len(first)]
+    (d / "llmc.bin").write_bytes(header.tobytes() + first.tobytes())
+    small = 1 << 16  # the least split
+    return {"parquet": {"path": str(d / "t.parquet"), "format": "tokens"},
+            "arrow": {"path": str(d / "t.arrow"), "format": "tokens"},
+            "megatron": {"path": str(d / "m_text_document.bin"), "split_bytes": small},
+            "flat": {"path": str(d / "train.bin"), "format": "flat", "split_bytes": small,
+                     "tokens": {"dtype": "uint16", "eos": EOS}},
+            "llmc": {"path": str(d / "llmc.bin"), "split_bytes": small, "tokens": {"eos": EOS}}}
+
+
+def _spec(source: dict, strategy: str, **over: object) -> dict:
+    spec = {"sources": [source], "task": {"kind": "clm", "max_length": 128}, "seed": 5,
+            "batching": {"strategy": strategy, "batch_size": 8, "max_docs_per_row": 9}}
+    spec.update(over)
+    return spec
+
+
+def _batches_and_states(spec: dict) -> tuple[list[dict], list[dict]]:
+    with Loader(spec) as ld:
+        return collect(ld, with_states=True)
+
+
+@pytest.mark.parametrize("layout", ["parquet", "arrow", "megatron", "flat", "llmc"])
+@pytest.mark.parametrize("strategy", ["pack", "concat"])
+def test_runs_give_the_batches_and_states_of_the_per_record_path(layout: str, strategy: str, sources: dict,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = _spec(sources[layout], strategy, epochs=2)
+    batches, states = _batches_and_states(spec)
+    assert len(batches) > 40
+    with monkeypatch.context() as m:
+        for cls in READERS:
+            m.setattr(cls, "read_batches", lambda self, split, position, line: None)
+        want, want_states = _batches_and_states(spec)
+    assert len(batches) == len(want)
+    for i, (a, b) in enumerate(zip(batches, want, strict=True)):
+        assert sorted(a) == sorted(b), i
+        for k in a:
+            assert np.array_equal(a[k], b[k]), (i, k)
+    assert [json.dumps(s, sort_keys=True) for s in states] == [json.dumps(s, sort_keys=True) for s in want_states]
+
+
+@pytest.mark.parametrize("layout", ["parquet", "megatron", "flat"])
+def test_runs_resume_exactly_at_every_step(layout: str, sources: dict) -> None:
+    assert assert_resumes_exactly(_spec(sources[layout], "pack"), every=1, check=2) > 40
+    assert assert_resumes_exactly(_spec(sources[layout], "concat", shuffle={"buffer": 16}), every=1, check=2) > 40
+
+
+@pytest.mark.parametrize("layout", ["parquet", "arrow", "megatron", "flat"])
+def test_a_source_hands_on_runs_not_records(layout: str, sources: dict, docs: list[np.ndarray]) -> None:
+    """One take of a pre-tokenized source is a TokenRecords over the reader's buffer (no record objects);
+    indexed, it gives the records the per-record path gives."""
+    it = iter(Pipeline(Spec.load(_spec(sources[layout], "pack"))).records())
+    got = it.take(200)
+    assert isinstance(got, TokenRecords) and len(got) == 200
+    assert [r.data["input_ids"].tolist() for r in got[195:]] == [x.tolist() for x in docs[195:200]]
+    assert all(r.data["input_ids"].dtype == np.int32 for r in got[:3])
+    joined = join_records([got[:10], it.take(5)])
+    assert isinstance(joined, TokenRecords) and len(joined) == 15
+    assert joined[10].key[2] == got[-1].key[2] + (len(docs[199]) if layout == "flat" else 1)
+
+
+def test_a_block_with_a_null_row_takes_the_per_record_path(tmp_path: Path, docs: list[np.ndarray]) -> None:
+    """A row group holding a null row is read per record: the null is counted as a rejection, and the
+    stream equals the per-record path's."""
+    rows = [x.tolist() for x in docs[:120]]
+    rows[75] = None
+    pq.write_table(pa.table({"input_ids": pa.array(rows, pa.list_(pa.int32()))}), tmp_path / "n.parquet", row_group_size=50)
+    spec = _spec({"path": str(tmp_path / "n.parquet"), "format": "tokens"}, "concat")
+    with Loader(spec) as ld:
+        batches = collect(ld)
+        assert ld.stats()["rejected"] == {"null_ids": 1}
+    stream = np.concatenate([b["input_ids"][b["attention_mask"] == 1] for b in batches])
+    want = np.concatenate([np.asarray(r, np.int32) for r in rows if r is not None])
+    assert len(want) - 8 * 128 < len(stream) <= len(want)  # (the last, partial batch is dropped)
+    assert stream.tolist() == want[:len(stream)].tolist()
