@@ -165,6 +165,7 @@ def _shuffle(raw: Any, ctx: _Context) -> ShuffleSpec | None:
 
 def _transforms(raw: Any, ctx: _Context) -> tuple[TransformSpec, ...]:
     from feedline._core.callables import resolve
+    from feedline._core.static_imports import locate, without_imports_active
 
     if raw is None:
         return ()
@@ -174,7 +175,9 @@ def _transforms(raw: Any, ctx: _Context) -> tuple[TransformSpec, ...]:
     out = []
     for i, t in enumerate(raw):
         spec = build(TransformSpec, t, f"transforms[{i}]")
-        if isinstance(spec.fn, str):
+        if isinstance(spec.fn, str) and without_imports_active():   # spec --check: runs no module it can avoid
+            locate(spec.fn, f"transforms[{i}].{spec.kind}")
+        elif isinstance(spec.fn, str):
             resolve(spec.fn, f"transforms[{i}].{spec.kind}")  # a typo fails here, not at the first record
         out.append(spec)
     return tuple(out)

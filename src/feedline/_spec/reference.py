@@ -219,7 +219,11 @@ def markdown(tasks: Mapping[str, type], batchers: Mapping[str, type]) -> str:
            f"A spec file is read as UTF-8, at most {files.MAX_BYTES >> 20} MB, nested at most {files.MAX_DEPTH} "
            f"levels and expanding, with its YAML aliases followed, to at most {files.MAX_VALUES:,} values "
            f"({files.MAX_CHARS >> 20} MB of text): a file beyond these (an alias bomb, 20,000 nested lists) or "
-           "not UTF-8 is refused in one line naming the file and line, before anything else is read.", ""]
+           "not UTF-8 is refused in one line naming the file and line, before anything else is read.", "",
+           "A spec is code: loading it imports the modules its transforms, plug-in tasks and sources name (their "
+           "top-level code runs), and transforms run on the data, so never load or serve a spec you did not write. "
+           "`spec --check` checks import paths from the modules' source without running them where Python allows "
+           "it, and prints a `note:` for each module it had to import (docs/sources.md, \"A spec is code\").", ""]
 
     def section(title: str, path: str, rows: list[FieldDoc], intro: str = "") -> None:
         out.extend([f"## {title}", ""])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 
 from feedline._core.options import close_match
+from feedline._core.static_imports import note_import
 from feedline._tasks.base import Task
 from feedline.errors import SpecError
 
@@ -31,6 +32,8 @@ def task_class(kind: str) -> type[Task]:
     if target is None and ":" not in kind:
         raise SpecError(f"task.kind: {kind!r} is not a task{close_match(kind, sorted(TASKS))} (tasks: {', '.join(sorted(TASKS))}, or 'package.module:Class')")
     module, _, name = (target or kind).partition(":")
+    if target is None:
+        note_import("task.kind", module, "a plug-in task's options are read from its class")
     try:
         cls = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:
