@@ -53,8 +53,8 @@ def run(args: argparse.Namespace) -> int:
                         for line in preflight(pipeline.spec, data=not args.no_data,
                                               **({"small_bytes": -1} if code[name] else {}))]
         if any(code.values()) and not args.no_data:
-            notes.append("the first batch was not built: that runs the transforms' modules (load the spec "
-                         "in Python to try it)")
+            notes.append("the spec was not run to its first batch: its transforms name modules, and that runs "
+                         "them (load it in Python to try it)")
         for note in dict.fromkeys(notes):
             print(f"note: {note}", file=sys.stderr)
         for line in problems:
