@@ -24,6 +24,7 @@ from feedline._spec import Spec
 from feedline._tasks.base import Task, TaskContext, TaskOutput
 from feedline._tasks.registry import task_class as _task_class
 from feedline._tokenize import Tokenizer, load_tokenizer
+from feedline._tools.steps import epoch_steps
 from feedline.errors import (
     AuthError,
     FeedlineError,
@@ -76,6 +77,7 @@ __all__ = [
     "TransformError",
     "TransportError",
     "TransportTimeout",
+    "epoch_steps",
     "interleave_datasets",
     "load_dataset",
     "load_tokenizer",

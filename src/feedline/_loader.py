@@ -29,8 +29,14 @@ from feedline._spec import Spec
 from feedline._state import check_state, filtered_in, find_rejected, make_state, mixture_shares
 from feedline.errors import SpecError
 
-__all__ = ["InProcessLoader", "Loader"]
+__all__ = ["NO_LENGTH", "InProcessLoader", "Loader"]
 
+
+#: What ``len()`` of a stream says: a stream's length is not known before it is read.
+NO_LENGTH = ("object of type {} has no len(): a feedline stream does not know its length before it is read (records "
+             "are rejected, split, packed); feedline.epoch_steps(spec) counts the global steps of an epoch exactly "
+             "by running the pipeline once (feedline scan --steps SPEC prints it): pass it to max_steps or an LR "
+             "schedule (docs/tasks.md, 'Epoch length')")
 
 #: The loader class of a service address, by scheme (``tcp``, ``ipc``, ``inproc``), as ``"module:Class"``
 #: (imported on first use, like reader formats). The package root installs the service client's:
@@ -103,6 +109,13 @@ class Loader(ABC):
 
     def __next__(self) -> Batch:
         return next(iter(self))
+
+    def __len__(self) -> int:
+        """Not known up front: raises :class:`TypeError` (as before) naming :func:`feedline.epoch_steps`."""
+        raise TypeError(NO_LENGTH.format(type(self).__name__))
+
+    def __bool__(self) -> bool:  # never ask __len__
+        return True
 
     def state_dict(self) -> dict[str, Any]:
         """The JSON state after the last batch this loader returned."""

@@ -12,8 +12,9 @@ from feedline._cli._common import add_spec_argument, load_spec
 
 NAME = "scan"
 HELP = ("read every source of a spec once: records, text bytes, tokens (--tokens), rejected records by reason "
-        "(--task: also those the task rejects)")
-EXAMPLE = "feedline scan spec.yaml --tokens --json      (exit 1 with --strict when any record was rejected)"
+        "(--task: also those the task rejects), global steps of an epoch (--steps)")
+EXAMPLE = ("feedline scan spec.yaml --tokens --json      (exit 1 with --strict when any record was rejected)\n"
+           "  feedline scan spec.yaml --steps             (the exact global steps of one epoch: for max_steps)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", help="tokenizer to count with (overrides the spec's)")
     p.add_argument("--task", action="store_true",
                    help="also run the spec's task over every record and count what it rejects, by reason")
+    p.add_argument("--steps", action="store_true",
+                   help="also count the global steps one epoch yields (and all epochs, where the spec has several), "
+                        "exactly: the whole pipeline runs once, tokenizing and batching (feedline.epoch_steps)")
     p.add_argument("--limit", type=int, help="stop after this many records")
     p.add_argument("--strict", action="store_true", help="exit with code 1 when any record was rejected")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -32,6 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from feedline._sources.scan import scan
 
+    if args.steps and args.limit is not None:
+        from feedline.errors import SpecError
+
+        raise SpecError("--steps counts whole epochs; drop --limit")
     spec = load_spec(args.spec)
     if args.tokenizer:
         spec = dataclasses.replace(spec, tokenizer=args.tokenizer)
@@ -49,6 +57,12 @@ def run(args: argparse.Namespace) -> int:
             bar.close()
     if args.task:
         _add_task_rejections(report, spec, args.limit)
+    if args.steps:
+        from feedline._tools.steps import epoch_steps
+
+        report["steps"] = epoch_steps(spec)
+        if spec.epochs is not None and spec.epochs > 1:
+            report["run_steps"], report["run_epochs"] = epoch_steps(spec, epochs=spec.epochs), spec.epochs
     if args.json:
         print(json.dumps(report, ensure_ascii=False))
     else:
@@ -81,4 +95,7 @@ def _print_table(report: dict[str, Any]) -> None:
         print(row + (f" {s['tokens']:>12}" if has_tokens else "") + f"  {rej}")
     for sample in report["rejected_samples"][:10]:
         print(f"  rejected: {sample}")
+    if "steps" in report:
+        print(f"global steps: {report['steps']} per epoch"
+              + (f", {report['run_steps']} in all {report['run_epochs']} epochs" if "run_steps" in report else ""))
     print(f"scanned in {report['seconds']:.2f}s")
