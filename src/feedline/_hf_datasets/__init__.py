@@ -3,6 +3,7 @@
     load.py        load_dataset: builders, data files, split slicing; IterableDatasetDict
     dataset.py     IterableDataset: the recipe (a root and the methods called), iteration, state
     roots.py       FileRoot: one split's files through feedline's pipeline; shard
+    builders.py    BuilderRoot: files read as datasets' builders read them, for options the readers lack
     interleave.py  interleave_datasets' stage and root (datasets' draws and stopping strategies)
     stages.py      RowOp (map, filter, column methods, batch) and Slice (take, skip)
     functions.py   what datasets' row methods do to rows

@@ -115,8 +115,8 @@ def _schema(root: Any) -> Any:
     if builder == "interleave":
         schemas = [_schema(c.root) if not c.ops else None for c in root.children]
         return schemas[0] if schemas and all(s is not None and s.equals(schemas[0]) for s in schemas) else None
-    if not files or "://" in files[0]:
-        return None
+    if not files or "://" in files[0] or getattr(root, "native", True) is False:
+        return None  # remote, or read with a builder's options (BuilderRoot): known after reading only
     if builder == "json":
         return json_schema(root.schema_file or files[0])[0]
     if builder in ("parquet", "arrow"):

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from feedline._core.options import close_match
+from feedline._hf_datasets.builders import BuilderRoot, split_options
 from feedline._hf_datasets.dataset import IterableDataset
 from feedline._hf_datasets.roots import FileRoot
 from feedline.errors import SpecError
@@ -150,8 +151,11 @@ def load_dataset(path: str, name: str | None = None, data_files: Any = None, spl
             split as an :class:`IterableDatasetDict`.
         streaming: must be true (feedline streams; for an in-memory ``Dataset`` use ``datasets``).
         data_dir: a folder whose files of the builder's extensions form the ``train`` split.
-        kwargs: ``sep``/``delimiter`` and ``column_names`` (csv); other keys go to ``datasets`` for
-            hub names and are refused for native builders.
+        kwargs: the builder's options, as ``datasets`` takes them: ``sep``/``delimiter`` and
+            ``column_names`` (csv, read natively); text ``sample_by``/``keep_linebreaks``/``encoding``,
+            csv ``pandas.read_csv`` options (``na_filter``, ``skiprows``...), json ``field`` (read as
+            the builder reads, :mod:`~feedline._hf_datasets.builders`); other keys go to ``datasets``
+            for hub names and are refused for packaged builders.
     """
     if not streaming:
         raise SpecError("feedline.load_dataset streams; streaming=False (an Arrow cache in memory) is "
@@ -164,6 +168,18 @@ def load_dataset(path: str, name: str | None = None, data_files: Any = None, spl
                             "'train[10%:20%]', 'train[-50:]' (one split; combine splits with interleave_datasets)")
         wanted = m.group("split")
     schema_file = None
+    builder_opts = split_options(path, kwargs) if path in NATIVE else {}
+    if path in NATIVE and builder_opts:  # options feedline's readers lack: read as the builder reads
+        if path == "csv":
+            sep = kwargs.pop("sep", kwargs.pop("delimiter", None))
+            builder_opts.update({"sep": sep} if sep is not None else {})
+            if "column_names" in kwargs:
+                builder_opts["names"] = list(kwargs.pop("column_names"))
+        if kwargs:
+            raise SpecError(f"load_dataset({path!r}): unsupported options {sorted(kwargs)}; {_ACCEPTED[path]}")
+        result = IterableDatasetDict({s: IterableDataset(BuilderRoot(tuple(files), path, s, tuple(builder_opts.items())))
+                                      for s, files in _files(path, data_files, data_dir).items()})
+        return _pick(result, split, wanted, path, data_files)
     if path in NATIVE:
         opts: dict[str, Any] = {}
         sep = kwargs.pop("sep", kwargs.pop("delimiter", None))
@@ -178,8 +194,7 @@ def load_dataset(path: str, name: str | None = None, data_files: Any = None, spl
         if path == "csv":
             opts["infer_types"] = True  # int/float/bool columns and None for missing values, as datasets
         if kwargs:
-            raise SpecError(f"load_dataset({path!r}): unsupported options {sorted(kwargs)}; feedline reads "
-                            "data_files, data_dir, sep/delimiter and column_names for packaged builders")
+            raise SpecError(f"load_dataset({path!r}): unsupported options {sorted(kwargs)}; {_ACCEPTED[path]}")
         found = _files(path, data_files, data_dir)
         splits = {s: [{"path": f, "format": NATIVE[path], "text": None, **opts} for f in files]
                   for s, files in found.items()}
@@ -205,6 +220,12 @@ def load_dataset(path: str, name: str | None = None, data_files: Any = None, spl
             splits = {wanted: [{**hf, "split": wanted}]}
     result = IterableDatasetDict({s: IterableDataset(FileRoot(tuple(src), path, s, schema_file=schema_file))
                                   for s, src in splits.items()})
+    return _pick(result, split, wanted, path, data_files)
+
+
+def _pick(result: IterableDatasetDict, split: str | None, wanted: str | None, path: str,
+          data_files: Any) -> IterableDataset | IterableDatasetDict:
+    """The split asked for (sliced), or every split."""
     if split is None:
         return result
     if wanted not in result:
@@ -213,3 +234,15 @@ def load_dataset(path: str, name: str | None = None, data_files: Any = None, spl
         raise SpecError(f"split {wanted!r} not found{close_match(str(wanted), sorted(result))}; this dataset has "
                         f"{sorted(result)}{hint}")
     return _sliced(result[str(wanted)], split)
+
+
+_ACCEPTED = {
+    "text": "the text builder takes sample_by, keep_linebreaks, encoding and encoding_errors",
+    "csv": "the csv builder takes sep/delimiter, column_names and pandas.read_csv's na_filter, skiprows, header, "
+           "names, usecols, nrows, na_values, keep_default_na, true_values, false_values, quotechar, quoting, "
+           "escapechar, comment, thousands, decimal, skipinitialspace, skip_blank_lines, skipfooter, doublequote, "
+           "lineterminator, date_format, index_col, encoding, encoding_errors",
+    "json": "the json builder takes field, encoding and encoding_errors",
+    "parquet": "the parquet builder takes data_files and data_dir",
+    "arrow": "the arrow builder takes data_files and data_dir",
+}

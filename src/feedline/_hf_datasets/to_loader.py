@@ -25,6 +25,10 @@ def to_loader(ds: Any, tokenizer: str | None, task: Mapping[str, Any] | str | No
     from feedline._hf_datasets.roots import FileRoot
     from feedline._loader import Loader
 
+    if getattr(ds.root, "native", True) is False:
+        raise SpecError(f"to_loader: load_dataset({ds.root.builder!r}) with {dict(ds.root.options)} reads as datasets' "
+                        "builder does, which no spec source expresses; give the Loader a spec (docs/sources.md: "
+                        "unit: paragraph | file for text) or drop these options")
     if not isinstance(ds.root, FileRoot):
         raise SpecError("to_loader: an interleaved dataset has no spec; give the Loader a spec with several "
                         "sources and mix weights instead")
