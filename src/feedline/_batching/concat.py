@@ -21,9 +21,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from feedline._batching.base import Batch, Batcher, FillStats
-from feedline._batching.pack import row_length
-from feedline._batching.rows import Attention, Piece, collate_rows, piece_of
+from feedline._batching.cuts import Pieces, cut_rows
+from feedline._batching.pack import _block_of, row_length
+from feedline._batching.rows import Attention, collate_flat
+from feedline._core.block import ExampleBlock
 from feedline._core.dataset import DatasetIterator, State
 from feedline._core.record import Example
 from feedline.errors import SpecError, StateError
@@ -68,7 +72,14 @@ class ConcatBatcher(Batcher):
 
 
 class ConcatIterator(DatasetIterator[Batch]):
-    """Cursor over a :class:`ConcatBatcher`; :attr:`stats` counts rows and tokens."""
+    """Cursor over a :class:`ConcatBatcher`; :attr:`stats` counts rows and tokens.
+
+    Examples come a block at a time from a parent that offers them (the task map's
+    ``peek_block``/``consume``): whole rows are cut from a block at once (:func:`~.cuts.cut_rows`),
+    and a row that crosses a block's end, reaches ``max_docs_per_row`` or meets an empty example
+    is made one example at a time. Either way an example is taken when a row first needs it, so the
+    states are those of taking them one by one.
+    """
 
     NAME = "concat"
     STATE_KEYS = ("carry", "stats")
@@ -78,56 +89,138 @@ class ConcatIterator(DatasetIterator[Batch]):
         self.opts: ConcatOptions = ds.options
         self.parent = iter(ds.parent)
         self.max_length = row_length(self.opts, ds.ctx.task.max_length, "concat")
-        self.carry: tuple[Example, int] | None = None  # the document being cut, and where its rest starts
+        self.carry: tuple[ExampleBlock, int] | None = None  # the document being cut (one example), where its rest starts
         self.stats = FillStats()
+        self._peek = getattr(self.parent, "peek_block", None)
+        self._blk: ExampleBlock | None = None  # the parent's examples as last peeked
+        self._ends = np.zeros(0, np.int64)  # their cumulative lengths
+        self._empty = False  # whether one of them is empty
+        self._used = 0  # how many of them rows took (consumed from the parent when the batch is made)
 
-    def _next_row(self) -> list[Piece] | None:
-        row: list[Piece] = []
-        room = self.max_length
-        while room and len(row) < self.opts.max_docs_per_row:
-            if self.carry is None:
-                ex = next(self.parent, None)
-                if ex is None:
-                    break
-                self.stats.documents += 1
-                if ex.length == 0:
-                    continue
-                self.carry = (ex, 0)
-            ex, start = self.carry
-            stop = min(ex.length, start + room)
-            row.append(piece_of(ex, start, stop, "concat"))
-            room -= stop - start
-            if stop == ex.length:
-                self.carry = None
-            else:
-                self.carry = (ex, stop)
-                if start == 0:
-                    self.stats.split_documents += 1
-        return row or None
+    def _block(self) -> ExampleBlock | None:
+        """The block the next example comes from; ``None`` at the end of the stream."""
+        if self._blk is not None and self._used < len(self._blk):
+            return self._blk
+        self._settle()
+        if self._peek is None:  # a parent without blocks: one example at a time, taken now
+            ex = next(self.parent, None)
+            got: ExampleBlock | list[Example] | None = None if ex is None else [ex]
+        else:
+            got = self._peek()
+        if got is None:
+            return None
+        blk = got if isinstance(got, ExampleBlock) else _block_of(got[:_LISTED])
+        self._blk, self._ends, self._used = blk, np.cumsum(blk.lengths), 0
+        self._empty = not blk.lengths.all()
+        return blk
+
+    def _settle(self, keep: bool = False) -> None:
+        """Take the examples rows used from the parent; ``keep``: the rest of the block stays peeked
+        (the parent's chunk is the same until the next peek)."""
+        blk, used = self._blk, self._used
+        if blk is not None and self._peek is not None and used:
+            self.parent.consume(used)  # type: ignore[attr-defined]
+        if keep and blk is not None and self._peek is not None and used < len(blk):
+            if used:
+                self._blk, self._ends = blk.slice(used, len(blk)), self._ends[used:] - self._ends[used - 1]
+        else:
+            self._blk = None
+        self._used = 0
+
+    def _row(self, pieces: Pieces) -> int:
+        """One row, an example at a time; its number of pieces (0: the stream has ended)."""
+        room, count, cap = self.max_length, 0, self.opts.max_docs_per_row
+        while room and count < cap:
+            if self.carry is not None:
+                blk, start = self.carry
+                n = int(blk.lengths[0])
+                stop = min(n, start + room)
+                pieces.add(blk, 0, start, stop)
+                room, count = room - (stop - start), count + 1
+                self.carry = None if stop == n else (blk, stop)
+                continue
+            blk = self._block()  # type: ignore[assignment]
+            if blk is None:
+                break
+            i = self._used
+            self._used += 1
+            self.stats.documents += 1
+            n = int(blk.lengths[i])
+            if n == 0:
+                continue
+            stop = min(n, room)
+            pieces.add(blk, i, 0, stop)
+            room, count = room - stop, count + 1
+            if stop < n:
+                self.carry = (blk.slice(i, i + 1), stop)
+                self.stats.split_documents += 1
+        return count
+
+    def _rows(self, pieces: Pieces, docs: list[np.ndarray], want: int) -> int:
+        """Whole rows cut from the carry and the current block at once; how many (0: none can be)."""
+        if self._peek is None:
+            return 0
+        blk = self._blk
+        if blk is None or self._used >= len(blk):  # peek a new block only where a row needs an example now
+            blk = self._block() if self.carry is None else None
+        if blk is None or self._empty:
+            return 0
+        i = self._used
+        ends = self._ends[i:] - (int(self._ends[i - 1]) if i else 0)
+        c = self.carry
+        if c is not None:
+            head = int(c[0].lengths[0]) - c[1]
+            ends = np.concatenate([[head], ends + head])
+        cut = cut_rows(ends, want, self.max_length, self.opts.max_docs_per_row)
+        if cut is None:
+            return 0
+        k = 0 if c is None else 1  # stream document d is the block's example i + d - k
+        if c is not None:
+            own = cut.doc == 0
+            pieces.add_many(c[0], np.zeros(int(own.sum()), np.int64), cut.start[own] + c[1], cut.stop[own] + c[1])
+            self.carry = None
+        mine = cut.doc >= k
+        pieces.add_many(blk, cut.doc[mine] + (i - k), cut.start[mine], cut.stop[mine])
+        taken = cut.used - k
+        self._used += taken
+        self.stats.documents += taken
+        self.stats.split_documents += int(cut.split[k:].sum())
+        if cut.rest is not None:
+            last = cut.used - 1
+            self.carry = (c[0], c[1] + cut.rest) if last < k else (blk.slice(i + last - k, i + last - k + 1), cut.rest)  # type: ignore[index]
+        docs.append(cut.docs)
+        return cut.rows
 
     def __next__(self) -> Batch:
-        rows: list[list[Piece]] = []
-        while len(rows) < self.ds.ctx.batch_size:
-            row = self._next_row()
-            if row is None:
-                break
-            rows.append(row)
+        pieces, docs, rows = Pieces(), list[np.ndarray](), 0
+        while rows < self.ds.ctx.batch_size:
+            made = self._rows(pieces, docs, self.ds.ctx.batch_size - rows)
+            if not made:
+                made = self._row(pieces)
+                if not made:
+                    break
+                docs.append(np.array([made], np.int64))
+                made = 1
+            rows += made
+        self._settle(keep=True)
         if not rows:
             raise StopIteration
-        self.stats.rows += len(rows)
-        self.stats.tokens += sum(p.length for row in rows for p in row)
-        self.stats.slots += len(rows) * self.max_length
+        lengths, values, like = pieces.layout()
+        self.stats.rows += rows
+        self.stats.tokens += int(lengths.sum())
+        self.stats.slots += rows * self.max_length
         o = self.opts
-        return collate_rows(rows, self.max_length, o.max_docs_per_row, self.ds.ctx.task.pad_values,
-                            reset_positions=o.reset_positions, mask_first=o.mask_first_token, attention=o.attention)
+        return collate_flat(np.concatenate(docs), lengths, values, self.max_length, o.max_docs_per_row,
+                            self.ds.ctx.task.pad_values, like=like, reset_positions=o.reset_positions,
+                            mask_first=o.mask_first_token, attention=o.attention)
 
     def own_state(self) -> State:
-        carry = None if self.carry is None else [*self.carry[0].ref, self.carry[1]]
+        carry = None if self.carry is None else [*self.carry[0].refs[0].tolist(), self.carry[1]]
         return {"carry": carry, "stats": self.stats.get_state()}
 
     def restore(self, own: Mapping[str, Any]) -> None:
         carry, stats = own["carry"], own["stats"]
-        self.carry = None
+        self.carry, self._blk, self._used = None, None, 0
         if carry is not None:
             try:
                 src, fi, pos, ep, sub, start = (int(x) for x in carry[:6])
@@ -138,5 +231,9 @@ class ConcatIterator(DatasetIterator[Batch]):
             if not 0 < start < ex.length:
                 raise StateError(f"concat: carry offset {start} is outside example {ref} of {ex.length} tokens; "
                                  "the data changed since the state was saved")
-            self.carry = (ex, start)
+            self.carry = (_block_of([ex]), start)
         self.stats = FillStats.from_state(stats)
+
+
+#: A parent that hands examples on as lists: at most this many of them are made one block at a time.
+_LISTED = 64
