@@ -1,4 +1,4 @@
-"""``feedline count-tokens``: whitespace word counts of any inputs to ``word<TAB>count`` TSV."""
+"""``feedline count-tokens``: whitespace word (or, with ``--tokenizer``, token) counts of any inputs to TSV."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import sys
 from feedline._cli._common import add_progress_argument, setup_progress
 
 NAME = "count-tokens"
-HELP = "count whitespace-separated words of any inputs into word<TAB>count TSV; count TSV inputs are merged"
-EXAMPLE = "feedline count-tokens shards/shard-0000*.jsonl.zst -o counts.tsv   (then: feedline count-tokens c1.tsv c2.tsv -o all.tsv)"
+HELP = ("count the whitespace-separated words of any inputs (or, with --tokenizer, that tokenizer's tokens) into "
+        "word<TAB>count TSV; count TSV inputs are merged")
+EXAMPLE = ("feedline count-tokens shards/shard-0000*.jsonl.zst -o counts.tsv   (then: feedline count-tokens c1.tsv c2.tsv -o all.tsv)\n"
+           "  feedline count-tokens corpus.jsonl --tokenizer gpt2/ -o gpt2-tokens.tsv   (tokens as a run reads them)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,6 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-count", type=int, default=1, help="drop words seen fewer times (default: 1)")
     p.add_argument("--format", default="auto", help="input format (default: detected from names)")
     p.add_argument("--text", default="text", help="field holding the text (default: text)")
+    p.add_argument("--tokenizer", help="count this tokenizer's tokens (a path or hub name; no special tokens) instead "
+                                       "of whitespace-separated words; the TSV then holds token strings (Ġthe, ##ing)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,9 +32,11 @@ def run(args: argparse.Namespace) -> int:
     from feedline._tools.count_tokens import count_tokens, write_counts
 
     rejections = Rejections()
-    counts = count_tokens(args.inputs, lowercase=args.lower, format=args.format, text=args.text, rejections=rejections)
+    counts = count_tokens(args.inputs, lowercase=args.lower, format=args.format, text=args.text, rejections=rejections,
+                          tokenizer=args.tokenizer)
     n = write_counts(counts, args.output, min_count=args.min_count)
-    if args.output != "-":
-        rej = ", ".join(f"{k}={v}" for k, v in sorted(rejections.counts.items())) or "none"
-        print(f"wrote {n} words ({sum(counts.values())} occurrences) to {args.output} (rejected: {rej})", file=sys.stderr)
+    what = f"tokens of {args.tokenizer}" if args.tokenizer else "whitespace-separated words"
+    rej = ", ".join(f"{k}={v}" for k, v in sorted(rejections.counts.items())) or "none"
+    print(f"counted {what}: {sum(counts.values())} in all, {n} distinct written to "
+          f"{'standard output' if args.output == '-' else args.output} (rejected: {rej})", file=sys.stderr)
     return 0
