@@ -177,3 +177,19 @@ def test_chat_without_transformers_is_missing_dependency(tmp_path: Path) -> None
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert "MissingDependency" in r.stderr and "feedline[hf]" in r.stderr, r.stderr[-2000:]
+
+
+def test_a_whitespace_only_text_is_empty_for_every_tokenizer_and_says_so(tmp_path: Path, gpt2_path: str,
+                                                                          bert_path: str) -> None:
+    """The documented choice (docs/sources.md, 'empty'): rejected when read, though GPT-2 gives ' ' an id."""
+    from feedline._core.record import text_record
+
+    path = _jsonl(tmp_path / "ws.jsonl", [{"text": "a real document"}, {"text": " \t "}, {"text": ""}])
+    assert feedline.load_tokenizer(gpt2_path).encode(" \t ").size > 0
+    assert feedline.load_tokenizer(bert_path).encode(" \t ").size == 0
+    for tok in (gpt2_path, bert_path):
+        loader = feedline.Loader({"sources": [path], "tokenizer": tok, "task": {"kind": "clm", "max_length": 8},
+                                  "batching": {"strategy": "pad", "batch_size": 1}})
+        assert len(list(loader)) == 1 and loader.stats()["rejected"] == {"empty": 2}
+    assert text_record({"text": " \t "}, "text", "ws.jsonl", 2).detail == "field 'text' holds only whitespace, which is read as empty"
+    assert text_record({"text": ""}, "text", "ws.jsonl", 3).detail == "field 'text' is empty"

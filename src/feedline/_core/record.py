@@ -111,8 +111,9 @@ def text_record(obj: Any, field: str | None, path: str, line: int | None) -> dic
                          f"no field {field!r}; records have: {have}{TEXT_FIELD_ADVICE}")
     if not isinstance(text, str):
         return Rejection(path, line, "not_string", f"field {field!r} is {type(text).__name__}")
-    if not text.strip():
-        return Rejection(path, line, "empty", f"field {field!r} is empty")
+    if not text.strip():  # before any tokenizer: the same records for every tokenizer (docs/sources.md, 'empty')
+        what = "is empty" if not text else "holds only whitespace, which is read as empty"
+        return Rejection(path, line, "empty", f"field {field!r} {what}")
     if field != "text" or obj.get("text") is not text:
         obj = {**obj, "text": text}
     return obj
