@@ -404,3 +404,23 @@ def test_a_stopped_worker_is_named_then_restarted_and_the_stream_resumes_exactly
     assert took < 30, f"the stream stalled {took:.0f} s"
     assert_batches_equal(want, got, "after a stopped worker was restarted")
     loader.close()
+
+
+def test_the_composing_process_loads_no_tokenizer_where_the_workers_encode(corpus: str, small_tokenizer: str) -> None:
+    """With the partitions in workers, this process never encodes: the pad values (read only where
+    rows of a short tail batch are joined) and a server's backend check used to load the tokenizer
+    here anyway, after step 1 and before listening. The tail of a finite stream still joins (the
+    tests above compare it with threads)."""
+    from feedline._pipeline import Pipeline
+    from feedline._service import server
+    from feedline._tokenize.load import load_tokenizer
+
+    load_tokenizer.cache_clear()
+    s = spec(corpus, small_tokenizer, 2, "processes", epochs=None)
+    loader = Loader(s)
+    for _ in range(8):
+        next(loader)
+    time.sleep(0.5)  # (the pad values' thread, had it started)
+    server._settle_backend(Pipeline(Spec.load(s)))
+    assert load_tokenizer.cache_info().currsize == 0, "the composing process loaded the tokenizer"
+    loader.close()

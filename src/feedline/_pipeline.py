@@ -300,7 +300,10 @@ class GlobalStreamIterator(DatasetIterator[tuple[int, Batch, State]]):
                     self._out = True
                     return self.step, batch, None
                 batch = batch.expand()
-            full = complete_batch(batch, b.batch_size, self.gs.world_size, b.remainder, p.task.pad_values)
+            # a full batch needs no pad values: reading them builds the task (loads the tokenizer), which a
+            # composing process with partitions in workers never needs otherwise
+            full = batch if row_count(batch) == b.batch_size else complete_batch(
+                batch, b.batch_size, self.gs.world_size, b.remainder, p.task.pad_values)
             if full is None:
                 if self.step == 0:  # the only batch: dropping it would end the stream empty, silently
                     rows = row_count(batch)

@@ -82,8 +82,10 @@ class Composed(Dataset[Batch]):
 class _Pads(Mapping[str, Any]):
     """A composed stream's pad values, resolved when first read: only steps that join rows of
     different lengths read them (in the tail, after a partition's short last batch), so no step
-    waits for this process to load the tokenizer and build the task; a thread resolves them once
-    step 1 is out (:meth:`warm`; sooner, it would compete with the partition making step 1)."""
+    waits for this process to load the tokenizer and build the task. A thread resolves them when
+    the tail comes near (:meth:`warm`: a partition ended, or gave a short batch), while the other
+    partitions' last batches are still taken; an endless stream never loads the tokenizer here
+    (with partitions in workers or actors, this process never encodes)."""
 
     def __init__(self, ds: Composed) -> None:
         self.ds = ds
@@ -146,15 +148,12 @@ class ComposedIterator(DatasetIterator[Batch]):
     def __next__(self) -> Batch:
         self._settle(False)
         batch = self._compose()
-        self._pads.warm()
         return batch.expand() if isinstance(batch, CompactBatch) else batch
 
     def next_compact(self) -> Batch | CompactBatch:
         """:meth:`__next__`, compact where the partitions' batcher can (see the module docstring)."""
         self._settle(True)
-        batch = self._compose()
-        self._pads.warm()
-        return batch
+        return self._compose()
 
     def _compose(self) -> Batch | CompactBatch:
         need = self.ds.batch_size
@@ -203,6 +202,7 @@ class ComposedIterator(DatasetIterator[Batch]):
                 continue
             got = self.runner.next(p)
             if got is None:
+                self._pads.warm()   # the tail is near: rows may be joined from now on
                 self.ended[p] = True
                 end = self.runner.end_state(p) if k > 1 else None   # K = 1: the plain pipeline's states
                 if end is not None:   # its rejections after its last batch (or with none) count too
@@ -213,6 +213,7 @@ class ComposedIterator(DatasetIterator[Batch]):
             n = row_count(batch)
             if n == need:
                 return batch
+            self._pads.warm()
             if n:
                 self.carry.append([p, before, 0])
                 self._carried.append(batch)

@@ -273,7 +273,11 @@ def _settle_backend(pipeline: Pipeline) -> None:
     too small for the check ever to start in-process (less local text than
     :data:`~feedline._tokenize.backends.START_AFTER_CHARS` over all its epochs) skips it, as
     in-process. The verdict is cached per tokenizer in the process; batches do not depend on it.
+    Partitions placed in worker processes or Ray actors settle their own, where they encode.
     """
+    spec = pipeline.spec
+    if pipeline.composed and spec.parallel.resolve(spec.partitions) != "threads":
+        return   # the partitions encode in their workers or actors: this process never loads the tokenizer for it
     encoder = getattr(pipeline.tokenizer, "encoder", None)
     wait = getattr(encoder, "wait", None)
     if wait is not None and _encodes_at_least(pipeline, START_AFTER_CHARS):
