@@ -6,6 +6,7 @@
     .venv/bin/python bench/partitions.py --breakdown --k 14              # where a worker's start goes
     .venv/bin/python bench/partitions.py --transport                     # a batch's cost on the pipe
     .venv/bin/python bench/partitions.py --one-core --k 1,14             # a partition's rate on one core
+    .venv/bin/python bench/partitions.py --cpu --k 0,1,8,14              # CPU per token and per step
 
 Rates: for each workload (``bench/contenders.py``: packed GPT-2 rows of 1024 on short records,
 padded BERT rows of 128 on documents), each K runs an endless stream for ``--warmup`` seconds after
@@ -35,6 +36,15 @@ stream (K = 1: the plain pipeline), each batch's state materialized and the pair
 counted for ``--seconds`` after ``--warmup``. K partitions on K free cores give at most K times
 that, if the composing process keeps up (its CPU per step: ``bench/scaling.py``). The curve over
 K and placements, against the raw encoder, is ``bench/scaling.py``'s.
+
+``--cpu``: what a token costs, whoever spends it. Each setting runs in a fresh process on text that
+never repeats (``bench/scaling.py``'s ``clm-short`` and ``clm-docs`` corpora, ``--mb`` MB, GPT-2,
+clm pack 1024 x 16); from ``--warmup`` seconds after the first batch it counts ``--seconds`` of
+real tokens and reads the CPU seconds (user + system) of the whole process tree (this process,
+the fork server, the workers) and of this process alone. K = 0 is the plain loader in this
+process; K = 1 is ``partitions: 1`` in a worker process (``--placement``); K > 1 as for rates.
+Per setting, medians of ``--rounds`` interleaved rounds: tree CPU seconds per million tokens (and
+as a ratio to K = 0 and to K = 1) and the composing process's CPU ms per step.
 """
 
 from __future__ import annotations
@@ -107,6 +117,45 @@ def rates(args: argparse.Namespace, ks: list[int]) -> None:
             m = float(np.mean(got[k]))
             print(f"{name:16s} K={k}: {m / 1e6:6.2f} M tok/s ({', '.join(f'{r / 1e6:.2f}' for r in got[k])}), "
                   f"x{m / one:.2f} of K={ks[0]}; first batch {np.mean(firsts[k]):.2f} s", flush=True)
+
+
+# ------------------------------------------------------------------------------- --cpu
+def cpu_child(name: str, k: int, placement: str, mb: float, seconds: float, warmup: float) -> dict[str, float]:
+    import scaling
+    from common import tree_cpu
+
+    spec = scaling.spec_for(name, mb, 0, max(k, 1), None if k == 0 else PLACEMENTS[placement]["placement"])
+    if k and placement != "processes":
+        spec["parallel"] = PLACEMENTS[placement]
+    got = scaling.measure_loader(spec, seconds, warmup, cpu=time.process_time, tree=tree_cpu)
+    return {"tokens_per_s": got["tokens_per_s"], "cpu_s_per_m": got["busy_cores"] / got["tokens_per_s"] * 1e6,
+            "ms_per_step": got["cpu_ms_per_step"]}
+
+
+def cpu_costs(args: argparse.Namespace, ks: list[int]) -> None:
+    import scaling
+
+    names = [n for n in args.workloads.split(",") if n in scaling.WORKLOADS] or ["clm-short", "clm-docs"]
+    for name in names:
+        scaling.spec_for(name, args.mb, 0)  # corpora written before any clock starts
+        runs: dict[int, list[dict[str, float]]] = {k: [] for k in ks}
+        for _ in range(args.rounds):
+            for k in ks:
+                got = in_fresh_process("cpu", name, str(k), args.placement, str(args.mb), str(args.seconds),
+                                       str(args.warmup))
+                if got:
+                    runs[k].append(got)
+        med = {k: {f: statistics.median(r[f] for r in rs) for f in rs[0]} for k, rs in runs.items() if rs}
+        print(f"\n{name}: tree CPU s per M tokens and this process's CPU ms per step, {args.seconds:g} s from "
+              f"{args.warmup:g} s after the first batch, medians of {args.rounds} interleaved fresh processes "
+              f"(K = 0: in-process; K >= 1: {args.placement})")
+        print("| K | M tok/s | tree CPU s / M tok | x K=0 | x K=1 | composer CPU ms/step | each run (CPU s / M) |\n"
+              "|---|---:|---:|---:|---:|---:|---|")
+        for k, m in med.items():
+            r0, r1 = (med[j]["cpu_s_per_m"] if j in med else float("nan") for j in (0, 1))
+            print(f"| {k} | {m['tokens_per_s'] / 1e6:.2f} | {m['cpu_s_per_m']:.3f} | {m['cpu_s_per_m'] / r0:.2f} | "
+                  f"{m['cpu_s_per_m'] / r1:.2f} | {m['ms_per_step']:.3f} | "
+                  f"{', '.join(format(r['cpu_s_per_m'], '.3f') for r in runs[k])} |", flush=True)
 
 
 # ------------------------------------------------------------------------------- --first
@@ -362,9 +411,15 @@ def main() -> None:
     ap.add_argument("--breakdown", action="store_true", help="a worker's start, phase by phase (spawn, forkserver)")
     ap.add_argument("--transport", action="store_true", help="a batch's cost on a multiprocessing pipe")
     ap.add_argument("--one-core", action="store_true", help="one partition's rate on one pinned core")
+    ap.add_argument("--cpu", action="store_true", help="tree CPU per M tokens and the composer's CPU per step")
+    ap.add_argument("--mb", type=float, default=48, help="--cpu: corpus size per workload (no text twice)")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
+        if args.child[0] == "cpu":
+            _, name, k, placement, mb, seconds, warmup = args.child
+            print(json.dumps(cpu_child(name, int(k), placement, float(mb), float(seconds), float(warmup))))
+            return
         kind, name, k, extra = args.child
         child = {"first": first_child, "one-core": one_core_child}.get(kind, breakdown_child)
         out = child(name, int(k), extra)
@@ -382,6 +437,8 @@ def main() -> None:
         transport(args)
     elif args.one_core:
         one_core(args, ks)
+    elif args.cpu:
+        cpu_costs(args, ks)
     else:
         rates(args, ks)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
