@@ -27,13 +27,14 @@ from feedline._tokenize.load import load_tokenizer
 
 pytest.importorskip("transformers")
 
-# GLM-4's chat template (glm-4-9b-chat): tools only from a message's own "tools", a message without
-# content (a tool call) not written at all, no end-of-turn text; a tool result is an observation
+# GLM-4's chat template format (glm-4-9b-chat): tools only from a message's own "tools", a message without
+# content (a tool call) not written at all, no end-of-turn text; every role written as <|role|>, so a
+# tool result keeps its native role "observation" (the task keeps it: the template has a token for it)
 GLM4_TEMPLATE = (
     "[gMASK]<sop>{% for item in messages %}"
     "{% if item['tools'] is defined %}<|system|>\n# Tools{% for tool in item['tools'] %}\n\n## {{ tool['function']['name'] }}"
     "\n\n{{ tool['function'] | tojson(indent=4) }}{% endfor %}{% endif %}"
-    "{% if item['content'] %}<|{{ 'observation' if item['role'] == 'tool' else item['role'] }}|>{{ item['metadata'] }}"
+    "{% if item['content'] %}<|{{ item['role'] }}|>{{ item['metadata'] }}"
     "\n{{ item['content'] }}{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
 GLM4_STOPS = ("<|endoftext|>", "<|user|>", "<|observation|>")
 # Mistral's instruct template (v3, without tools): the system prompt only goes into the last user
@@ -48,9 +49,10 @@ MISTRAL_TEMPLATE = (
 PLAIN_TEMPLATE = "{% for m in messages %}{{ m.role | capitalize }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
 
 
-def glm4_tokenizer(directory: Path) -> str:
+def glm4_tokenizer(directory: Path, generation_config: bool = True) -> str:
     """A GLM-4-format tokenizer directory: Qwen2.5's vocabulary (GLM-4's is not in the shared data)
-    with GLM-4's role tokens, its template, and ``generation_config.json`` listing its stop ids."""
+    with GLM-4's role tokens, its template, and ``generation_config.json`` listing its stop ids
+    (unless ``generation_config`` is false)."""
     import tokenizers
 
     if not (directory / "tokenizer.json").exists():
@@ -59,7 +61,8 @@ def glm4_tokenizer(directory: Path) -> str:
         tok.add_special_tokens(["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"])
         tok.save(str(directory / "tokenizer.json"))
         (directory / "tokenizer_config.json").write_text(json.dumps({"chat_template": GLM4_TEMPLATE, "eos_token": "<|endoftext|>"}))
-        (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": [tok.token_to_id(t) for t in GLM4_STOPS]}))
+        if generation_config:
+            (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": [tok.token_to_id(t) for t in GLM4_STOPS]}))
     return str(directory)
 
 

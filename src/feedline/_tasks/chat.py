@@ -4,7 +4,9 @@ A record's conversation is read from ``messages``, ``conversation`` or ``convers
 ``task.messages``), in OpenAI form (``role``/``content``, ``tool_calls``, ``tool`` results) or
 ShareGPT form (``from``/``value`` with ``human``/``gpt``/``system``/``function_call``/
 ``observation``); ShareGPT turns are converted to OpenAI form, a ``function_call`` turn to an
-assistant ``tool_calls`` entry. Tools come from ``tools`` (a list, or a JSON string)::
+assistant ``tool_calls`` entry, an ``observation`` to ``tool`` unless the template has a special
+token naming it (GLM-4's ``<|observation|>``: :mod:`~feedline._tasks.chat_probes`). Tools come
+from ``tools`` (a list, or a JSON string)::
 
     task: {kind: chat, max_length: 4096}
     task: {kind: chat, max_length: 2048, truncation: reject, system: "You are terse."}
@@ -38,7 +40,9 @@ A conversation with content the template does not render (a tool call, tool sche
 reasoning: :mod:`~feedline._tasks.chat_fields`) is rejected (``unrendered_content``) or, with
 ``unrendered: warn``, kept without it and the field named once. Every reply ends with a trained
 stop (``stop``, :mod:`~feedline._tasks.chat_stop`): the template's end-of-turn text, else the
-stop token after it (GLM-4's next role header), else the EOS inserted after it.
+stop token after it (GLM-4's next role header), else the EOS inserted after it. A conversation
+that opens with a reply is located after the template's render of no message and its generation
+prompt (GLM-4's ``[gMASK]<sop>`` and ``<|assistant|>``), so that header is never trained.
 
 ``loss_mask: auto`` picks ``generation`` when the template has the tags. ``assistant_only:
 false`` trains on every token.
@@ -68,8 +72,9 @@ import numpy as np
 from feedline._core.record import Record
 from feedline._tasks.base import Task, TaskOutput
 from feedline._tasks.chat_fields import FieldProbe, describe
-from feedline._tasks.chat_messages import has_object_arguments, normalize_conversation, string_arguments
-from feedline._tasks.chat_stop import place_stops, shift, stop_ids
+from feedline._tasks.chat_messages import ALIASES, has_object_arguments, normalize_conversation, string_arguments
+from feedline._tasks.chat_probes import end_of_turn, header_stops, native_roles
+from feedline._tasks.chat_stop import place_stops, stop_ids
 from feedline._tasks.chat_turns import (
     free_after,
     free_before,
@@ -79,6 +84,7 @@ from feedline._tasks.chat_turns import (
     token_mask,
     tokens_before,
     tokens_within,
+    turn_ends,
 )
 from feedline.errors import MissingDependency, SpecError, TaskError
 
@@ -172,7 +178,7 @@ class Chat(Task):
         stops inserted (see :func:`~feedline._tasks.chat_stop.place_stops`), or a rejection."""
         opts: ChatOptions = self.options
         try:
-            msgs, tools = normalize_conversation(rec.data, opts.messages, opts.tools)
+            msgs, tools = normalize_conversation(rec.data, opts.messages, opts.tools, native=self._native_roles)
         except ValueError as e:
             return f"bad_conversation: {e}"
         if opts.system is not None and not any(m["role"] == "system" for m in msgs):
@@ -260,33 +266,40 @@ class Chat(Task):
             cursor = end
         return text, located, [e for _, _, e, _ in located], msgs, tools
 
-    def _render_or_none(self, msgs: list[dict[str, Any]], tools: Any, gen_prompt: bool = False) -> str | None:
-        """The render of a partial conversation, or ``None`` when the template refuses it."""
-        if not msgs:
+    def _render_or_none(self, msgs: list[dict[str, Any]] | None, tools: Any, gen_prompt: bool = False) -> str | None:
+        """The render of a partial conversation, or ``None`` when the template refuses it (``[]``
+        renders as ``''``; ``None``: the template's own render of no message)."""
+        if msgs is not None and not msgs:
             return ""
         try:
-            return self._render(msgs, tools, gen_prompt=gen_prompt)[0]
+            return self._render(msgs or [], tools, gen_prompt=gen_prompt)[0]
         except Exception:  # e.g. "No user query found in messages." for a system-only prefix
             return None
 
     def _locate_turn(self, text: str, cursor: int, msgs: list[dict[str, Any]], i: int, tools: Any) -> tuple[int, int, int] | None:
         """Assistant turn ``i`` in ``text`` at or after ``cursor`` (see :func:`~feedline._tasks.chat_turns.locate_turn`)."""
         last = self._render_or_none(msgs[:i + 1], tools)
-        before = self._render_or_none(msgs[:i], tools) if i else self._opening(last, tools)
+        if i:
+            before = self._render_or_none(msgs[:i], tools)
+            prompt = self._render_or_none(msgs[:i], tools, gen_prompt=True)
+        else:  # a conversation opening with a reply: the template's render of no message, and its prompt
+            before, prompt = (self._render_or_none(None, tools, gen_prompt=g) for g in (False, True))
+            if before is None or prompt is None or last is None or not (last.startswith(before) and prompt.startswith(before)):
+                before, prompt = self._opening(last, msgs[0], tools), None
         if before is None or last is None:
             return None
-        prompt = self._render_or_none(msgs[:i], tools, gen_prompt=True) if i else None
         return locate_turn(text, cursor, before=before, prompt=prompt, last=last,
                            token_ends=self._token_boundaries, needed=reply_pieces(msgs[i]))
 
-    def _opening(self, last: str | None, tools: Any) -> str | None:
-        """What a template writes before a first message that is the assistant's (a default
-        system prompt, the header): the part of ``last`` an empty assistant message shares,
-        cut at a token boundary."""
-        empty = self._render_or_none([{"role": "assistant", "content": ""}], tools)
-        if last is None or empty is None:
+    def _opening(self, last: str | None, first: dict[str, Any], tools: Any) -> str | None:
+        """What a template that cannot render no message writes before a first message that is
+        the assistant's (a default system prompt, the header): the part of ``last`` that the
+        render of another first reply shares, cut at a token boundary."""
+        other = "B" if str(first.get("content") or "").startswith("A") else "A"
+        probe = self._render_or_none([{"role": "assistant", "content": other}], tools)
+        if last is None or probe is None:
             return None
-        n = next((k for k, (a, b) in enumerate(zip(last, empty, strict=False)) if a != b), min(len(last), len(empty)))
+        n = next((k for k, (a, b) in enumerate(zip(last, probe, strict=False)) if a != b), min(len(last), len(probe)))
         return last[:max(c for c in self._token_boundaries(last) if c <= n)]
 
     def _token_boundaries(self, s: str) -> list[int]:
@@ -298,25 +311,6 @@ class Chat(Task):
             if len(cache) > 256:
                 cache.pop(next(iter(cache)))
         return cache[s]
-
-    def _turn_ends(self, text: str, msgs: list[dict[str, Any]], tools: Any, spans: list[Any],
-                   inserts: list[tuple[int, int]]) -> list[int] | None:
-        """Where each assistant turn ends in ``text`` (the render with ``inserts``: stops placed after replies)."""
-        pieces, last, moved = [], 0, 0
-        for at, n in inserts:  # the template's own render
-            pieces.append(text[last:at + moved])
-            last, moved = at + moved + n, moved + n
-        original = "".join(pieces) + text[last:]
-        ends = []
-        for i, m in enumerate(msgs):
-            if m["role"] == "assistant":
-                through, _ = self._render(msgs[:i + 1], tools)
-                if not original.startswith(through):
-                    return None
-                ends.append(shift(len(through), inserts))
-        if len(ends) == len(spans):  # a reply's stop stays with it
-            ends = [max(end, span[-1]) for end, span in zip(ends, spans, strict=True)]
-        return ends
 
     def process(self, records: Sequence[Record]) -> list[TaskOutput]:
         prepared = [self._prepare(r) for r in records]
@@ -353,7 +347,7 @@ class Chat(Task):
                     log.warning("chat: truncation: cut keeps partial turns; the cut part of a turn is trained on")
                 n = opts.max_length
             else:
-                ends = ends if ends is not None else self._turn_ends(text, msgs, tools, spans, inserts)
+                ends = ends if ends is not None else turn_ends(text, msgs, spans, inserts, lambda m: self._render(m, tools)[0])
                 cut = 0
                 for end in ends or []:
                     t = tokens_before(enc, end, len(enc.ids), offsets)
@@ -372,22 +366,30 @@ class Chat(Task):
     @cached_property
     def _template_eot(self) -> str:
         """The end-of-turn text the template writes (and the mask trains) after a reply: ``<|im_end|>``, or ``''``."""
-        user, reply = "zqxuserqz", "zqxreplyqz"
-        try:
-            text, spans = self._render([{"role": "user", "content": user}, {"role": "assistant", "content": reply}],
-                                       None, spans=self.mode == "generation")
-        except Exception:
-            return ""
-        at = text.find(reply)
-        if at < 0:
-            return ""
-        end = next((e for s, e in spans if s <= at < e), at + len(reply)) if self.mode == "generation" else len(text)
-        return text[at + len(reply):end].strip()
+        generation = self.mode == "generation"
+        return end_of_turn(lambda msgs: self._render(msgs, None, spans=generation), generation)
+
+    @cached_property
+    def _specials(self) -> list[str]:
+        """The tokenizer's special added tokens, as text."""
+        return [t.content for t in self.tok.backend.get_added_tokens_decoder().values() if t.special]
+
+    @cached_property
+    def _native_roles(self) -> frozenset[str]:
+        """Role aliases the template writes under a special token of their own (GLM-4's ``observation``)."""
+        return native_roles(lambda msgs: self._render_or_none(msgs, None), self._specials, ALIASES)
 
     @cached_property
     def _stop_texts(self) -> list[str]:
-        """The stop tokens (see :func:`~feedline._tasks.chat_stop.stop_ids`) that are added tokens, as text."""
+        """The stop tokens (see :func:`~feedline._tasks.chat_stop.stop_ids`) that are added tokens, as text;
+        without ``generation_config.json``, for a template with no end-of-turn text, also the special
+        tokens that open the next user or tool turn and name its role (GLM-4's ``<|user|>``)."""
         generation = self.tok.config.get("generation_config") or {}
         added = self.tok.backend.get_added_tokens_decoder()
         ids = stop_ids(generation.get("eos_token_id"), self.tok.eos_id, self.tok.vocab_size)
-        return [added[i].content for i in ids if i in added]
+        texts = [added[i].content for i in ids if i in added]
+        if "eos_token_id" not in generation and not self._template_eot:
+            roles = ["user", "tool", *sorted(r for r in self._native_roles if ALIASES[r] == "tool")]
+            texts += [t for t in header_stops(lambda msgs: self._render_or_none(msgs, None), self._specials, roles)
+                      if t not in texts]
+        return texts

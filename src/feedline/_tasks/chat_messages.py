@@ -2,7 +2,9 @@
 
 OpenAI form (``role``/``content``, ``tool_calls``, ``tool`` results) is kept; ShareGPT form
 (``from``/``value`` with ``human``/``gpt``/``system``/``function_call``/``observation``) is
-converted, a ``function_call`` turn to an assistant ``tool_calls`` entry.
+converted, a ``function_call`` turn to an assistant ``tool_calls`` entry. A role alias that the
+template writes under a token of its own (GLM-4's ``observation``: see
+:func:`~feedline._tasks.chat_probes.native_roles`) is kept as written (``native``).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["has_object_arguments", "normalize_conversation", "string_arguments"]
+__all__ = ["ALIASES", "has_object_arguments", "normalize_conversation", "string_arguments"]
 
 _FIELDS = ("messages", "conversation", "conversations")
 _ROLES = {
@@ -19,6 +21,8 @@ _ROLES = {
     "function": "tool", "observation": "tool", "function_response": "tool", "ipython": "tool",
     "function_call": "function_call",
 }
+#: Other names of the user, tool and system roles (``{alias: role}``), kept where the template knows them.
+ALIASES = {k: v for k, v in _ROLES.items() if k != v and v in ("user", "tool", "system")}
 
 
 def _json_or(value: Any) -> Any:
@@ -42,8 +46,10 @@ def _tool_call(call: Any) -> dict[str, Any]:
     return {"type": "function", "function": fn}
 
 
-def normalize_conversation(data: dict[str, Any], field: str | None = None, tools_field: str = "tools") -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """The OpenAI-form messages and tool schemas of a record.
+def normalize_conversation(data: dict[str, Any], field: str | None = None, tools_field: str = "tools", *,
+                           native: frozenset[str] = frozenset()) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The OpenAI-form messages and tool schemas of a record; roles in ``native`` (aliases of
+    :data:`ALIASES`, lower case) are kept rather than renamed.
 
         >>> normalize_conversation({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]})
         ([{'role': 'user', 'content': 'hi'}, {'role': 'assistant', 'content': 'yo'}], None)
@@ -63,6 +69,8 @@ def normalize_conversation(data: dict[str, Any], field: str | None = None, tools
             raise ValueError(f"message {i} is {type(m).__name__}, not an object")
         role_raw = m.get("role", m.get("from"))
         role = _ROLES.get(str(role_raw).lower()) if role_raw is not None else None
+        if role is not None and str(role_raw).lower() in native:
+            role = str(role_raw).lower()
         if role is None:
             raise ValueError(f"message {i} has unknown role {role_raw!r}")
         content = m.get("content", m.get("value"))

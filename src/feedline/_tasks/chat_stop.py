@@ -12,7 +12,11 @@ text nor a stop token (trailing whitespace aside), :func:`place_stops`
 
 It works on the rendered text, before it is tokenized, so an inserted stop never splits a token.
 Stop tokens are ``eos_token_id`` of the ``generation_config.json`` beside the tokenizer (one id
-or a list) and the tokenizer's EOS, those that are added (special) tokens.
+or a list) and the tokenizer's EOS, those that are added (special) tokens. Without that file, a
+template that writes no end-of-turn text also stops at the special tokens that open the next user
+or tool turn and name its role (GLM-4's ``<|user|>``, ``<|observation|>``, found by
+:func:`~feedline._tasks.chat_probes.header_stops`; ChatML's ``<|im_start|>`` names none), so
+GLM-4's ids are those of ``apply_chat_template`` plus the EOS after the last reply either way.
 
     >>> place_stops("U: hi\nA: yo\nU: ok\nA: bye", [(9, 11), (21, 24)], None, stops=["</s>"], eot="")
     ('U: hi\nA: yo</s>\nU: ok\nA: bye</s>', [(9, 15), (25, 32)], None, [(11, 4), (24, 4)])

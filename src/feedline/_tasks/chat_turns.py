@@ -27,7 +27,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["free_after", "free_before", "locate_turn", "offsets_of", "reply_pieces", "token_mask", "tokens_before", "tokens_within"]
+from feedline._tasks.chat_stop import shift
+
+__all__ = ["free_after", "free_before", "locate_turn", "offsets_of", "reply_pieces", "token_mask", "tokens_before", "tokens_within",
+           "turn_ends"]
 
 
 def locate_turn(text: str, cursor: int, *, before: str, prompt: str | None, last: str,
@@ -145,3 +148,25 @@ def token_mask(enc: Any, spans: Sequence[tuple[int, int]], n: int) -> np.ndarray
         mask[ts:te + 1] = True
     return mask
 
+
+
+def turn_ends(text: str, msgs: list[dict[str, Any]], spans: Sequence[tuple[int, ...]], inserts: list[tuple[int, int]],
+              render: Callable[[list[dict[str, Any]]], str]) -> list[int] | None:
+    """Where each assistant turn ends in ``text`` (the render with ``inserts``: stops placed after
+    replies, see :mod:`~feedline._tasks.chat_stop`), from ``render`` of the turns through it;
+    ``None`` when those renders are not prefixes of the template's own render."""
+    pieces, last, moved = [], 0, 0
+    for at, n in inserts:  # the template's own render
+        pieces.append(text[last:at + moved])
+        last, moved = at + moved + n, moved + n
+    original = "".join(pieces) + text[last:]
+    ends = []
+    for i, m in enumerate(msgs):
+        if m["role"] == "assistant":
+            through = render(msgs[:i + 1])
+            if not original.startswith(through):
+                return None
+            ends.append(shift(len(through), inserts))
+    if len(ends) == len(spans):  # a reply's stop stays with it
+        ends = [max(end, span[-1]) for end, span in zip(ends, spans, strict=True)]
+    return ends
