@@ -5,7 +5,7 @@
 
 For each spec (CLM packed short records and documents, shuffled, framed per piece, truncated,
 split at 64, block-causal masks, a text + JSONL mixture, pad / concat / bucket, MLM (split, truncated, packed, whole-word, exact, pairs), and the three
-pre-tokenized layouts), hashes the first ``--batches`` batches (every field's dtype, shape and
+pre-tokenized layouts, chat on OASST and glaive tool calls with Qwen2.5), hashes the first ``--batches`` batches (every field's dtype, shape and
 bytes), the state after steps 1, 5, ``--resume-at`` and the last, and checks that a loader resumed
 from the state at ``--resume-at`` gives the same batches. ``--compare`` prints which specs differ
 from another run's file (exit 1 if any): the check that a change to the data path keeps batches
@@ -40,6 +40,9 @@ def specs() -> dict[str, dict[str, Any]]:
     SHORT, PROSE, pt = str(short_corpus(8)), str(prose_corpus(8)), build(5)
     gpt2 = {"path": str(GPT2 / "tokenizer.json"), "backend": "hf"}
     bert = str(BERT / "tokenizer.json")
+    qwen = str(DATA / "tokenizers" / "qwen2.5")
+    oasst = DATA / "chat" / "oasst" / "en_100_top_threads.messages.jsonl"
+    glaive = DATA / "chat" / "llama_factory" / "glaive_toolcall_en_demo.json"
     flat = {"path": str(pt["flat"]), "format": "flat", "tokens": {"dtype": "uint16", "eos": 50256}}
     return {
         "short-pack": dict(sources=[{"path": SHORT, "format": "jsonl"}], tokenizer=gpt2, task=clm(), batching={"strategy": "pack", "batch_size": 16}),
@@ -63,6 +66,10 @@ def specs() -> dict[str, dict[str, Any]]:
         "pt-megatron": dict(sources=[{"path": str(pt["megatron"])}], task=clm(), batching={"strategy": "pack", "batch_size": 16}),
         "pt-flat": dict(sources=[flat], task=clm(), batching={"strategy": "pack", "batch_size": 16}),
         "pt-flat-concat": dict(sources=[flat], task=clm(), batching={"strategy": "concat", "batch_size": 16}),
+        "chat-oasst": dict(sources=[{"path": str(oasst), "text": None}], tokenizer=qwen, task={"kind": "chat", "max_length": 1024},
+                           shuffle={"buffer": 32}, batching={"strategy": "pad", "batch_size": 8}),
+        "chat-glaive-pack": dict(sources=[{"path": str(glaive), "text": None}], tokenizer=qwen, task={"kind": "chat", "max_length": 2048},
+                                 batching={"strategy": "pack", "batch_size": 4, "max_length": 4096}),
     }
 
 
