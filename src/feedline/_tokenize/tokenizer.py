@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import tokenizers
 
-from feedline._tokenize.encoder import Encoder, HfEncoder, join_ids
+from feedline._tokenize import longtext
+from feedline._tokenize.encoder import Encoder, HfEncoder, join_ids, split_ids
 from feedline.errors import TokenizerError
 
 __all__ = ["Tokenizer"]
@@ -160,7 +161,10 @@ class Tokenizer:
 
     # ----------------------------------------------------------------- encoding
     def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = False) -> list[np.ndarray]:
-        """Token ids (int32) of each text, encoded in one GIL-free batch call."""
+        """Token ids (int32) of each text, encoded in one GIL-free batch call (a text over
+        :data:`~feedline._tokenize.longtext.LONG_CHARS` in bounded pieces, same ids)."""
+        if any(len(t) > longtext.LONG_CHARS for t in texts):
+            return split_ids(*self.encode_batch_flat(texts, add_special_tokens=add_special_tokens))
         return self.encoder.encode_batch(texts, add_special_tokens)
 
     def encode_batch_flat(self, texts: Sequence[str], *, add_special_tokens: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -169,6 +173,11 @@ class Tokenizer:
 
             >>> flat, bounds = tok.encode_batch_flat(["Hello", "world"])   # doctest: +SKIP
         """
+        if any(len(t) > longtext.LONG_CHARS for t in texts):
+            return longtext.LongTexts(self._encode_flat).encode_flat(texts, add_special_tokens)
+        return self._encode_flat(texts, add_special_tokens)
+
+    def _encode_flat(self, texts: Sequence[str], add_special_tokens: bool) -> tuple[np.ndarray, np.ndarray]:
         encode_flat = getattr(self.encoder, "encode_flat", None)
         if encode_flat is None:  # an encoder from before encode_flat
             return join_ids(self.encoder.encode_batch(texts, add_special_tokens))
