@@ -128,7 +128,8 @@ class ConcatIterator(DatasetIterator[Batch]):
         self._used = 0
 
     def _row(self, pieces: Pieces) -> int:
-        """One row, an example at a time; its number of pieces (0: the stream has ended)."""
+        """One row across blocks: the whole examples that fit taken at once, the others one at a
+        time; its number of pieces (0: the stream has ended)."""
         room, count, cap = self.max_length, 0, self.opts.max_docs_per_row
         while room and count < cap:
             if self.carry is not None:
@@ -143,6 +144,15 @@ class ConcatIterator(DatasetIterator[Batch]):
             if blk is None:
                 break
             i = self._used
+            if not self._empty:  # the examples that fit whole, at once
+                base = int(self._ends[i - 1]) if i else 0
+                k = min(int(np.searchsorted(self._ends, base + room, side="right")) - i, cap - count)
+                if k > 0:
+                    pieces.add_many(blk, np.arange(i, i + k), np.zeros(k, np.int64), blk.lengths[i:i + k])
+                    self._used += k
+                    self.stats.documents += k
+                    room, count = room - (int(self._ends[i + k - 1]) - base), count + k
+                    continue
             self._used += 1
             self.stats.documents += 1
             n = int(blk.lengths[i])

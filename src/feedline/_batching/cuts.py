@@ -70,46 +70,47 @@ def cut_rows(ends: np.ndarray, rows: int, width: int, max_docs: int) -> Cut | No
 
 
 class Pieces:
-    """The pieces of one batch, in order: ``(block, example, start, stop)``, added one at a time or
-    as arrays; :meth:`layout` gives their lengths and each field's tokens end to end."""
+    """The pieces of one batch, in order, added one at a time or as arrays; :meth:`layout` gives
+    their lengths and each field's tokens end to end. Pieces of blocks sharing their fields (views
+    of one chunk) are kept together: their tokens are one slice where they lie back to back."""
 
     __slots__ = ("segs",)
 
     def __init__(self) -> None:
-        self.segs: list[tuple[ExampleBlock, list[int] | np.ndarray, list[int] | np.ndarray, list[int] | np.ndarray]] = []
+        # (the blocks' fields, where each run of pieces starts in them, their lengths)
+        self.segs: list[tuple[dict[str, np.ndarray], list[np.ndarray], list[np.ndarray]]] = []
 
     def add(self, block: ExampleBlock, i: int, start: int, stop: int) -> None:
-        last = self.segs[-1] if self.segs else None
-        if last is not None and last[0] is block and isinstance(last[1], list):
-            last[1].append(i)
-            last[2].append(start)  # type: ignore[union-attr]
-            last[3].append(stop)  # type: ignore[union-attr]
-        else:
-            self.segs.append((block, [i], [start], [stop]))
+        """Tokens ``[start, stop)`` of example ``i`` of ``block``."""
+        self.add_many(block, np.array([i]), np.array([start]), np.array([stop]))
 
     def add_many(self, block: ExampleBlock, i: np.ndarray, start: np.ndarray, stop: np.ndarray) -> None:
-        self.segs.append((block, i, start, stop))
+        at, n = block.starts[i] + start, stop - start
+        if self.segs and self.segs[-1][0] is block.fields:
+            self.segs[-1][1].append(at)
+            self.segs[-1][2].append(n)
+        else:
+            self.segs.append((block.fields, [at], [n]))
 
     def layout(self) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray]]:
         """``(lengths, values, like)``: each piece's length, per field every piece's tokens one
         after another (fields sharing an array in every block share one), and the first block's
         fields (their dtypes)."""
         lengths, parts = [], []
-        for block, i, start, stop in self.segs:
-            i, a = np.asarray(i, dtype=np.int64), np.asarray(start, dtype=np.int64)
-            n = np.asarray(stop, dtype=np.int64) - a
-            at = block.starts[i] + a
+        for fields, ats, ns in self.segs:
+            at = ats[0] if len(ats) == 1 else np.concatenate(ats)
+            n = ns[0] if len(ns) == 1 else np.concatenate(ns)
             whole = len(at) < 2 or bool(np.array_equal(at[1:], at[:-1] + n[:-1]))
             lengths.append(n)
-            parts.append((block, at, n, whole))
+            parts.append((fields, at, n, whole))
         values: dict[str, np.ndarray] = {}
         made: dict[tuple[int, ...], np.ndarray] = {}
-        first = self.segs[0][0].fields
+        first = self.segs[0][0]
         for name in first:
-            key = tuple(id(block.fields[name]) for block, *_ in parts)
+            key = tuple(id(fields[name]) for fields, *_ in parts)
             if key not in made:
-                cuts = [block.fields[name][int(at[0]):int(at[-1] + n[-1])] if whole else gather_spans(block.fields[name], at, n)
-                        for block, at, n, whole in parts if len(n)]
+                cuts = [fields[name][int(at[0]):int(at[-1] + n[-1])] if whole else gather_spans(fields[name], at, n)
+                        for fields, at, n, whole in parts if len(n)]
                 made[key] = cuts[0] if len(cuts) == 1 else np.concatenate(cuts)
             values[name] = made[key]
-        return np.concatenate(lengths), values, first
+        return lengths[0] if len(lengths) == 1 else np.concatenate(lengths), values, first
