@@ -30,6 +30,7 @@ import queue
 import threading
 import time
 import weakref
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -83,7 +84,7 @@ class Connection:
                  keys: ClientKeys | None, timeout: float, reconnect: float, max_message: int,
                  limits: Mapping[str, int | None] | None = None) -> None:
         self.address = address
-        self.hello = dict(hello)
+        self.hello = {**hello, "revoke": True}   # it answers a shared queue's revoke (see _revoke)
         self.resume = resume          # the state after the last batch received (as it arrived)
         self.prefetch = prefetch
         self.keys = keys
@@ -111,6 +112,9 @@ class Connection:
         self._guard = BatchGuard(limits, max_message)   # what batches may hold
         self._credit = 0   # batches the server may still send on this connection (granted, not yet received)
         self.connected = False   # welcomed on the current connection (read by the caller's thread)
+        self._handed = threading.Lock()      # whether a queued batch is handed to the caller or given back
+        self._unhanded: Counter[int] = Counter()   # steps queued for the caller, not yet taken by it
+        self._revoked: Counter[int] = Counter()    # steps given back while still queued: the caller skips them
         self.server_note: str | None = None   # the server's last word on why no batch comes (a stall)
 
     def start(self) -> None:
@@ -140,7 +144,15 @@ class Connection:
             TransportError: the thread is gone and left nothing queued (it cannot answer any more).
         """
         try:
-            return self.items.get(timeout=timeout)
+            while True:
+                item = self.items.get(timeout=timeout)
+                if not isinstance(item, Delivered):
+                    return item
+                with self._handed:
+                    if not self._revoked[item.step]:
+                        _take_one(self._unhanded, item.step)
+                        return item
+                    _take_one(self._revoked, item.step)   # given back to the server: another client has it
         except queue.Empty:
             if not self._thread.is_alive() and self.items.empty():
                 raise TransportError(f"the connection to the loader service at {self.address} stopped unexpectedly "
@@ -308,7 +320,24 @@ class Connection:
         arrays = self._guard.decode(h, payload)
         self.resume = state
         self._queued += 1
+        with self._handed:
+            self._unhanded[step] += 1
         self.items.put(Delivered(step, state, arrays))
+
+    def _revoke(self, h: dict[str, Any]) -> None:
+        """A shared queue at its end asks for batches back: give back those the caller has not taken
+        (they are skipped when it reaches them), never one it has taken. Their credit is not restored
+        on either side: the stream has ended, and the batches must go to a client that waits."""
+        steps = h.get("steps")
+        if not isinstance(steps, list):
+            raise ProtocolError("revoke without a list of steps")
+        with self._handed:
+            back = sorted({s for s in steps if isinstance(s, int) and self._unhanded[s] > 0})
+            for s in back:
+                _take_one(self._unhanded, s)
+                self._revoked[s] += 1
+        self._queued -= len(back)
+        self._send(pack("returned", steps=back))
 
     def _handle(self, frames: list[zmq.Frame], welcomed: bool) -> str | None:
         h = unpack_header(frames[0].buffer, self.max_message)
@@ -351,6 +380,9 @@ class Connection:
             if h.get("code") == BYE_REPLACED:
                 raise TransportError(f"loader service: {h.get('reason')} (two loaders share this rank?)")
             return "lost"
+        elif op == "revoke":
+            if welcomed:
+                self._revoke(h)
         elif op == "pong":
             stall = h.get("stall")
             self.server_note = stall[:2000] if isinstance(stall, str) else None
@@ -358,3 +390,10 @@ class Connection:
             raise ProtocolError(f"unexpected message {op!r:.20} from the server")
         return None
 
+
+def _take_one(counts: Counter[int], step: int) -> None:
+    """One fewer of ``step`` (its key removed at zero: the counters stay as small as the queue)."""
+    if counts[step] <= 1:
+        counts.pop(step, None)
+    else:
+        counts[step] -= 1

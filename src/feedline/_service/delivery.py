@@ -45,6 +45,7 @@ class Client:
     sent: int = 0
     acked: int = 0
     ended: bool = False
+    revocable: bool = False   # its hello said it answers ``revoke`` (shared mode, at the stream's end)
 
 
 class Delivery(Protocol):

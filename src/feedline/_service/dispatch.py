@@ -146,6 +146,10 @@ class Dispatcher:
                 self.transport.send(ident, [pack("bye", code=BYE_UNKNOWN, reason="unknown client; send hello first")])
         elif op == "credit":
             self._credit(client, h)
+        elif op == "returned" and isinstance(client.delivery, SharedQueue):   # the answer to a revoke
+            client.delivery.returned(client, h.get("steps"))   # no credit back: they go to a waiting client
+        elif op == "returned":
+            raise ProtocolError("returned: only a shared-mode client gives batches back")
         elif op == "bye":
             self.drop(client, "said bye")
 
@@ -170,7 +174,8 @@ class Dispatcher:
             delivery = cursor
             state_json = state_json_of(self.hashes[name], hello.state or self.initial[name], w)
         client = Client(ident=ident, stream=name, mode=hello.mode, rank=hello.rank, world_size=w, delivery=delivery,
-                        prefetch=min(hello.prefetch, self.options.max_prefetch), last_seen=now)
+                        prefetch=min(hello.prefetch, self.options.max_prefetch), last_seen=now,
+                        revocable=hello.revocable)
         self.clients[ident] = client
         delivery.join(client)
         # What the client can hold unacked: its capped prefetch, and in ranked mode no more than the
@@ -361,6 +366,9 @@ class Dispatcher:
         for client in list(self.clients.values()):
             if now - client.last_seen > o.timeout:
                 self.drop(client, f"was silent for {now - client.last_seen:.1f}s")
+        for q in self.queues.values():   # at a shared stream's end: prefetched batches to the waiting clients
+            for ident, steps in q.revocable(now, self.members(q)).items():
+                self.transport.send(ident, [pack("revoke", steps=steps)])
         for key, cursors in self.cursors.items():
             for c in cursors:
                 why = c.stall(now)

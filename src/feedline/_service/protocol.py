@@ -11,6 +11,8 @@ offset aligned to 8 bytes, so the receiver gets zero-copy numpy views over one b
                                               batches {items: [{step, state, fields, layout?,
                                                        at: [offset, size]}, ...]} + payload
     credit  {n, step?}  (grant n; ack step)   end     {step}
+    returned {steps}  (of a revoke: the steps revoke {steps}  (shared mode, at the end:
+              still queued, not handed on)             give back those not handed on)
     ping    {}                                pong    {}
     stats   {}                                stats   {stats}
     bye     {}                                error   {kind, message}
@@ -89,7 +91,7 @@ PROTOCOL_VERSION = 4
 BYE_REPLACED = "replaced"    # another connection took this rank: do not reconnect
 BYE_SHUTDOWN = "shutdown"    # the server is stopping: reconnect (to its successor)
 BYE_UNKNOWN = "unknown"      # the server does not know this client (it restarted): say hello again
-CLIENT_OPS = frozenset({"hello", "credit", "ping", "stats", "bye"})
+CLIENT_OPS = frozenset({"hello", "credit", "returned", "ping", "stats", "bye"})
 _DTYPE_KINDS = frozenset("biuf")
 _MAX_NDIM = 8
 _MAX_ITEMS = 1024   # steps in one ``batches`` message (a client's credit bounds it further)

@@ -36,6 +36,7 @@ class Hello:
     session: str
     state: dict[str, Any] | None
     state_json: str | None
+    revocable: bool = False
 
 
 def _int(h: Mapping[str, Any], key: str, default: int | None = None) -> int:
@@ -89,4 +90,4 @@ def validate_hello(h: Mapping[str, Any], streams: Mapping[str, Pipeline], hashes
         state = check_state(parse_state_json(raw), streams[stream].spec.accepted_hashes())
         state_json = raw
     return Hello(stream=stream, mode=mode, rank=rank, world_size=world_size, prefetch=prefetch, session=session,
-                 state=state, state_json=state_json)
+                 state=state, state_json=state_json, revocable=h.get("revoke") is True)

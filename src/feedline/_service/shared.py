@@ -8,6 +8,15 @@ alive but stuck). Delivery is therefore at-least-once: a batch whose lease expir
 processed twice, by its slow first consumer and by the next one. A late ack of an expired lease
 counts while the batch still waits for re-delivery, and is ignored once it was re-sent.
 
+At the stream's end a client that waits with nothing to take would otherwise wait for the
+batches other clients hold, up to a whole lease when one of them is stuck. So once every batch is
+produced and none is queued, a client that has held batches for :data:`REVOKE_AFTER_S` while
+another waits is sent ``revoke`` with their steps; it gives back, with ``returned``, those still
+queued in its connection (never one handed to its caller), and they go to the waiting client at
+once: each still goes to exactly one client. The batch a stuck client is working on stays leased
+to it (its lease is what bounds the wait for it). Only clients whose hello says they answer
+``revoke`` are asked.
+
 The resume state handed out with each batch is the *watermark*: the state after the highest step
 ``h`` such that steps ``1..h`` are all acked. Restarting a shared stream from it re-delivers the
 batches after ``h`` that were already acked (at-least-once across a server restart).
@@ -38,7 +47,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("feedline.service")
 
-__all__ = ["Lease", "SharedQueue"]
+__all__ = ["REVOKE_AFTER_S", "Lease", "SharedQueue"]
+
+#: A client holding batches this long (at most: an eighth of the lease) at the stream's end, while
+#: another waits, is asked to give back those it has not handed on.
+REVOKE_AFTER_S = 1.0
 
 
 @dataclass(eq=False, slots=True)
@@ -50,6 +63,7 @@ class Lease:
     item: Produced | None
     client: bytes
     deadline: float
+    revoked: bool = False   # asked back once (at the stream's end), answered or not
 
 
 class SharedQueue:
@@ -190,6 +204,55 @@ class SharedQueue:
             self.watermark, self.watermark_wire = low, self.marks.pop(low)
             for s in [s for s in self.marks if s < low]:
                 del self.marks[s]
+
+    def revocable(self, now: float, members: list[Client]) -> dict[bytes, list[int]]:
+        """At the stream's end (all produced, none queued), with a member waiting for a batch: per other
+        member that answers ``revoke``, the steps it has held for :data:`REVOKE_AFTER_S` (at most an
+        eighth of the lease), not asked back yet; each is asked once."""
+        if self.ended_at is None or self.fresh or self.redeliver or not self.live:
+            return {}
+        waiting = {c.ident for c in members if c.credit > 0 and not c.ended}
+        after = min(REVOKE_AFTER_S, self.lease / 8)
+        out: dict[bytes, list[int]] = {}
+        for c in members:
+            if not c.revocable or not waiting - {c.ident}:
+                continue
+            leases = [x for x in self.inflight.get(c.ident, {}).values()
+                      if x.item is not None and not x.revoked and now - (x.deadline - self.lease) >= after]
+            for x in leases:
+                x.revoked = True
+            if leases:
+                out[c.ident] = sorted(x.step for x in leases)
+        return out
+
+    def returned(self, client: Client, steps: Any) -> int:
+        """``client`` gave back these revoked steps (still queued on its side): to the front of the
+        queue, in order; returns how many. Its credit for them is not restored (nor on its side), so
+        they go to a client that waits, not back to it.
+
+        Raises:
+            ProtocolError: ``steps`` is not a list of at most 1024 integers.
+        """
+        from feedline.errors import ProtocolError
+
+        if not isinstance(steps, list) or len(steps) > 1024 or \
+                not all(isinstance(s, int) and not isinstance(s, bool) for s in steps):
+            raise ProtocolError(f"returned steps={str(steps)!r:.40} must be a list of at most 1024 integers")
+        leases = self.inflight.get(client.ident, {})
+        items = []
+        for step in steps:
+            lease = leases.get(step)
+            if lease is not None and lease.revoked and lease.item is not None:
+                del leases[step]
+                items.append(lease.item)
+                self._over(lease)
+        for item in sorted(items, key=lambda x: x.step, reverse=True):
+            self.redeliver.appendleft(item)
+        self.redelivered += len(items)
+        if items:
+            log.info("stream %r: client %s gave back %d prefetched batches for the clients waiting at the end",
+                     self.stream, client.ident.hex(), len(items))
+        return len(items)
 
     def _over(self, lease: Lease) -> None:
         """A lease ended (its batch acked, re-queued or given back): drop its reference now."""
