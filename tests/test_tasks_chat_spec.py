@@ -74,3 +74,21 @@ def test_an_explicit_text_field_still_applies_to_chat_records(tmp_path: Path) ->
     batches, rejected = _batches(_spec({"path": str(path), "text": "lang"}))
     assert rejected == {"missing_field": 4}
     assert sum(len(b["input_ids"]) for b in batches) == 4  # the 4 records that have the field
+
+
+def test_spec_check_passes_a_chat_spec_without_text_and_says_what_to_write_for_a_wrong_one(tmp_path: Path) -> None:
+    """``feedline spec --check`` in a real process: the spec that rejected 100 of 100 OASST threads."""
+    import subprocess
+    import sys
+
+    def check(source: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        path = tmp_path / "spec.json"
+        path.write_text(json.dumps(_spec(source)))
+        return subprocess.run([sys.executable, "-m", "feedline", "spec", "--check", str(path)],
+                              capture_output=True, text=True, timeout=300)
+
+    ok = check({"path": _oasst()})
+    assert ok.returncode == 0 and ": valid; task chat" in ok.stdout, ok.stderr
+    wrong = check({"path": _oasst(), "text": "text"})
+    assert wrong.returncode == 1 and len(wrong.stderr.strip().splitlines()) == 1
+    assert wrong.stderr.strip().endswith("remove text: 'text' from sources[0], or write text: null")
