@@ -81,7 +81,7 @@ def _temporaries(folder: Path) -> list[Path]:
 
 def test_a_cache_that_cannot_grow_a_file_steps_aside_and_loses_nothing(s3: S3Fixture, tmp_path: Path) -> None:
     """RLIMIT_FSIZE (EFBIG past 256 KiB, SIGXFSZ ignored) stands in for a full disk: objects of
-    ~600 KB fail mid-copy. Before, each was cut there and logged as "truncated"."""
+    ~280 KB fail mid-copy. Before, each was cut there and logged as "truncated"."""
     plain = _objects(s3, "full", 3, 2000)
     want = _texts(plain)
     got, err = _run("fsize", _with_cache(plain, tmp_path / "cache"))
@@ -152,3 +152,27 @@ def test_temporaries_of_killed_copies_are_swept_and_count_towards_max_bytes(s3: 
     with cache.open(small, lambda: open_url(small)) as f:
         f.read()
     assert [p.stat().st_size for p in folder.iterdir()] == [small_size]  # with the dead one gone, it fits
+
+
+def test_a_full_disk_makes_the_cache_step_aside(s3: S3Fixture, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A real ENOSPC: the cache folder on a 512 KiB tmpfs, objects of ~280 KB (root only: mounting
+    needs it; elsewhere the RLIMIT_FSIZE test above stands in)."""
+    import logging
+
+    folder = tmp_path / "small"
+    folder.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(folder)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        plain = _objects(s3, "nospace", 3, 2000)
+        want = _texts(plain)
+        with caplog.at_level(logging.WARNING, logger="feedline"):
+            assert _texts(_with_cache(plain, folder / "cache")) == want
+        said = [r.getMessage() for r in caplog.records if "the cache steps aside" in r.getMessage()]
+        assert len(said) == 1 and "ENOSPC" in said[0], said
+        assert not any("truncated" in r.getMessage() for r in caplog.records)
+        kept = [p.name for p in (folder / "cache").iterdir()]
+        assert len(kept) == 1 and not kept[0].startswith(".")  # the first object (~280 KB) fitted; no partial copy
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)
