@@ -109,6 +109,7 @@ class StreamFeed:
 
     def take(self) -> Delivery | None:
         """The next batch (a given-back one first), or ``None`` once the stream has ended."""
+        settle_by = None
         while True:
             with self._lock:
                 self._expire()
@@ -118,9 +119,12 @@ class StreamFeed:
                     return queue.popleft()
                 settling = self._unsettled or self._awaiting
             if self.ended_at is not None:
-                if not settling:
+                # the end waits for the written batches that may yet be resent (at most ``hold`` seconds:
+                # one resent later still goes to the next GET)
+                settle_by = settle_by or time.monotonic() + self.hold
+                if not settling or time.monotonic() >= settle_by:
                     return None
-                time.sleep(0.02)   # the end waits for the written batches that may yet be resent
+                time.sleep(0.02)
                 continue
             item = self._next_item()
             if item is None:

@@ -45,7 +45,9 @@ def read_spec_text(path: str | os.PathLike[str]) -> str:
     p = str(path)
     try:
         if p == "-":
-            data = sys.stdin.buffer.read(MAX_BYTES + 1)
+            raw = getattr(sys.stdin, "buffer", None)   # a text stream without bytes (a test's): read as text
+            data = raw.read(MAX_BYTES + 1) if raw is not None else \
+                sys.stdin.read(MAX_BYTES + 1).encode("utf-8", "surrogateescape")
         else:
             with open(p, "rb") as f:
                 data = f.read(MAX_BYTES + 1)
