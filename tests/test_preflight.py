@@ -125,3 +125,18 @@ def test_serve_with_a_wrong_field_exits_1_naming_it_before_listening(data: Path,
     assert len(lines) == 1 and lines[0].startswith("feedline serve: error: sources[0] (")
     assert "no field 'body'; records have: id, text" in lines[0]
     assert took < 20, took
+
+
+def test_token_ids_for_a_task_that_needs_text_is_one_line(tmp_path: Path, bert_path: str,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import numpy as np
+
+    from feedline.tools import write_indexed_dataset
+
+    write_indexed_dataset(str(tmp_path / "ids"), [np.arange(1, 40 + i, dtype=np.int32) for i in range(20)])
+    spec = _write(tmp_path, "ids.yaml", bert_path, sources=[{"path": "ids.bin"}], task={"kind": "mlm", "max_length": 32})
+    code, _, err = _check(capsys, str(spec))
+    assert code == 1 and len(err) == 1, err
+    assert err[0].endswith("ids.bin): holds token ids (megatron); task 'mlm' needs text: use task: clm, or a text source")
+    clm = _write(tmp_path, "ids.yaml", bert_path, sources=[{"path": "ids.bin"}], task={"kind": "clm", "max_length": 32})
+    assert _check(capsys, str(clm))[0] == 0

@@ -100,7 +100,7 @@ def _check_source(spec: Spec, i: int, tok: Tokenizer | None, problems: list[str]
     try:
         records, rejections = _first_records(source)
     except FeedlineError as e:
-        problems.append(f"{where}: {_line(e)}")
+        problems.append(f"{where}: {_line(e).removeprefix(f'{src.path}: ')}")
         return [None]
     if not records and rejections.total:
         problems.append(f"{where}: no record among the first {rejections.total} read{_summary(rejections, fixes)}")
@@ -130,9 +130,16 @@ def _check_task(spec: Spec, where: str, source: FileSource, records: list[Record
     try:
         # A task that reads the corpus first (classify's label names) reads these records only.
         task = task_class(spec.task.kind)(spec.task.options, TaskContext(tok, spec.seed, records=lambda: iter(records)))
+        if source.reader.pretokenized and not task.accepts_tokens:
+            problems.append(f"{where}: holds token ids ({source.reader.name}); task {spec.task.kind!r} needs text: "
+                            "use task: clm, or a text source")
+            return
         outputs = task.process(records)
     except FeedlineError as e:
         problems.append(f"{where}: task {spec.task.kind}: {_line(e)}")
+        return
+    except Exception as e:  # a plug-in task's own failure: one line here too (the run would raise it)
+        problems.append(f"{where}: task {spec.task.kind} failed on the first records: {type(e).__name__}: {_line(e)}")
         return
     if all(isinstance(o, Rejection) for o in outputs):
         rejections = Rejections(locate=source.locate)
