@@ -105,6 +105,7 @@ def test_workers_read_their_own_files_as_datasets_does(data: dict[str, Any], wor
     assert typed(got) == typed(list(DataLoader(chain(hf), batch_size=8, num_workers=workers)))
 
 
+@pytest.mark.slow  # a subprocess importing torch, datasets and 3 workers
 def test_more_workers_than_files_matches_datasets_and_warns(data: dict[str, Any]) -> None:
     ds, hf = both("json", data["jsonl"][:2])
     got = list(DataLoader(ds, batch_size=8, num_workers=3))
@@ -152,3 +153,44 @@ def test_a_torch_dataset_where_torch_is_a_plain_one_where_it_is_not(data: dict[s
               "print(type(ds).__name__, sum(1 for _ in ds.take(120)), 'torch' in sys.modules and bool(sys.modules['torch']))\n")
     out = subprocess.run([sys.executable, "-c", script, *data["jsonl"]], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.split() == ["IterableDataset", "120", "False"], out.stderr
+
+
+def test_a_dataset_pickles_as_its_root_and_calls(data: dict[str, Any]) -> None:
+    import pickle
+
+    import record_transforms as rt
+
+    ds = feedline.load_dataset("json", data_files=data["jsonl"], split="train").shuffle(seed=2, buffer_size=30)
+    other = feedline.load_dataset("parquet", data_files=data["parquet"], split="train").select_columns(["text"])
+    mixed = feedline.interleave_datasets([ds.map(rt.tagged).filter(rt.short), other], seed=5,
+                                         probabilities=[0.5, 0.5]).skip(3).take(150).with_format("torch")
+    rows = list(mixed)
+    it = iter(mixed)
+    head = [next(it) for _ in range(40)]
+    it.close()
+    assert typed(list(pickle.loads(pickle.dumps(mixed)))) == typed(rows)   # as iter(): from the start
+    mixed.load_state_dict(json.loads(json.dumps(mixed.state_dict())))
+    back = pickle.loads(pickle.dumps(mixed))                                # a loaded state travels too
+    assert typed(head + list(back)) == typed(rows)
+
+
+@pytest.mark.slow  # each forkserver worker imports torch: 20-60 s on 2 busy cores
+def test_forkserver_workers_unpickle_the_dataset(data: dict[str, Any], tmp_path: Path) -> None:
+    """A user's script under forkserver (Python 3.14's default; spawn pickles the same way)."""
+    import record_transforms as rt
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys, feedline, torch\n"
+        "def short(row):\n    return len(row['text']) < 2000\n"
+        "def tag(row):\n    return {'n': len(row['text'])}\n"
+        "if __name__ == '__main__':\n"
+        "    ds = feedline.load_dataset('json', data_files=sys.argv[2:], split='train').filter(short).map(tag)\n"
+        "    dl = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2,\n"
+        "                                     multiprocessing_context=sys.argv[1])\n"
+        "    got = sorted(int(n) for b in dl for n in b['n'])\n"
+        "    print(got == sorted(r['n'] for r in ds), len(got))\n")
+    out = subprocess.run([sys.executable, "-W", "ignore:This DataLoader", str(script), "forkserver", *data["jsonl"]],
+                         capture_output=True, text=True, timeout=240)
+    kept = sum(1 for r in feedline.load_dataset("json", data_files=data["jsonl"], split="train") if rt.short(r))
+    assert out.returncode == 0 and out.stdout.split() == ["True", str(kept)], out.stderr[-2000:]

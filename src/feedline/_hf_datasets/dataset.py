@@ -9,6 +9,7 @@ stages (:mod:`~feedline._hf_datasets.stages`, a shuffle buffer, the root's pipel
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -18,6 +19,7 @@ from typing import Any
 from feedline._core.dataset import Dataset
 from feedline._core.record import Record
 from feedline._hf_datasets import functions as fns
+from feedline._hf_datasets.calls import rebuilt, recorded
 from feedline._hf_datasets.formats import formatter
 from feedline._hf_datasets.roots import FileRoot
 from feedline._hf_datasets.stages import RowOp, Slice
@@ -44,6 +46,7 @@ class Op:
     keyed: bool = True
     row_fn: fns.RowsFn | None = None   # one-row-to-at-most-one functions (what to_loader can run)
     count: int | None = None           # take/skip: the rows (split among DataLoader workers)
+    call: tuple[str, tuple[Any, ...], tuple[tuple[str, Any], ...]] | None = None  # the method call (pickling)
     columns: Callable[[dict[str, Any], Callable[[Any], Any]], dict[str, Any] | None] = lambda d, wrap: d
 
 
@@ -70,6 +73,11 @@ class IterableDataset:
 
             kind = TorchIterableDataset
         return object.__new__(kind)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as the root and the calls that built it (its functions must pickle, as with ``datasets``),
+        so ``DataLoader(multiprocessing_context="spawn" | "forkserver")`` can send it to its workers."""
+        return (rebuilt, (self.root, tuple(op.call for op in self.ops), self.format, self.epoch, self._start))
 
     def __init__(self, root: Any, ops: Sequence[Op] = (), *, format: str | None = None, epoch: int = 0) -> None:
         self.root = root
@@ -230,6 +238,7 @@ class IterableDataset:
         return int(self.root.n_shards()) if hasattr(self.root, "n_shards") else len(self.root.sources)
 
     # ---------------------------------------------------------------- methods
+    @recorded
     def map(self, function: Callable[..., Any] | None = None, with_indices: bool = False,
             input_columns: str | Sequence[str] | None = None, batched: bool = False, batch_size: int | None = 1000,
             drop_last_batch: bool = False, remove_columns: str | Sequence[str] | None = None,
@@ -246,6 +255,7 @@ class IterableDataset:
                              keyed=not batched and not with_indices, row_fn=None if batched or with_indices else fn,
                              columns=lambda d, wrap: given))
 
+    @recorded
     def filter(self, function: Callable[..., Any] | None = None, with_indices: bool = False,
                input_columns: str | Sequence[str] | None = None, batched: bool = False, batch_size: int | None = 1000,
                fn_kwargs: Mapping[str, Any] | None = None) -> IterableDataset:
@@ -258,18 +268,21 @@ class IterableDataset:
                              keyed=not batched and not with_indices,
                              row_fn=None if batched or with_indices else fn, columns=_same))
 
+    @recorded
     def select_columns(self, column_names: str | Sequence[str]) -> IterableDataset:
         names = list(_names(column_names) or ())
         fn = fns.columns_op("select", names, self.column_names)
         return self._with(Op("select", fn.__qualname__, lambda p, e: RowOp(p, fn), row_fn=fn,
                              columns=lambda d, wrap: {k: d[k] for k in names if k in d}))
 
+    @recorded
     def remove_columns(self, column_names: str | Sequence[str]) -> IterableDataset:
         names = list(_names(column_names) or ())
         fn = fns.columns_op("remove", names, self.column_names)
         return self._with(Op("remove", fn.__qualname__, lambda p, e: RowOp(p, fn), row_fn=fn,
                              columns=lambda d, wrap: {k: v for k, v in d.items() if k not in names}))
 
+    @recorded
     def rename_columns(self, column_mapping: Mapping[str, str]) -> IterableDataset:
         mapping = dict(column_mapping)
         fn = fns.columns_op("rename", mapping, self.column_names)
@@ -279,14 +292,17 @@ class IterableDataset:
     def rename_column(self, original_column_name: str, new_column_name: str) -> IterableDataset:
         return self.rename_columns({original_column_name: new_column_name})
 
+    @recorded
     def take(self, n: int) -> IterableDataset:
         """The first ``n`` rows."""
         return self._with(_slice_op("take", int(n)))
 
+    @recorded
     def skip(self, n: int) -> IterableDataset:
         """Every row after the first ``n``."""
         return self._with(_slice_op("skip", int(n)))
 
+    @recorded
     def batch(self, batch_size: int, drop_last_batch: bool = False) -> IterableDataset:
         """Rows grouped into dicts of lists of ``batch_size`` rows (the last may be short)."""
         if batch_size < 1:
@@ -298,6 +314,7 @@ class IterableDataset:
                              lambda p, e: RowOp(p, fn, batched=True, batch_size=batch_size, drop_last=drop_last_batch),
                              keyed=False, columns=lambda d, wrap: {k: wrap(v) for k, v in d.items()}))
 
+    @recorded
     def shuffle(self, seed: int | None = None, buffer_size: int = 1000) -> IterableDataset:
         """A seeded buffer of ``buffer_size`` rows, restored exactly on resume (another order than ``datasets``').
 
@@ -308,8 +325,6 @@ class IterableDataset:
             raise SpecError(f"buffer_size: {buffer_size} must be >= 1")
         s = 0 if seed is None else int(seed)
         if not self.ops and isinstance(self.root, FileRoot) and self.root.shuffle_buffer is None:
-            import dataclasses
-
             root = dataclasses.replace(self.root, seed=s, shuffle_buffer=buffer_size)
             return IterableDataset(root, format=self.format, epoch=self.epoch)
         if not self.keyed():
@@ -356,7 +371,7 @@ class IterableDataset:
 def _slice_op(kind: str, n: int) -> Op:
     """``take(n)`` or ``skip(n)``."""
     return Op(kind, f"{kind}({n})", lambda p, e: Slice(p, 0, n) if kind == "take" else Slice(p, n, None),
-              columns=_same, count=n)
+              columns=_same, count=n, call=(kind, (n,), ()))
 
 
 def _names(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
