@@ -163,7 +163,7 @@ class ObjectCache:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
-                continue  # a live writer (this or another process) holds it
+                continue  # a live writer (this or another process) holds it, or the folder has no locks
             else:
                 with contextlib.suppress(OSError):
                     os.remove(path)
@@ -202,11 +202,8 @@ class _Copy:
         self.final = final
         self.tmp = os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.{os.getpid()}.{secrets.token_hex(4)}")
         self.fd: int | None = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
+        with contextlib.suppress(OSError):  # a folder without locks (ENOLCK): no sweep can take it either
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self.abandon()
-            raise
 
     def write(self, data: bytes) -> None:
         view = memoryview(data)
