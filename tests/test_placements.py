@@ -424,3 +424,35 @@ def test_the_composing_process_loads_no_tokenizer_where_the_workers_encode(corpu
     server._settle_backend(Pipeline(Spec.load(s)))
     assert load_tokenizer.cache_info().currsize == 0, "the composing process loaded the tokenizer"
     loader.close()
+
+
+def test_warm_start_makes_no_batch_twice(corpus: str, small_tokenizer: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When a worker is ready, its partitions' threads here finish the batch they are making and stop;
+    the worker starts after the last of them. The threads used to run on, prefetching, while the worker
+    made again every batch they handed out meanwhile: those were dropped, and what they had prefetched too."""
+    from feedline._core import prefetch
+
+    handed: dict[int, int] = {}
+    closed: list[tuple[int, int]] = []   # (made, handed) of each thread here that handed something out
+    take, close = prefetch.Prefetch._take, prefetch.Prefetch.close
+
+    def counting_take(self: Any, block: bool) -> Any:
+        got = take(self, block)
+        if got is not None:
+            handed[id(self)] = handed.get(id(self), 0) + 1
+        return got
+
+    def recording_close(self: Any) -> None:
+        if self.name.startswith("feedline-partition-") and handed.get(id(self)):
+            closed.append((self.pulled, handed.pop(id(self))))
+        close(self)
+
+    monkeypatch.setattr(prefetch.Prefetch, "_take", counting_take)
+    monkeypatch.setattr(prefetch.Prefetch, "close", recording_close)
+    warm = {"placement": "processes", "processes": 2, "prefetch": 3, "warm_start": True}
+    loader = Loader(spec(corpus, small_tokenizer, 2, "processes", epochs=None, parallel=warm))
+    got = until_workers_serve(loader) + [dict(next(loader)) for _ in range(8)]
+    loader.close()
+    want = collect(Loader(spec(corpus, small_tokenizer, 2, "threads", epochs=None)), limit=len(got))
+    assert_batches_equal(want, got, "warm start handed over without making a batch twice")
+    assert closed and all(made == out for made, out in closed), closed

@@ -33,6 +33,11 @@ compete for the GIL, while the consumer is still finishing the element it took (
 releases after making its stream wait for the batch, so its ``next()`` returns in microseconds
 rather than after the thread's next burst of work).
 
+:meth:`finish` asks the thread to stop after the element it is making, keeping what it made: the
+consumer takes those, then ``StopIteration`` with :attr:`Prefetch.finished` set, and
+:meth:`get_state` is the state after the last element made (a handover: a warm-started worker
+starts there, and no element is made twice).
+
 State: exactly the parent's state (a prefetch stage adds no fields of its own), so a state
 saved with or without prefetching resumes either way.
 """
@@ -61,6 +66,12 @@ class _End:
 
     def __init__(self, state: State | None) -> None:
         self.state = state
+
+
+class _Finished:
+    """The thread stopped on :meth:`Prefetch.finish`, after the elements before it."""
+
+    __slots__ = ()
 
 
 class _Failed:
@@ -123,6 +134,9 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=0 if hold else depth)
         self._slots = threading.Semaphore(depth)  # hold: the queue's bound, freed by release()
         self._stop = threading.Event()
+        self._finish = threading.Event()
+        #: The thread stopped on :meth:`finish` and every element it made was taken.
+        self.finished = False
         self.pulled = 0  # elements the thread took from the parent since the last (re)start
 
     # ----------------------------------------------------------------- consumer side
@@ -149,6 +163,10 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         if item is None:
             return None
         self._held = self.hold
+        if isinstance(item, _Finished):
+            self._ended = self.finished = True
+            self._halt()
+            raise StopIteration
         if isinstance(item, _End):
             self._ended = True
             self.end_state = item.state
@@ -193,6 +211,10 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
             self._held = False
             self._slots.release()
 
+    def finish(self) -> None:
+        """Stop making elements after the one in the making; those made are still handed out (see the module docstring)."""
+        self._finish.set()
+
     def start(self) -> None:
         """Start producing now rather than at the first :meth:`__next__`/:meth:`poll`."""
         if self._thread is None and not self._ended:
@@ -220,6 +242,8 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         self._rewind = True
         self._ended = False
         self.end_state = None
+        self._finish.clear()
+        self.finished = False
 
     def close(self) -> None:
         """Stop the thread and close the parent. Idempotent; a factory parent is rebuilt on next use."""
@@ -310,6 +334,9 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
             fn = self._map
             snapshot = getattr(parent, "snapshot", parent.get_state)
             while not stop.is_set():
+                if self._finish.is_set():
+                    self._put(q, stop, _Finished(), slots)
+                    return
                 try:
                     element = next(parent)
                 except StopIteration:

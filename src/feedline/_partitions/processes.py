@@ -14,12 +14,12 @@ the worker, so memory is bounded.
 tokenizer): until it says it is ready, its partitions run here, on threads (as ``threads`` runs
 them), so the first steps never wait for a process. Until step 1 is out only the partition asked
 first runs; then the other partitions start here and the workers start: started sooner, on few
-cores, they would slow the thread that gives it. When a worker is ready it is started from
-each partition's state after the last batch handed out, while the thread goes on; the batches the
-thread handed out meanwhile are dropped from the worker's stream when they arrive (the same
-batches: a partition is one deterministic stream wherever it runs), and at the worker's first
-batch the thread stops. A partition whose worker died runs here again until its new worker is
-ready.
+cores, they would slow the thread that gives it. When a worker is ready, each of its
+partitions' threads is asked to finish (:meth:`Prefetch.finish`): it stops after the batch it is
+making, the batches it made are still handed out, and the worker is started from the state after
+the last of them, restoring while they are taken. No batch is made twice (a partition is one
+deterministic stream wherever it runs). A partition whose worker died runs here again until its
+new worker is ready.
 
 The parent keeps each partition's state after the last batch it handed out. A worker that dies
 (killed, out of memory) is restarted from those states, so the stream goes on exactly; after
@@ -63,8 +63,8 @@ log = logging.getLogger("feedline")
 MAX_RESTARTS = 3
 _END = object()
 # Where a partition's batches come from: a thread here (its worker not ready yet), a thread here
-# while its worker catches up (started from the state the thread had handed out then), the worker.
-_LOCAL, _HANDING, _WORKER = "local", "handing", "worker"
+# handing out what it made before it stopped (its worker then starts after them), the worker.
+_LOCAL, _FINISHING, _WORKER = "local", "finishing", "worker"
 
 
 def warm_start(setting: bool | str, workers: int) -> bool:
@@ -109,7 +109,6 @@ class ProcessPlacement(Placement):
         self._failed: list[BaseException | None] = [None] * k  # a partition's error, raised again when asked
         self._mode = [_LOCAL] * k  # without warm_start, a partition waits for its worker
         self._local: list[Prefetch | None] = [None] * k
-        self._lead = [0] * k   # batches handed out here since the state the worker was started from
         self._started = False  # the threads here started (at the first ask after a start or restore)
         self._out = False      # a batch was handed out (warm start: until step 1 is out, only its partition runs)
         self._gen = 0
@@ -199,15 +198,8 @@ class ProcessPlacement(Placement):
         p = msg[2]
         if self._ended[p]:
             return
-        if self._mode[p] == _HANDING:  # the worker's first word on it: the thread here stops
-            self._close_local(p)
-            self._mode[p] = _WORKER
         if kind == "batch":
-            if self._lead[p]:  # handed out here already
-                self._lead[p] -= 1
-                self._worker(w).send(("credit", self._gen, p, 1))
-            else:
-                self._queues[p].append((msg[3], msg[4]))
+            self._queues[p].append((msg[3], msg[4]))
         elif kind == "end":
             self._queues[p].append((_END, msg[3]))
         else:
@@ -217,12 +209,18 @@ class ProcessPlacement(Placement):
     def _ready(self, w: int) -> None:
         worker = self._worker(w)
         worker.ready = True
-        start = {p: materialize(self._taken[p]) for p in worker.owned if not self._ended[p]}
-        for p in start:
-            self._owed[p] = 0  # a start gives the worker its whole credit again
-            self._mode[p], self._lead[p] = (_HANDING if self._local[p] is not None else _WORKER), 0
-            if self._mode[p] == _WORKER:
-                self._close_local(p)
+        start = {}
+        for p in worker.owned:
+            local = self._local[p]
+            if self._ended[p]:
+                continue
+            if local is not None and local.running:   # it finishes first: the worker starts after its last batch
+                local.finish()
+                self._mode[p] = _FINISHING
+                continue
+            self._close_local(p)
+            self._mode[p], self._owed[p] = _WORKER, 0   # a start gives the worker its whole credit again
+            start[p] = materialize(self._taken[p])
         worker.send(("start", self._gen, start))
 
     def _restart(self, w: int) -> None:
@@ -244,7 +242,9 @@ class ProcessPlacement(Placement):
                 "parallel: threads runs the partitions in this process")
         for p in worker.owned:  # what it sent and was not taken is made again, here until the new worker is ready
             self._queues[p].clear()
-            self._mode[p], self._lead[p], self._owed[p] = _LOCAL, 0, 0
+            if self._mode[p] == _FINISHING:   # a thread finishing for the dead worker: a fresh one goes on
+                self._close_local(p)
+            self._mode[p], self._owed[p] = _LOCAL, 0
             if self.warm and not self._ended[p]:
                 self._local_stage(p).start()
         self._worker(w)
@@ -326,13 +326,16 @@ class ProcessPlacement(Placement):
             raise
         self._out = True
         if got is None:
-            self._ended[p] = True
-            self._end[p] = self._local_stage(p).end_state
+            stage = self._local_stage(p)
             self._close_local(p)
+            if stage.finished:   # every batch it made was handed out: its worker starts after the last
+                self._mode[p], self._owed[p] = _WORKER, 0
+                self._worker(self.owner(p)).send(("start", self._gen, {p: materialize(self._taken[p])}))
+                return self._next(p)
+            self._ended[p] = True
+            self._end[p] = stage.end_state
             return None
         self._taken[p] = got[1]
-        if self._mode[p] == _HANDING:
-            self._lead[p] += 1
         return got
 
     def end_state(self, p: int) -> State | None:
@@ -345,7 +348,6 @@ class ProcessPlacement(Placement):
         self._ended = [False] * self.k
         self._end = [None] * self.k
         self._failed = [None] * self.k
-        self._lead = [0] * self.k
         self._owed = [0] * self.k
         for q in self._queues:
             q.clear()
