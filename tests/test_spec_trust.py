@@ -77,6 +77,8 @@ def test_spec_check_says_when_it_must_import(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "note: transforms[0].map: imported 'star' to check it" in r.stderr and "top-level code ran" in r.stderr
     assert marker.exists()
+    r = _check(_spec(tmp_path, "syslog:syslog"), tmp_path)   # an extension module: no source to read
+    assert r.returncode == 0 and "imported 'syslog' to check it (an extension module)" in r.stderr, r.stderr
     plugin = _module(tmp_path, "mytask", "\nfrom feedline._tasks.clm import CausalLM as Task\n")
     r = _check(_spec(tmp_path, "helpers_base:upper", kind="mytask:Task"), tmp_path)
     assert r.returncode == 0 and "note: task.kind: imported 'mytask'" in r.stderr, r.stderr
