@@ -13,12 +13,15 @@ import pytest
 
 from conftest import shared
 from feedline import Loader
-from feedline._core.documents import TokenRecords, join_records
+from feedline._core.dataset import Dataset, DatasetIterator
+from feedline._core.documents import TokenRecords, chunk_steps, join_records
+from feedline._core.record import Record
 from feedline._pipeline import Pipeline
 from feedline._sources.flat import LLMC_MAGIC, FlatReader
 from feedline._sources.megatron import MegatronReader, write_indexed_dataset
 from feedline._sources.tokens import TokensReader
 from feedline._spec import Spec
+from feedline._tasks.sizing import read_chunk
 from feedline._tokenize.load import load_tokenizer
 from feedline.testing import assert_resumes_exactly, collect
 
@@ -124,3 +127,41 @@ def test_a_block_with_a_null_row_takes_the_per_record_path(tmp_path: Path, docs:
     want = np.concatenate([np.asarray(r, np.int32) for r in rows if r is not None])
     assert len(want) - 8 * 128 < len(stream) <= len(want)  # (the last, partial batch is dropped)
     assert stream.tolist() == want[:len(stream)].tolist()
+
+
+def test_chunk_steps_is_read_chunk_on_the_sizes_ahead() -> None:
+    """A chunk planned from a run's sizes (one take) holds the records read_chunk's doubling takes read."""
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        sizes = rng.integers(0, 4000, int(rng.integers(1, 400))) * 4
+        most, budget = int(rng.integers(1, 300)), int(rng.choice([64, 4096, 1 << 16, 1 << 20]))
+        recs = [Record((0, 0, i), 0, {"input_ids": np.zeros(s // 4, np.int32)}) for i, s in enumerate(sizes.tolist())]
+        it = iter(_List(recs))
+        got, _size, ended = read_chunk(it, most, budget)
+        planned = chunk_steps(sizes, most, budget)
+        assert (planned is None and ended) or planned == len(got), (sizes.tolist(), most, budget)
+
+
+class _List(Dataset[Record]):
+    def __init__(self, recs: list[Record]) -> None:
+        self.recs = recs
+
+    def __iter__(self) -> DatasetIterator[Record]:
+        return _ListIterator(self.recs)
+
+
+class _ListIterator(DatasetIterator[Record]):
+    def __init__(self, recs: list[Record]) -> None:
+        self.recs, self.at = recs, 0
+
+    def __next__(self) -> Record:
+        if self.at >= len(self.recs):
+            raise StopIteration
+        self.at += 1
+        return self.recs[self.at - 1]
+
+    def own_state(self) -> dict:
+        return {"at": self.at}
+
+    def restore(self, own: dict) -> None:
+        self.at = own["at"]

@@ -30,7 +30,7 @@ import numpy as np
 
 from feedline._core.record import Record
 
-__all__ = ["TokenItems", "TokenRecords", "join_records"]
+__all__ = ["ID_BYTES", "TokenItems", "TokenRecords", "chunk_steps", "join_records"]
 
 #: Bytes a record's ids count for in a chunk's size (:mod:`feedline._tasks.sizing`): int32 ids.
 ID_BYTES = 4
@@ -149,3 +149,26 @@ def join_records(parts: Sequence[Sequence[Record]]) -> Sequence[Record]:
         starts.append(p.starts - lo + at)
         at += hi - lo
     return TokenRecords(keys, np.concatenate(starts), lengths, np.concatenate(ids))
+
+
+def chunk_steps(sizes: np.ndarray, most: int, budget: int) -> int | None:
+    """How many records :func:`~feedline._tasks.sizing.read_chunk` takes (at most ``most``, ending
+    at the take that brings them to ``budget``) when the next records have ``sizes``; ``None``
+    where it would read past them.
+
+        >>> chunk_steps(np.full(100, 4), 256, 1 << 20), chunk_steps(np.full(300, 4), 256, 1 << 20)
+        (None, 256)
+        >>> chunk_steps(np.array([1, 1, 10, 10, 10, 10]), 8, 12)
+        4
+    """
+    ends = np.cumsum(sizes)
+    n = size = 0
+    step = 1
+    while n < most and size < budget:
+        want = min(step, most - n)
+        if n + want > len(ends):
+            return None
+        n += want
+        size = int(ends[n - 1])
+        step = n if size == 0 else max(1, min(n, -(-(budget - size) * n // size)))
+    return n

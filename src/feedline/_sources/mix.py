@@ -139,6 +139,12 @@ class MixtureIterator(DatasetIterator[Record]):
             self.active[0] = False
         return out
 
+    def chunk_plan(self, most: int, budget: int) -> int | None:
+        """One source passed straight through: its own plan (see :meth:`take`)."""
+        if len(self.its) > 1 or self.mix.stopping == "cycle" or not self.active[0]:
+            return None
+        return self.its[0].chunk_plan(most, budget)
+
     def get_state(self) -> State:
         return {"step": self.step, "active": list(self.active), "done": list(self.done),
                 "counts": list(self.counts), "sources": [it.get_state() for it in self.its]}

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from feedline._core.dataset import Dataset, DatasetIterator, State
-from feedline._core.documents import TokenItems, TokenRecords, join_records
+from feedline._core.documents import TokenItems, join_records
 from feedline._core.record import Key, Record, Rejection
 from feedline._core.report import Rejections, nothing_delivered
 from feedline._core.rng import permutation
@@ -34,6 +34,7 @@ from feedline._sources.cache import ObjectCache
 from feedline._sources.deal import deal, fingerprint, moved_share
 from feedline._sources.files import expand, is_url, use_cache
 from feedline._sources.reader import Item, Reader, Split, detect_format, reader_class
+from feedline._sources.taking import chunk_plan, take_batched
 from feedline._spec import SourceSpec
 from feedline.errors import RecordError, SourceError, StateError
 
@@ -318,47 +319,12 @@ class FileSourceIterator(DatasetIterator[Record]):
                 self._delivered += 1
         return join_records([*parts, out])
 
+    def chunk_plan(self, most: int, budget: int) -> int | None:
+        """The records :func:`~feedline._tasks.sizing.read_chunk` would take, where the current run's sizes tell."""
+        return chunk_plan(self, most, budget)
+
     def _take_batched(self, n: int, parts: list[Sequence[Record]], items: Iterator[Any], epoch: int, file: int) -> int:
-        """:meth:`take` from a split read in lists of items or :class:`TokenItems` runs: the same records,
-        rejections and state; appends runs of records to ``parts`` and returns how many."""
-        index = self.src.index
-        out: list[Record] = []
-        add, taken = out.append, 0
-        while taken + len(out) < n:
-            pend, at = self._pending, self._at
-            if at >= len(pend):
-                batch = self._next_item(items)
-                if batch is None:
-                    self._items, self.split, self.pos = None, self.split + 1, None
-                    self._pending, self._at = [], 0
-                    break
-                self._pending, self._at = pend, at = batch, 0
-            stop = min(len(pend), at + n - taken - len(out))
-            if isinstance(pend, TokenItems):  # a run of documents: one slice of arrays
-                parts += [out, TokenRecords.of(pend, at, stop, index, file, epoch)]
-                taken, out = taken + len(out), []
-                add = out.append
-                taken += stop - at
-                self._delivered += stop - at
-                self._watch = False
-                self._at = stop
-                self.pos, self.line = int(pend.next[stop - 1]), int(pend.line[stop - 1])
-                continue
-            before, watch = len(out), self._watch
-            for pos, _next, _line, rec in pend[at:stop]:
-                if isinstance(rec, Rejection):
-                    self.rejections.add(rec)
-                    if watch:
-                        self._check_nothing(at_end=False)
-                    continue
-                add(Record((index, file, pos), epoch, rec))
-                watch = False
-            self._watch = watch
-            self._delivered += len(out) - before
-            self._at = stop
-            _pos, self.pos, self.line, _rec = pend[stop - 1]
-        parts.append(out)
-        return taken + len(out)
+        return take_batched(self, n, parts, items, epoch, file)
 
     def _next_item(self, items: Iterator[Any]) -> Any:
         """The reader's next item (or list of items); ``None`` at the end of the split or when its file cannot be read."""

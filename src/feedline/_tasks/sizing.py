@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 
 from feedline._core.dataset import DatasetIterator
-from feedline._core.documents import TokenRecords, join_records
+from feedline._core.documents import TokenRecords, chunk_steps, join_records
 from feedline._core.record import Record
 
-__all__ = ["CHUNK_BYTES", "INFLIGHT_BYTES", "read_chunk", "record_size", "records_size"]
+__all__ = ["CHUNK_BYTES", "INFLIGHT_BYTES", "chunk_steps", "read_chunk", "record_size", "records_size"]
 
 #: A chunk ends once it holds this much text (characters) or token-id bytes: ~250 k BERT tokens of
 #: Wikipedia, a few hundredths of a second of the tokenizer on 16 cores.
@@ -74,8 +74,14 @@ def read_chunk(parent: DatasetIterator[Record], most: int, budget: int) -> tuple
 
     At most ``most`` records; the chunk ends after the record that brings its size to ``budget``
     or past it (so it holds at least one record unless ``parent`` is exhausted). Runs of
-    :class:`~feedline._core.documents.TokenRecords` are joined into one.
+    :class:`~feedline._core.documents.TokenRecords` are joined into one; a parent with a
+    ``chunk_plan(most, budget)`` that knows the sizes ahead (:func:`chunk_steps`) is read in one take.
     """
+    plan = getattr(parent, "chunk_plan", None)
+    k = plan(most, budget) if plan is not None else None
+    if k:  # the parent knows the sizes ahead: the same records in one take
+        got = parent.take(k)
+        return got, records_size(got), len(got) < k
     parts: list[Sequence[Record]] = []
     n = size = 0
     step = 1

@@ -1,0 +1,75 @@
+"""How a source's cursor takes records from a split read in lists of items or in runs of documents.
+
+:meth:`~feedline._sources.source.FileSourceIterator.take` hands a split read by ``read_batches``
+here: lists of items become records one by one (rejections counted as they come), a
+:class:`~feedline._core.documents.TokenItems` run becomes one
+:class:`~feedline._core.documents.TokenRecords` slice. Either way the cursor's position, line and
+counts end as after taking the records one at a time. :func:`chunk_plan` tells the task map how
+many records its next chunk holds, from the sizes of the current run, so a chunk is one take.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from feedline._core.documents import ID_BYTES, TokenItems, TokenRecords, chunk_steps
+from feedline._core.record import Record, Rejection
+
+if TYPE_CHECKING:
+    from feedline._sources.source import FileSourceIterator
+
+__all__ = ["chunk_plan", "take_batched"]
+
+
+def chunk_plan(it: FileSourceIterator, most: int, budget: int) -> int | None:
+    """The records of the task map's next chunk (:func:`~feedline._core.documents.chunk_steps`),
+    where the current run holds them; ``None`` otherwise."""
+    pend = it._pending
+    if it._items is None or not isinstance(pend, TokenItems):
+        return None
+    return chunk_steps(pend.lengths[it._at:it._at + most] * ID_BYTES, most, budget)
+
+
+def take_batched(it: FileSourceIterator, n: int, parts: list[Sequence[Record]], items: Iterator[Any], epoch: int,
+                 file: int) -> int:
+    """:meth:`FileSourceIterator.take` from a split read in lists of items or :class:`TokenItems` runs: the same records,
+    rejections and state; appends runs of records to ``parts`` and returns how many."""
+    index = it.src.index
+    out: list[Record] = []
+    add, taken = out.append, 0
+    while taken + len(out) < n:
+        pend, at = it._pending, it._at
+        if at >= len(pend):
+            batch = it._next_item(items)
+            if batch is None:
+                it._items, it.split, it.pos = None, it.split + 1, None
+                it._pending, it._at = [], 0
+                break
+            it._pending, it._at = pend, at = batch, 0
+        stop = min(len(pend), at + n - taken - len(out))
+        if isinstance(pend, TokenItems):  # a run of documents: one slice of arrays
+            parts += [out, TokenRecords.of(pend, at, stop, index, file, epoch)]
+            taken, out = taken + len(out), []
+            add = out.append
+            taken += stop - at
+            it._delivered += stop - at
+            it._watch = False
+            it._at = stop
+            it.pos, it.line = int(pend.next[stop - 1]), int(pend.line[stop - 1])
+            continue
+        before, watch = len(out), it._watch
+        for pos, _next, _line, rec in pend[at:stop]:
+            if isinstance(rec, Rejection):
+                it.rejections.add(rec)
+                if watch:
+                    it._check_nothing(at_end=False)
+                continue
+            add(Record((index, file, pos), epoch, rec))
+            watch = False
+        it._watch = watch
+        it._delivered += len(out) - before
+        it._at = stop
+        _pos, it.pos, it.line, _rec = pend[stop - 1]
+    parts.append(out)
+    return taken + len(out)
