@@ -4,6 +4,7 @@ ExampleBlock per chunk), with the batches and states of the per-record path, res
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -165,3 +166,14 @@ class _ListIterator(DatasetIterator[Record]):
 
     def restore(self, own: dict) -> None:
         self.at = own["at"]
+
+
+def test_pickled_runs_carry_only_their_own_ids(sources: dict) -> None:
+    """A run sent to another process (a Ray worker) pickles the ids its records use, not the memory map."""
+    it = iter(Pipeline(Spec.load(_spec(sources["flat"], "pack"))).records())
+    it.take(100)
+    got = it.take(50)
+    data = pickle.dumps(got)
+    assert len(data) < 8 * sum(len(r.data["input_ids"]) for r in got) + 4096
+    back = pickle.loads(data)
+    assert [(r.key, r.data["input_ids"].tolist()) for r in back] == [(r.key, r.data["input_ids"].tolist()) for r in got]
