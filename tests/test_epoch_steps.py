@@ -87,3 +87,14 @@ def test_a_one_cycle_schedule_sized_by_epoch_steps_ends_with_the_epoch(gpt2_path
     assert seen == total and sched.last_epoch == total
     with pytest.raises(ValueError, match="Tried to step"):
         sched.step()  # one step more than the epoch had
+
+
+def test_len_of_a_torch_loader_and_its_dataloader_points_to_epoch_steps(gpt2_path: str) -> None:
+    torch = pytest.importorskip("torch")
+    from feedline.torch import TorchLoader
+
+    loader = TorchLoader(_spec("pad", gpt2_path))
+    for sized in (loader, torch.utils.data.DataLoader(loader, batch_size=None), loader.dataloader()):
+        with pytest.raises(TypeError, match=r"TorchLoader has no len\(\).*feedline\.epoch_steps\(spec\)"):
+            len(sized)
+    assert loader and next(iter(loader))["input_ids"].shape[0] == 8

@@ -37,6 +37,7 @@ from feedline._adapters.hf import PackedLayout, PackedMode
 from feedline._adapters.staging import Copy, Stager, to_torch
 from feedline._core.deferred import materialize
 from feedline._core.prefetch import Prefetch
+from feedline._loader import NO_LENGTH
 from feedline.errors import FeedlineError, MissingDependency
 
 try:
@@ -146,6 +147,14 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
             self._exhausted = False
 
     # ----------------------------------------------------------------- iteration
+    def __len__(self) -> int:
+        """Not known up front: :class:`TypeError` naming :func:`feedline.epoch_steps` (a ``DataLoader``'s
+        ``len()`` asks this; the Hugging Face Trainer then needs ``max_steps``, which that gives)."""
+        raise TypeError(NO_LENGTH.format(type(self).__name__))
+
+    def __bool__(self) -> bool:  # never ask __len__
+        return True
+
     def __iter__(self) -> Iterator[TorchBatch]:
         if self.world_size > 1:
             _refuse_resharding_wrapper(self.rank, self.world_size)
