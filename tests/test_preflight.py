@@ -140,3 +140,19 @@ def test_token_ids_for_a_task_that_needs_text_is_one_line(tmp_path: Path, bert_p
     assert err[0].endswith("ids.bin): holds token ids (megatron); task 'mlm' needs text: use task: clm, or a text source")
     clm = _write(tmp_path, "ids.yaml", bert_path, sources=[{"path": "ids.bin"}], task={"kind": "clm", "max_length": 32})
     assert _check(capsys, str(clm))[0] == 0
+
+
+def test_serve_no_data_check_listens_and_the_client_meets_the_error(data: Path, gpt2_path: str) -> None:
+    import feedline
+    from feedline.errors import FeedlineError, TransportError
+    from feedline.service import serve_process
+
+    spec = _write(data, "serve.yaml", gpt2_path, sources=[{"path": "docs.jsonl", "text": "body"}])
+    started = time.monotonic()
+    with pytest.raises(TransportError, match=r"exited with code 1: feedline serve: error: sources\[0\].*no field 'body'"), \
+            serve_process(spec):
+        pass
+    assert time.monotonic() - started < 20  # said at once, not after ready_timeout (60 s) as 'not listening'
+    with serve_process(spec, args=["--no-data-check"]) as address, feedline.Loader(address) as loader, \
+            pytest.raises(FeedlineError, match="no field 'body'"):
+        next(iter(loader))

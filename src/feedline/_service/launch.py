@@ -69,7 +69,7 @@ def serve_process(spec: str | os.PathLike[str] | Mapping[str, Any] | Spec, bind:
     drain = threading.Thread(target=lambda: stderr.extend(proc.stderr or ()), daemon=True)
     drain.start()
     try:
-        address = _wait_ready(proc, ready_timeout, stderr)
+        address = _wait_ready(proc, ready_timeout, stderr, drain)
         yield address
     finally:
         if proc.poll() is None:
@@ -87,7 +87,7 @@ def serve_process(spec: str | os.PathLike[str] | Mapping[str, Any] | Spec, bind:
             os.unlink(tmp)
 
 
-def _wait_ready(proc: subprocess.Popen[str], timeout: float, stderr: list[str]) -> str:
+def _wait_ready(proc: subprocess.Popen[str], timeout: float, stderr: list[str], drain: threading.Thread) -> str:
     result: list[str] = []
 
     def read() -> None:
@@ -102,7 +102,11 @@ def _wait_ready(proc: subprocess.Popen[str], timeout: float, stderr: list[str]) 
     reader.join(timeout)
     if result:
         return result[0]
+    if not reader.is_alive():  # its standard output ended: it is exiting (a refused spec exits at once)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
     if proc.poll() is not None:
         reader.join(1)
+        drain.join(5)  # the whole of its error output
         raise TransportError(f"feedline serve exited with code {proc.returncode}: {''.join(stderr).strip()[-2000:]}")
     raise TransportTimeout(f"feedline serve was not listening after {timeout:.0f}s")
