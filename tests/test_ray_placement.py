@@ -97,3 +97,30 @@ def test_one_partition_on_ray_is_the_plain_loader_bit_for_bit(cluster: Any, corp
     assert states == got_states
     assert_batches_equal(want[4:], collect(Loader(on_ray, state=states[3])), "ray resumed from a plain state")
     assert_batches_equal(want[4:], collect(Loader(plain, state=got_states[3])), "plain resumed from a ray state")
+
+
+def test_an_error_in_an_actor_shows_the_users_frame(cluster: Any, corpus: str, small_tokenizer: str, tmp_path: Any,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The actor's exception is raised in the driver as it was (not Ray's wrapper), with the actor's
+    traceback, the user's file, line and function in it, as its cause."""
+    import importlib
+
+    from ray import cloudpickle
+
+    from feedline import TransformError
+
+    (tmp_path / "ray_user_maps.py").write_text(
+        "def explode(rec):\n    if rec['text'].startswith('Document 1-5:'):\n        return 1 / 0\n    return rec\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("ray_user_maps")
+    cloudpickle.register_pickle_by_value(module)   # the actors' workers cannot import it from tmp_path
+    try:
+        loader = Loader(spec(corpus, small_tokenizer, "ray", transforms=[{"map": module.explode}]))
+        with pytest.raises(TransformError, match="raised ZeroDivisionError") as got:
+            collect(loader)
+        loader.close()
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
+    cause = got.value.__cause__
+    assert type(cause).__name__ == "RemoteTraceback", repr(cause)
+    assert f'File "{tmp_path / "ray_user_maps.py"}", line 3, in explode' in str(cause), str(cause)

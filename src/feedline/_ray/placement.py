@@ -99,7 +99,8 @@ class RayPlacement(Placement):
                 cause = e.cause  # with the actor's traceback as its cause (feedline._partitions.remote)
                 if not isinstance(cause, BaseException):
                     raise e.as_instanceof_cause() from None
-                error = with_remote(cause, str(e.traceback_str))
+                tb = vars(e).get("traceback_str") or str(e)  # (Ray's dual instance holds it only in its str)
+                error = with_remote(cause, str(tb))
                 raise error from error.__cause__   # (not in the context of Ray's wrapper)
             break
         batch, state = got
