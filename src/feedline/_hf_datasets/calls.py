@@ -32,12 +32,10 @@ def recorded(method: F) -> F:
     return cast(F, wrapper)
 
 
-def rebuilt(root: Any, calls: Sequence[tuple[str, tuple[Any, ...], tuple[tuple[str, Any], ...]]],
+def rebuilt(kind: type, root: Any, calls: Sequence[tuple[str, tuple[Any, ...], tuple[tuple[str, Any], ...]]],
             format: str | None, epoch: int, start: dict[str, Any] | None) -> Any:
-    """A pickled dataset: its root, the methods called again, its format, epoch and loaded state."""
-    from feedline._hf_datasets.dataset import IterableDataset
-
-    ds = IterableDataset(root, epoch=epoch)
+    """A pickled dataset of class ``kind``: its root, the methods called again, its format, epoch and loaded state."""
+    ds = kind(root, epoch=epoch)
     for name, args, kwargs in calls:
         ds = getattr(ds, name)(*args, **dict(kwargs))
     ds.format, ds._start = format, start

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -69,15 +70,13 @@ class IterableDataset:
     def __new__(cls, *args: Any, **kwargs: Any) -> IterableDataset:
         kind: type[IterableDataset] = cls
         if cls is IterableDataset and torch_available():
-            from feedline._hf_datasets.torch_dataset import TorchIterableDataset
-
-            kind = TorchIterableDataset
+            kind = _torch_kind()
         return object.__new__(kind)
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled as the root and the calls that built it (its functions must pickle, as with ``datasets``),
         so ``DataLoader(multiprocessing_context="spawn" | "forkserver")`` can send it to its workers."""
-        return (rebuilt, (self.root, tuple(op.call for op in self.ops), self.format, self.epoch, self._start))
+        return (rebuilt, (IterableDataset, self.root, tuple(op.call for op in self.ops), self.format, self.epoch, self._start))
 
     def __init__(self, root: Any, ops: Sequence[Op] = (), *, format: str | None = None, epoch: int = 0) -> None:
         self.root = root
@@ -378,3 +377,18 @@ def _names(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
     if value is None:
         return None
     return (value,) if isinstance(value, str) else tuple(value)
+
+
+@functools.cache
+def _torch_kind() -> type[IterableDataset]:
+    """The :class:`IterableDataset` that is a ``torch.utils.data.IterableDataset`` too, built once where torch
+    is importable, so ``DataLoader(ds, batch_size=8)`` iterates the rows rather than asking for a length
+    (it pickles through ``__reduce__``, as its root and calls)."""
+    import torch.utils.data
+
+    class TorchIterableDataset(IterableDataset, torch.utils.data.IterableDataset):  # type: ignore[misc]
+        """A :class:`feedline.IterableDataset` that torch's ``DataLoader`` reads as an iterable dataset."""
+
+    TorchIterableDataset.__qualname__ = "TorchIterableDataset"
+    return TorchIterableDataset
+

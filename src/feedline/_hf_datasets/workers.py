@@ -1,7 +1,7 @@
 """``feedline.load_dataset`` streams in ``torch.utils.data.DataLoader`` worker processes, as ``datasets`` shares them.
 
 Where torch is importable, every dataset is a ``torch.utils.data.IterableDataset``
-(:mod:`~feedline._hf_datasets.torch_dataset`, imported on the first dataset built, as ``datasets``
+(``dataset._torch_kind``, built on the first dataset built, as ``datasets``
 does), so a ``DataLoader`` iterates it instead of asking for its length. Iterated in worker ``i``
 of ``W``, a dataset reads its share of the data files as ``datasets`` 5.x does:
 
