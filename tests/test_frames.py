@@ -114,3 +114,27 @@ def test_a_corrupt_buffer_count_is_refused_before_anything_is_allocated() -> Non
         reader.recv()
     writer.close()
     reader.close()
+
+
+def test_a_batchs_snapshot_crosses_as_its_state_serialised_once() -> None:
+    """A worker sends each batch's state as its pipeline's snapshot: the deferred parts are computed
+    while the frame is pickled (once), and the parent reads the plain state. It used to materialize
+    the state first (a deep copy of it), then pickle the copy."""
+    from feedline._core import deferred
+    from feedline._core.deferred import Deferred, materialize
+
+    assert doctest.testmod(deferred).failed == 0
+    calls = []
+    packed = np.arange(6, dtype=np.int64)
+
+    def rows() -> dict[str, Any]:
+        calls.append(1)
+        return {"rows": packed.tolist(), "skip": 2}
+
+    snap = {"step": 7, "pipeline": {"ready": Deferred(rows), "open": [Deferred(lambda: [[0, 3]])], "stats": {"rows": 4}}}
+    a, b = multiprocessing.Pipe(duplex=True)
+    FrameWriter(b).send(("batch", 0, 1, {"input_ids": np.arange(4, dtype=np.int32)}, snap))
+    got = FrameReader(a).recv()[4]
+    assert got == materialize(snap) == {"step": 7, "pipeline": {"ready": {"rows": [0, 1, 2, 3, 4, 5], "skip": 2},
+                                                                "open": [[[0, 3]]], "stats": {"rows": 4}}}
+    assert calls == [1] and not any(type(v) is Deferred for v in got["pipeline"].values())

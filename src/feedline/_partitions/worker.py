@@ -144,7 +144,7 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
                     if got is None:
                         break
                     batch, state = got
-                    out.append(("batch", gen, p, batch, materialize(state)))
+                    out.append(("batch", gen, p, batch, state))   # a snapshot: pickled as the state, in one pass
                     credit[p] -= 1
             if out:  # one message for all that was ready: one pipe write, one wake-up of the parent
                 send(out[0] if len(out) == 1 else ("many", out))
