@@ -49,7 +49,9 @@ def _check(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, li
     ({"sources": [{"path": "docs.jsonl", "text": "body"}]},
      r"sources\[0\] \(.*docs\.jsonl\): no record among the first 10 read \(missing_field: 10\); e\.g\. .*docs\.jsonl:1: "
      r"missing_field \(no field 'body'; records have: id, text; set the source's text: to the field holding the text\)$"),
-    ({"tokenizer": "tokenizers/nope/tokenizer.json"}, r"tokenizer: .*tokenizers/nope/tokenizer\.json"),
+    ({"tokenizer": "tokenizers/nope/tokenizer.json"}, r"tokenizer: .*tokenizers/nope/tokenizer\.json.*; fix the path$"),
+    ({"tokenizer": "/nonexistent/tok.json"}, r"tokenizer: /nonexistent/tok\.json: no such tokenizer file or directory; give a "
+                                              r"tokenizer\.json, a tokenizer folder, a SentencePiece \.model or a hub name$"),
     ({"batching": {"strategy": "pad", "batch_size": 64}},
      r"the stream holds 10 rows, fewer than batching\.batch_size=64, and batching\.remainder: drop dropped them all.*"
      r"lower batch_size, or set remainder: keep"),

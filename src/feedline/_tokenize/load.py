@@ -64,7 +64,8 @@ def load_tokenizer(name: str) -> Tokenizer:
         raise TokenizerError(f"{path}: no tokenizer.json, *.model or tokenizer_config.json in this directory")
     if looks_like_path(name):
         where = os.path.abspath(path)
-        raise TokenizerError(f"{name}: no such tokenizer file or directory" + (f" ({where})" if where != name else ""))
+        raise TokenizerError(f"{name}: no such tokenizer file or directory" + (f" ({where})" if where != name else "")
+                             + "; give a tokenizer.json, a tokenizer folder, a SentencePiece .model or a hub name")
     return _from_transformers(name)
 
 
