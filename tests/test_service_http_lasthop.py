@@ -32,12 +32,14 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> str:
     return write_spec(tmp / "big.json", spec)
 
 
-def _reset_after(url: str, nbytes: int, query: str = "stream=train") -> int:
-    """GET a batch on a raw socket, read ``nbytes`` of the response, then reset the connection
-    (``SO_LINGER`` 0: an RST, as a client killed mid-read sends). Returns the bytes read."""
+def _reset_after(url: str, nbytes: int, query: str = "stream=train", close: bool = False) -> int:
+    """GET a batch on a raw socket (asking ``Connection: close`` when ``close``), read ``nbytes`` of the
+    response, then reset the connection (``SO_LINGER`` 0: an RST, as a client killed mid-read sends).
+    Returns the bytes read."""
     host, port = urllib.parse.urlsplit(url).netloc.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=30) as s:
-        s.sendall(f"GET /?{query} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\n\r\n".encode())
+        extra = "Connection: close\r\n" if close else ""
+        s.sendall(f"GET /?{query} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\n{extra}\r\n".encode())
         got = b""
         while len(got) < nbytes:
             chunk = s.recv(nbytes - len(got))
@@ -68,12 +70,12 @@ def test_20_clients_that_reset_mid_response_lose_no_step(big: str) -> None:
     lock = threading.Lock()
     read: list[int] = []
 
-    def client() -> None:
-        read.append(_reset_after(url, 1024))   # the first response: 1 KB read of ~200 KB, then a reset
-        ends.append(_drain(url, steps, lock))
+    def client(close: bool) -> None:
+        read.append(_reset_after(url, 1024, close=close))   # 1 KB read of a ~230 KB response, then a reset
+        ends.append(_drain(url, steps, lock))                # then each response read in full (urllib)
 
-    try:
-        threads = [threading.Thread(target=client) for _ in range(20)]
+    try:   # half kept alive, half asking Connection: close (the server closes first: it must linger)
+        threads = [threading.Thread(target=client, args=(i % 2 == 1,)) for i in range(20)]
         for t in threads:
             t.start()
         for t in threads:

@@ -14,6 +14,13 @@ oldest pending one (an honest client sends its headers within milliseconds). At 
 ``max_connections`` are open: beyond that a new one evicts the oldest pending one, or is closed
 at once when all are admitted. So HTTP clients hold a bounded number of descriptors, and the
 ZeroMQ clients of the same process never starve for them.
+
+Once admitted, aiohttp sees the connection through :class:`_Lingering`, whose ``close`` does not
+close at once while a response waits to be settled (:meth:`_Guarded.watch`): it half-closes (a
+FIN after the response) and waits, at most ``header_timeout``, for the client's side: a client
+that read everything closes cleanly (settled as read), one that closes with the response unread
+sends a reset (settled as not read). So a ``Connection: close`` request is settled as surely as a
+kept-alive one.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ class ConnectionGuard:
         self.pending: OrderedDict[_Guarded, None] = OrderedDict()   # oldest first
         self.counters = GuardCounters()
         self.by_transport: dict[Any, _Guarded] = {}
+        self.closing = False   # the gateway is shutting down: closes do not linger
 
     def connection(self, transport: Any) -> _Guarded | None:
         """The guarded connection of a request's transport (``None``: already gone)."""
@@ -82,7 +90,9 @@ class ConnectionGuard:
         return True
 
     def close_pending(self) -> None:
-        """Close every connection still pending (at shutdown; admitted ones are aiohttp's)."""
+        """Close every connection still pending (at shutdown; admitted ones are aiohttp's, and no
+        longer linger)."""
+        self.closing = True
         for conn in list(self.pending):
             conn.drop()
 
@@ -132,6 +142,9 @@ class _Guarded(asyncio.Protocol):
         self.counted = False
         self.watchers: list[Callable[[bool], None]] = []
         self.outcome: bool | None = None   # once lost: True closed cleanly, False reset or failed
+        self.eof = False                   # the client closed its side
+        self.linger_timer: asyncio.TimerHandle | None = None
+        self.proxy: _Lingering | None = None   # the transport aiohttp sees, once admitted
 
     def watch(self, settle: Callable[[bool], None]) -> None:
         """Call ``settle(True)`` once the client shows it read the responses written so far (it sent
@@ -157,6 +170,8 @@ class _Guarded(asyncio.Protocol):
         self.timer = asyncio.get_running_loop().call_later(self.guard.header_timeout, self._timed_out)
 
     def data_received(self, data: bytes) -> None:
+        if self.linger_timer is not None:
+            return   # closing: aiohttp takes nothing more
         if self.inner is not None:
             if self.watchers:   # the next request: the previous responses were read
                 self._settle(True)
@@ -181,7 +196,10 @@ class _Guarded(asyncio.Protocol):
         self._unpend()
         self.guard.counters.admitted += 1
         self.inner = self.guard.factory()
-        self.inner.connection_made(self.transport)
+        proxy = _Lingering(self, self.transport)
+        self.guard.by_transport[proxy] = self   # what aiohttp's request.transport is
+        self.proxy = proxy
+        self.inner.connection_made(proxy)
         data, self.head = bytes(self.head), bytearray()
         self.inner.data_received(data)
 
@@ -212,9 +230,39 @@ class _Guarded(asyncio.Protocol):
             self.timer.cancel()
             self.timer = None
 
+    def linger(self) -> None:
+        """aiohttp closes: at once when nothing waits to be settled, else half-close and wait for the
+        client's FIN (read) or reset (not read), at most ``header_timeout`` (then: read)."""
+        real = self.transport
+        if real is None or real.is_closing():
+            return
+        if not self.watchers or self.eof or self.guard.closing:
+            if self.eof:
+                self._settle(True)
+            real.close()
+            return
+        try:
+            if real.can_write_eof():
+                real.write_eof()
+            if not real.is_reading():
+                real.resume_reading()
+        except (OSError, RuntimeError):   # the reset came first (not read by the loop yet): not read
+            self._settle(False)
+            real.close()
+            return
+        self.linger_timer = asyncio.get_running_loop().call_later(self.guard.header_timeout, self._lingered)
+
+    def _lingered(self) -> None:
+        self._settle(True)
+        if self.transport is not None:
+            self.transport.close()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._unpend()
+        if self.linger_timer is not None:
+            self.linger_timer.cancel()
         self.guard.by_transport.pop(self.transport, None)
+        self.guard.by_transport.pop(self.proxy, None)
         self.outcome = exc is None
         self._settle(self.outcome)
         if self.counted:
@@ -224,6 +272,10 @@ class _Guarded(asyncio.Protocol):
             self.inner.connection_lost(exc)
 
     def eof_received(self) -> bool | None:
+        self.eof = True
+        if self.linger_timer is not None:   # the client closed after the whole response: it read it
+            self._lingered()
+            return None
         return self.inner.eof_received() if self.inner is not None else None
 
     def pause_writing(self) -> None:
@@ -233,3 +285,27 @@ class _Guarded(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self.inner is not None:
             self.inner.resume_writing()
+
+
+class _Lingering:
+    """The transport aiohttp is given: the real one, except that ``close`` lingers (:meth:`_Guarded.linger`)."""
+
+    def __init__(self, conn: _Guarded, real: Any) -> None:
+        self._conn = conn
+        self._real = real
+        self._closing = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def is_closing(self) -> bool:
+        return self._closing or bool(self._real.is_closing())
+
+    def close(self) -> None:
+        if not self._closing:
+            self._closing = True
+            self._conn.linger()
+
+    def abort(self) -> None:
+        self._closing = True
+        self._real.abort()
