@@ -150,8 +150,14 @@ def _check_task(spec: Spec, where: str, source: FileSource, records: list[Record
 
 
 def _first_batch(spec: Spec, tok: Tokenizer | None, problems: list[str]) -> None:
-    """Run the stream (in this process, threads only: never another batch) to its first batch."""
-    here = spec.replace(engine=EngineSpec(), parallel=dataclasses.replace(spec.parallel, placement="threads"))
+    """Run the stream (in this process, threads only: never another batch) to its first batch.
+
+    ``backend: auto`` encodes with ``tokenizers`` here (what would stop the run stops it the same
+    way), so no fast-encoder check starts for a check that ends with this batch (``serve`` runs
+    its own before it listens)."""
+    backend = "hf" if spec.tokenizer_backend == "auto" else spec.tokenizer_backend
+    here = spec.replace(engine=EngineSpec(), parallel=dataclasses.replace(spec.parallel, placement="threads"),
+                        tokenizer_backend=backend)
     it = iter(GlobalStream(Pipeline(here, tokenizer=tok)))
     try:
         next(it, None)
