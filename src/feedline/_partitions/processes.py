@@ -32,16 +32,13 @@ with the worker's traceback as its cause (:mod:`feedline._partitions.remote`); a
 user code fails the stream the same way, without restarts. A worker that falls silent (stopped,
 hung holding the interpreter: a live one says so every second) is named in a warning after a
 quarter of ``parallel.hang_timeout`` (at most 30 s) and killed after all of it, then restarted
-from its partitions' states like one that died.
+from its partitions' states like one that died. The processes themselves, their inbox and that
+watch are the :class:`~feedline._partitions.pool.WorkerPool`'s; this class keeps the partitions.
 Workers exit when the parent dies, even by SIGKILL, and ignore Ctrl-C (the parent stops them).
 """
 
 from __future__ import annotations
 
-import logging
-import queue
-import time
-import weakref
 from collections import deque
 from typing import Any
 
@@ -49,15 +46,15 @@ from feedline._core.cores import usable_cores
 from feedline._core.dataset import State
 from feedline._core.deferred import materialize
 from feedline._core.prefetch import Prefetch
-from feedline._partitions.launch import DEAD, MAIN_GUARD, WorkerProcess, context, pickled
+from feedline._partitions.launch import DEAD, MAIN_GUARD, WorkerProcess, pickled
 from feedline._partitions.placement import Make, Part, Placement
+from feedline._partitions.pool import WorkerPool
 from feedline._partitions.remote import with_remote
 from feedline._spec import ParallelSpec
 from feedline.errors import FeedlineError
 
 __all__ = ["MAX_RESTARTS", "ProcessPlacement"]
 
-log = logging.getLogger("feedline")
 
 #: Deaths of one worker process that are restarted before the stream fails.
 MAX_RESTARTS = 3
@@ -85,12 +82,6 @@ def warm_start(setting: bool | str, workers: int) -> bool:
     return usable_cores() >= workers + 2
 
 
-def _kill_all(pool: list[WorkerProcess | None]) -> None:
-    for worker in pool:
-        if worker is not None:
-            worker.kill()
-
-
 class ProcessPlacement(Placement):
     """Partitions in worker processes, on threads here until each worker is ready (see the module docstring)."""
 
@@ -98,10 +89,7 @@ class ProcessPlacement(Placement):
         super().__init__(make, k, options)
         self.workers = min(k, options.processes or usable_cores())
         self.warm = warm_start(options.warm_start, self.workers)
-        self._pool: list[WorkerProcess | None] = [None] * self.workers
-        # A placement dropped without close() (a loader never closed) stops its workers when collected.
-        weakref.finalize(self, _kill_all, self._pool)
-        self._make_bytes: bytes | None = None
+        self.pool = WorkerPool(k, self.workers, options)   # (stops its workers when collected, if never closed)
         self._queues: list[deque[Any]] = [deque() for _ in range(k)]
         self._taken: list[State | None] = [None] * k   # each partition's state after the last batch handed out
         self._ended = [False] * k
@@ -112,68 +100,29 @@ class ProcessPlacement(Placement):
         self._started = False  # the threads here started (at the first ask after a start or restore)
         self._out = False      # a batch was handed out (warm start: until step 1 is out, only its partition runs)
         self._gen = 0
-        self.restarts = [0] * self.workers
-        self._inbox: queue.Queue[tuple[WorkerProcess, Any]] = queue.Queue()  # every worker's messages
         self._owed = [0] * k   # batches taken since the partition's worker was last given credit
         self._credit_every = max(1, options.prefetch // 2)
-        self._beat = min(1.0, options.hang_timeout / 8)   # the workers' heartbeat, and how often silence is checked
 
     def owner(self, p: int) -> int:
-        return p % self.workers
+        return self.pool.owner(p)
+
+    @property
+    def restarts(self) -> list[int]:
+        """Restarts of each worker so far (deaths and silences)."""
+        return self.pool.restarts
 
     # ----------------------------------------------------------------- workers
     def _worker(self, w: int) -> WorkerProcess:
-        worker = self._pool[w]
-        if worker is None:
-            assert self._make_bytes is not None
-            owned = list(range(w, self.k, self.workers))
-            threads = max(1, usable_cores() // self.workers)
-            ctx = context()
-            worker = self._pool[w] = WorkerProcess(ctx, w, self._make_bytes, owned, self.options.prefetch, threads,
-                                                   self._inbox, self._beat)
-        return worker
+        return self.pool.get(w)
 
     def _wait(self) -> None:
         """Handle the next message of any worker (waits for one, watching for silent workers)."""
-        while True:
-            try:
-                got = self._inbox.get(timeout=self._beat)
-            except queue.Empty:
-                self._watch()
-                continue
-            self._deliver(*got)
-            return
-
-    def _watch(self) -> None:
-        """Name a worker silent for a quarter of ``hang_timeout`` (at most 30 s); kill one silent for
-        all of it (restarted when its pipe closes). Before its first word a worker may take 4 times
-        as long (plus a minute): its start on a busy machine."""
-        timeout, now = self.options.hang_timeout, time.monotonic()
-        for worker in self._pool:
-            if worker is None or worker.pid is None or worker.named < 0:
-                continue
-            silent = now - worker.heard
-            limit = timeout if worker.spoke else 4 * timeout + 60
-            if silent >= min(timeout / 4, 30.0) and worker.named != worker.heard:
-                worker.named = worker.heard
-                log.warning("feedline: the worker process of partitions %s (pid %d) has said nothing for %.0f s "
-                            "(stopped, or hung); it is killed and restarted from their states after %.0f s of silence "
-                            "(parallel.hang_timeout)", worker.owned, worker.pid, silent, limit)
-            if silent >= limit:
-                worker.named = -1.0   # killed: once
-                log.warning("feedline: killing the worker process of partitions %s (pid %d), silent for %.0f s; "
-                            "restarting it from their states", worker.owned, worker.pid, silent)
-                worker.kill()
-
-    def _deliver(self, worker: WorkerProcess, msg: tuple[Any, ...]) -> None:
-        w = self.owner(worker.owned[0])
-        if self._pool[w] is worker:  # else from a worker stopped since (restarted, closed)
-            self._handle(w, msg)
+        self._handle(*self.pool.wait())
 
     def _drain(self) -> None:
         """Handle every message already received from any worker (never waits)."""
-        while self._inbox.qsize():
-            self._deliver(*self._inbox.get_nowait())
+        for w, msg in self.pool.pending():
+            self._handle(w, msg)
 
     def _handle(self, w: int, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
@@ -224,11 +173,8 @@ class ProcessPlacement(Placement):
         worker.send(("start", self._gen, start))
 
     def _restart(self, w: int) -> None:
-        worker = self._pool[w]
-        assert worker is not None
-        worker.stop()
+        worker = self.pool.remove(w)
         code = worker.exitcode
-        self._pool[w] = None
         if not worker.ready and code is not None and code > 0:  # an error before its first word, not a kill:
             raise FeedlineError(f"the worker process of partitions {worker.owned} failed to start (exit code {code}; "
                                 f"its traceback is on stderr above). Usually: {MAIN_GUARD}")  # the same each time
@@ -271,8 +217,8 @@ class ProcessPlacement(Placement):
         failed = self._failed[p]
         if failed is not None:  # its worker stopped the partition: asking again must not wait forever
             raise failed
-        if self._make_bytes is None:
-            self._make_bytes = pickled(self.make)  # a spec that cannot go raises here, before anything starts
+        if self.pool.make_bytes is None:
+            self.pool.make_bytes = pickled(self.make)  # a spec that cannot go raises here, before anything starts
         if not self.warm:
             for v in range(self.workers):
                 self._worker(v)
@@ -354,23 +300,18 @@ class ProcessPlacement(Placement):
         for p in range(self.k):
             self._close_local(p)
             self._mode[p] = _LOCAL
-        for worker in self._pool:
+        for worker in self.pool.procs:
             if worker is not None and worker.ready:
                 for p in worker.owned:
                     self._mode[p] = _WORKER
                 worker.send(("start", self._gen, {p: states[p] for p in worker.owned}))
 
     def close(self) -> None:
-        pool = [w for w in self._pool if w is not None]
-        self._pool[:] = [None] * self.workers
-        for worker in pool:  # all told first: they stop together
-            worker.send(("stop",))
-        for worker in pool:
-            worker.stop()
+        self.pool.close()
         for p in range(self.k):
             self._close_local(p)
             self._queues[p].clear()
 
     def pids(self) -> list[int]:
         """The worker processes running now (for tests and monitoring)."""
-        return [w.pid for w in self._pool if w is not None and w.pid is not None]
+        return self.pool.pids()

@@ -1,0 +1,123 @@
+"""A placement's worker processes: started when first asked for, every message in one inbox, silent ones named.
+
+Worker ``w`` of ``N`` serves partitions ``w, w + N, ...`` (:class:`~feedline._partitions.launch.WorkerProcess`:
+its process started in the background, a thread receiving its messages into :attr:`WorkerPool.inbox`).
+:meth:`WorkerPool.wait` hands the placement the next message of a worker still in the pool (those
+of a worker stopped since are dropped), and while it waits it watches the workers' heartbeats: a
+worker silent for a quarter of ``parallel.hang_timeout`` (at most 30 s) is named in a warning with
+its partitions and pid, and one silent for all of it is killed, so its pipe closes and the placement
+restarts it like one that died. Workers exit with the pool (:meth:`WorkerPool.close`), and with a
+pool dropped unclosed when it is collected.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+from feedline._core.cores import usable_cores
+from feedline._partitions.launch import WorkerProcess, context
+from feedline._spec import ParallelSpec
+
+__all__ = ["WorkerPool"]
+
+log = logging.getLogger("feedline")
+
+
+def _kill_all(procs: list[WorkerProcess | None]) -> None:
+    for worker in procs:
+        if worker is not None:
+            worker.kill()
+
+
+class WorkerPool:
+    """``size`` worker processes for ``k`` partitions (see the module docstring)."""
+
+    def __init__(self, k: int, size: int, options: ParallelSpec) -> None:
+        self.k, self.size, self.options = k, size, options
+        self.procs: list[WorkerProcess | None] = [None] * size
+        weakref.finalize(self, _kill_all, self.procs)  # a pool dropped without close() stops its workers
+        self.make_bytes: bytes | None = None   # the pickled factory every worker runs (set before the first get)
+        self.restarts = [0] * size
+        self.inbox: queue.Queue[tuple[WorkerProcess, Any]] = queue.Queue()  # every worker's messages
+        self.beat = min(1.0, options.hang_timeout / 8)   # the workers' heartbeat, and how often silence is checked
+
+    def owner(self, p: int) -> int:
+        return p % self.size
+
+    def get(self, w: int) -> WorkerProcess:
+        """Worker ``w``, started now if it is not running."""
+        worker = self.procs[w]
+        if worker is None:
+            assert self.make_bytes is not None
+            owned = list(range(w, self.k, self.size))
+            threads = max(1, usable_cores() // self.size)
+            worker = self.procs[w] = WorkerProcess(context(), w, self.make_bytes, owned, self.options.prefetch,
+                                                   threads, self.inbox, self.beat)
+        return worker
+
+    def wait(self) -> tuple[int, tuple[Any, ...]]:
+        """The next message of a worker in the pool, as ``(w, message)`` (waits, watching for silent workers)."""
+        while True:
+            try:
+                worker, msg = self.inbox.get(timeout=self.beat)
+            except queue.Empty:
+                self.watch()
+                continue
+            w = self.owner(worker.owned[0])
+            if self.procs[w] is worker:  # else from a worker stopped since (restarted, closed)
+                return w, msg
+
+    def pending(self) -> Iterator[tuple[int, tuple[Any, ...]]]:
+        """The messages already received, as :meth:`wait` gives them (never waits)."""
+        while self.inbox.qsize():
+            worker, msg = self.inbox.get_nowait()
+            w = self.owner(worker.owned[0])
+            if self.procs[w] is worker:
+                yield w, msg
+
+    def watch(self) -> None:
+        """Name a worker silent for a quarter of ``hang_timeout`` (at most 30 s); kill one silent for
+        all of it (restarted when its pipe closes). Before its first word a worker may take 4 times
+        as long (plus a minute): its start on a busy machine."""
+        timeout, now = self.options.hang_timeout, time.monotonic()
+        for worker in self.procs:
+            if worker is None or worker.pid is None or worker.named < 0:
+                continue
+            silent = now - worker.heard
+            limit = timeout if worker.spoke else 4 * timeout + 60
+            if silent >= min(timeout / 4, 30.0) and worker.named != worker.heard:
+                worker.named = worker.heard
+                log.warning("feedline: the worker process of partitions %s (pid %d) has said nothing for %.0f s "
+                            "(stopped, or hung); it is killed and restarted from their states after %.0f s of silence "
+                            "(parallel.hang_timeout)", worker.owned, worker.pid, silent, limit)
+            if silent >= limit:
+                worker.named = -1.0   # killed: once
+                log.warning("feedline: killing the worker process of partitions %s (pid %d), silent for %.0f s; "
+                            "restarting it from their states", worker.owned, worker.pid, silent)
+                worker.kill()
+
+    def remove(self, w: int) -> WorkerProcess:
+        """Stop worker ``w`` (it died, or it is being replaced) and take it out of the pool."""
+        worker = self.procs[w]
+        assert worker is not None
+        worker.stop()
+        self.procs[w] = None
+        return worker
+
+    def close(self) -> None:
+        """Stop every worker: all told first, so they stop together."""
+        running = [w for w in self.procs if w is not None]
+        self.procs[:] = [None] * self.size
+        for worker in running:
+            worker.send(("stop",))
+        for worker in running:
+            worker.stop()
+
+    def pids(self) -> list[int]:
+        """The worker processes running now."""
+        return [w.pid for w in self.procs if w is not None and w.pid is not None]
