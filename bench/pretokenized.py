@@ -2,6 +2,7 @@
 
     python bench/pretokenized.py                          # short and long documents, 3 rounds, 8 s windows
     python bench/pretokenized.py --docs short --seconds 4 --rounds 1 --only litdata flat-concat
+    python bench/pretokenized.py --quick                  # one round of 3 s windows
 
 The documents are real text tokenized once with the real GPT-2 tokenizer, each followed by EOS:
 ``long``: the 300 C4 documents and 30 Wikipedia articles of ``../shared/data/prose``;
@@ -205,9 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=8, help="the steady window per run (default 8)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the tables show medians (default 3)")
     ap.add_argument("--only", nargs="*", choices=CONTENDERS, help="contenders to run (default: all)")
+    ap.add_argument("--quick", action="store_true", help="one round of 3 s windows (bench/run.py --quick)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     require_data()
+    if args.quick:
+        args.rounds, args.seconds = 1, 3.0
     if args.one:
         print(json.dumps(measure(args.one, build(args.mtok, args.docs, extras=True), args.seconds)))
         return 0
