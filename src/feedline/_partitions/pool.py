@@ -20,8 +20,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from feedline._core.cores import usable_cores
-from feedline._partitions.launch import WorkerProcess, context
+from feedline._partitions.launch import MAIN_GUARD, WorkerProcess, context
 from feedline._spec import ParallelSpec
+from feedline.errors import FeedlineError
 
 __all__ = ["WorkerPool"]
 
@@ -101,12 +102,29 @@ class WorkerPool:
                             "restarting it from their states", worker.owned, worker.pid, silent)
                 worker.kill()
 
-    def remove(self, w: int) -> WorkerProcess:
-        """Stop worker ``w`` (it died, or it is being replaced) and take it out of the pool."""
+    def died(self, w: int, most: int) -> WorkerProcess:
+        """Take worker ``w``, whose pipe closed, out of the pool (to be restarted) and count it.
+
+        Raises:
+            FeedlineError: it failed before its first word (its start: the same each time), or it
+                died more than ``most`` times.
+        """
         worker = self.procs[w]
         assert worker is not None
         worker.stop()
         self.procs[w] = None
+        code = worker.exitcode
+        if not worker.ready and code is not None and code > 0:  # an error before its first word, not a kill:
+            raise FeedlineError(f"the worker process of partitions {worker.owned} failed to start (exit code {code}; "
+                                f"its traceback is on stderr above). Usually: {MAIN_GUARD}")  # the same each time
+        self.restarts[w] += 1
+        if self.restarts[w] > most:
+            raise FeedlineError(
+                f"the worker process of partitions {worker.owned} died (exit code {code}) {self.restarts[w]} times; the "
+                "stream stops. Workers import the main module: a script that makes its Loader at import "
+                "time needs `if __name__ == '__main__':`; a worker killed for memory needs a lower parallel.prefetch, "
+                "smaller batches or fewer processes; one killed for silence (logged) a longer parallel.hang_timeout; "
+                "parallel: threads runs the partitions in this process")
         return worker
 
     def close(self) -> None:

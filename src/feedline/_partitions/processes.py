@@ -46,12 +46,11 @@ from feedline._core.cores import usable_cores
 from feedline._core.dataset import State
 from feedline._core.deferred import materialize
 from feedline._core.prefetch import Prefetch
-from feedline._partitions.launch import DEAD, MAIN_GUARD, WorkerProcess, pickled
+from feedline._partitions.launch import DEAD, pickled
 from feedline._partitions.placement import Make, Part, Placement
 from feedline._partitions.pool import WorkerPool
 from feedline._partitions.remote import with_remote
 from feedline._spec import ParallelSpec
-from feedline.errors import FeedlineError
 
 __all__ = ["MAX_RESTARTS", "ProcessPlacement"]
 
@@ -82,6 +81,14 @@ def warm_start(setting: bool | str, workers: int) -> bool:
     return usable_cores() >= workers + 2
 
 
+def _local(make: Make, p: int, prefetch: int, state: State | None) -> Prefetch:
+    """Partition ``p`` on a thread here, from ``state`` (detached: a handover never waits for it)."""
+    stage = Prefetch(lambda: iter(make(p)), prefetch, name=f"feedline-partition-{p}", detach=True)
+    if state is not None:
+        stage.set_state(materialize(state))
+    return stage
+
+
 class ProcessPlacement(Placement):
     """Partitions in worker processes, on threads here until each worker is ready (see the module docstring)."""
 
@@ -91,30 +98,29 @@ class ProcessPlacement(Placement):
         self.warm = warm_start(options.warm_start, self.workers)
         self.pool = WorkerPool(k, self.workers, options)   # (stops its workers when collected, if never closed)
         self._queues: list[deque[Any]] = [deque() for _ in range(k)]
-        self._taken: list[State | None] = [None] * k   # each partition's state after the last batch handed out
-        self._ended = [False] * k
-        self._end: list[State | None] = [None] * k   # each partition's state at its end (see end_state)
-        self._failed: list[BaseException | None] = [None] * k  # a partition's error, raised again when asked
-        self._mode = [_LOCAL] * k  # without warm_start, a partition waits for its worker
         self._local: list[Prefetch | None] = [None] * k
-        self._started = False  # the threads here started (at the first ask after a start or restore)
-        self._out = False      # a batch was handed out (warm start: until step 1 is out, only its partition runs)
-        self._gen = 0
-        self._owed = [0] * k   # batches taken since the partition's worker was last given credit
+        self._out = False   # a batch was handed out (warm start: until step 1 is out, only its partition runs)
+        self._gen = -1
+        self.restarts = self.pool.restarts   # each worker's restarts so far (deaths and silences)
+        self.pids = self.pool.pids           # the worker processes running now (for tests and monitoring)
         self._credit_every = max(1, options.prefetch // 2)
+        self._reset([None] * k)
 
-    def owner(self, p: int) -> int:
-        return self.pool.owner(p)
-
-    @property
-    def restarts(self) -> list[int]:
-        """Restarts of each worker so far (deaths and silences)."""
-        return self.pool.restarts
+    def _reset(self, states: list[State | None]) -> None:
+        """Every partition at ``states``, nothing of the last start kept (a new generation)."""
+        self._gen += 1
+        self._taken = list(states)   # each partition's state after the last batch handed out
+        self._ended = [False] * self.k
+        self._end: list[State | None] = [None] * self.k   # each partition's state at its end (see end_state)
+        self._failed: list[BaseException | None] = [None] * self.k  # a partition's error, raised again when asked
+        self._owed = [0] * self.k   # batches taken since the partition's worker was last given credit
+        self._mode = [_LOCAL] * self.k  # without warm_start, a partition waits for its worker
+        self._started = False  # the threads here started (at the first ask after a start or restore)
+        for p in range(self.k):
+            self._close_local(p)
+            self._queues[p].clear()
 
     # ----------------------------------------------------------------- workers
-    def _worker(self, w: int) -> WorkerProcess:
-        return self.pool.get(w)
-
     def _wait(self) -> None:
         """Handle the next message of any worker (waits for one, watching for silent workers)."""
         self._handle(*self.pool.wait())
@@ -156,7 +162,7 @@ class ProcessPlacement(Placement):
             raise self._failed[p]
 
     def _ready(self, w: int) -> None:
-        worker = self._worker(w)
+        worker = self.pool.get(w)
         worker.ready = True
         start = {}
         for p in worker.owned:
@@ -173,19 +179,7 @@ class ProcessPlacement(Placement):
         worker.send(("start", self._gen, start))
 
     def _restart(self, w: int) -> None:
-        worker = self.pool.remove(w)
-        code = worker.exitcode
-        if not worker.ready and code is not None and code > 0:  # an error before its first word, not a kill:
-            raise FeedlineError(f"the worker process of partitions {worker.owned} failed to start (exit code {code}; "
-                                f"its traceback is on stderr above). Usually: {MAIN_GUARD}")  # the same each time
-        self.restarts[w] += 1
-        if self.restarts[w] > MAX_RESTARTS:
-            raise FeedlineError(
-                f"the worker process of partitions {worker.owned} died (exit code {code}) {self.restarts[w]} times; the "
-                "stream stops. Workers import the main module: a script that makes its Loader at import "
-                "time needs `if __name__ == '__main__':`; a worker killed for memory needs a lower parallel.prefetch, "
-                "smaller batches or fewer processes; one killed for silence (logged) a longer parallel.hang_timeout; "
-                "parallel: threads runs the partitions in this process")
+        worker = self.pool.died(w, MAX_RESTARTS)
         for p in worker.owned:  # what it sent and was not taken is made again, here until the new worker is ready
             self._queues[p].clear()
             if self._mode[p] == _FINISHING:   # a thread finishing for the dead worker: a fresh one goes on
@@ -193,16 +187,13 @@ class ProcessPlacement(Placement):
             self._mode[p], self._owed[p] = _LOCAL, 0
             if self.warm and not self._ended[p]:
                 self._local_stage(p).start()
-        self._worker(w)
+        self.pool.get(w)
 
     # ----------------------------------------------------------------- local threads
     def _local_stage(self, p: int) -> Prefetch:
         stage = self._local[p]
         if stage is None:
-            stage = self._local[p] = Prefetch(lambda: iter(self.make(p)), self.options.prefetch,  # detach: a handover
-                                              name=f"feedline-partition-{p}", detach=True)  # never waits for it
-            if self._taken[p] is not None:
-                stage.set_state(materialize(self._taken[p]))
+            stage = self._local[p] = _local(self.make, p, self.options.prefetch, self._taken[p])
         return stage
 
     def _close_local(self, p: int) -> None:
@@ -221,29 +212,28 @@ class ProcessPlacement(Placement):
             self.pool.make_bytes = pickled(self.make)  # a spec that cannot go raises here, before anything starts
         if not self.warm:
             for v in range(self.workers):
-                self._worker(v)
+                self.pool.get(v)
         elif self._out and not self._started:
             self._start_rest()
         return self._next(p)
 
     def _start_rest(self) -> None:
-        """Warm start, at the first ask after step 1 is out (the partition asked first ran here
-        alone, and its batch went to the consumer without waiting for K - 1 pipelines to be built:
-        on few cores, they and K processes starting would slow it): every other partition here and
-        the workers, so none waits for its turn to start."""
+        """Warm start, at the first ask after step 1 is out (made by the partition asked first alone:
+        on few cores, K - 1 more pipelines and K processes starting would slow it): every other
+        partition here and the workers, so none waits for its turn to start."""
         self._started = True
         for q in range(self.k):
             if self._mode[q] != _WORKER and not self._ended[q]:
                 self._local_stage(q).start()
         for v in range(self.workers):
-            self._worker(v)
+            self.pool.get(v)
 
     def _next(self, p: int) -> tuple[Part, State] | None:
         self._drain()  # hears "ready"s, batches, deaths
-        w = self.owner(p)
+        w = self.pool.owner(p)
         while True:
             if not self.warm:
-                while not self._worker(w).ready:
+                while not self.pool.get(w).ready:
                     self._wait()
             if self._mode[p] != _WORKER:
                 return self._next_local(p)
@@ -259,7 +249,7 @@ class ProcessPlacement(Placement):
         self._taken[p] = state
         self._owed[p] += 1
         if self._owed[p] >= self._credit_every:  # credit in bulk: fewer messages, the worker stays ahead
-            self._worker(w).send(("credit", self._gen, p, self._owed[p]))
+            self.pool.get(w).send(("credit", self._gen, p, self._owed[p]))
             self._owed[p] = 0
         return batch, state
 
@@ -276,7 +266,7 @@ class ProcessPlacement(Placement):
             self._close_local(p)
             if stage.finished:   # every batch it made was handed out: its worker starts after the last
                 self._mode[p], self._owed[p] = _WORKER, 0
-                self._worker(self.owner(p)).send(("start", self._gen, {p: materialize(self._taken[p])}))
+                self.pool.get(self.pool.owner(p)).send(("start", self._gen, {p: materialize(self._taken[p])}))
                 return self._next(p)
             self._ended[p] = True
             self._end[p] = stage.end_state
@@ -288,18 +278,7 @@ class ProcessPlacement(Placement):
         return self._end[p]
 
     def set_states(self, states: list[State | None]) -> None:
-        self._gen += 1
-        self._started = False
-        self._taken = list(states)
-        self._ended = [False] * self.k
-        self._end = [None] * self.k
-        self._failed = [None] * self.k
-        self._owed = [0] * self.k
-        for q in self._queues:
-            q.clear()
-        for p in range(self.k):
-            self._close_local(p)
-            self._mode[p] = _LOCAL
+        self._reset(states)
         for worker in self.pool.procs:
             if worker is not None and worker.ready:
                 for p in worker.owned:
@@ -311,7 +290,3 @@ class ProcessPlacement(Placement):
         for p in range(self.k):
             self._close_local(p)
             self._queues[p].clear()
-
-    def pids(self) -> list[int]:
-        """The worker processes running now (for tests and monitoring)."""
-        return self.pool.pids()
