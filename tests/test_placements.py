@@ -323,6 +323,13 @@ USER_MAPS = textwrap.dedent("""
         if rec["text"].startswith("Document 1-5:"):
             raise KeyboardInterrupt
         return rec
+
+
+    def dawdle(rec):
+        if rec["text"].startswith("Document 1-5:"):
+            import time
+            time.sleep(4)
+        return rec
 """)
 
 
@@ -456,3 +463,24 @@ def test_warm_start_makes_no_batch_twice(corpus: str, small_tokenizer: str, monk
     want = collect(Loader(spec(corpus, small_tokenizer, 2, "threads", epochs=None)), limit=len(got))
     assert_batches_equal(want, got, "warm start handed over without making a batch twice")
     assert closed and all(made == out for made, out in closed), closed
+
+
+def test_a_worker_alive_but_stuck_in_its_pipeline_is_named_not_killed(
+        corpus: str, small_tokenizer: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Its heartbeat comes, so it is not silent; but the wait for its partition's batch is named
+    (a transform that does not return), and the stream goes on when it does."""
+    import re
+
+    user_maps(tmp_path, monkeypatch)
+    parallel = {"placement": "processes", "processes": 2, "prefetch": 2, "warm_start": False, "hang_timeout": 2}
+    loader = Loader(spec(corpus, small_tokenizer, 2, "processes", epochs=1, parallel=parallel,
+                         transforms=[{"map": "user_maps:dawdle"}]))
+    with caplog.at_level("WARNING", logger="feedline"):
+        got = collect(loader)
+    placement = runner(loader)
+    named = [m for m in (r.getMessage() for r in caplog.records) if "which is alive but sent none" in m]
+    assert named and re.search(r"a batch of partition [01] from its worker process \(pid \d+\)", named[0]), caplog.text
+    assert not any(placement.restarts)
+    assert_batches_equal(collect(Loader(spec(corpus, small_tokenizer, 2, "threads", epochs=1))), got, "after the wait")
+    loader.close()

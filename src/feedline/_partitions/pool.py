@@ -7,7 +7,8 @@ of a worker stopped since are dropped), and while it waits it watches the worker
 worker silent for a quarter of ``parallel.hang_timeout`` (at most 30 s) is named in a warning with
 its partitions and pid, and one silent for all of it is killed, so its pipe closes and the placement
 restarts it like one that died. Workers exit with the pool (:meth:`WorkerPool.close`), and with a
-pool dropped unclosed when it is collected.
+pool dropped unclosed when it is collected. A wait for one partition's batch that hears nothing for
+as long is named as well (the worker lives, its pipeline is slow or stuck: it is not killed).
 """
 
 from __future__ import annotations
@@ -61,13 +62,22 @@ class WorkerPool:
                                                    threads, self.inbox, self.beat)
         return worker
 
-    def wait(self) -> tuple[int, tuple[Any, ...]]:
-        """The next message of a worker in the pool, as ``(w, message)`` (waits, watching for silent workers)."""
+    def wait(self, p: int | None = None) -> tuple[int, tuple[Any, ...]]:
+        """The next message of a worker in the pool, as ``(w, message)`` (waits, watching for silent
+        workers; waiting for partition ``p``'s batch, a quarter of ``hang_timeout`` without any message
+        is named too, once per wait: its worker lives, but its pipeline is slow or stuck)."""
+        since, named = time.monotonic(), False
         while True:
             try:
                 worker, msg = self.inbox.get(timeout=self.beat)
             except queue.Empty:
                 self.watch()
+                waited = time.monotonic() - since
+                if p is not None and not named and waited >= min(self.options.hang_timeout / 4, 30.0):
+                    named, live = True, self.procs[self.owner(p)]
+                    log.warning("feedline: waited %.0f s for a batch of partition %d from its worker process (pid %s), "
+                                "which is alive but sent none: its pipeline is slow or stuck (a transform that never "
+                                "returns?)", waited, p, live.pid if live is not None else "-")
                 continue
             w = self.owner(worker.owned[0])
             if self.procs[w] is worker:  # else from a worker stopped since (restarted, closed)
@@ -84,14 +94,14 @@ class WorkerPool:
     def watch(self) -> None:
         """Name a worker silent for a quarter of ``hang_timeout`` (at most 30 s); kill one silent for
         all of it (restarted when its pipe closes). Before its first word a worker may take 4 times
-        as long (plus a minute): its start on a busy machine."""
+        as long (plus a minute; named after a quarter of that, at most 30 s): its start on a busy machine."""
         timeout, now = self.options.hang_timeout, time.monotonic()
         for worker in self.procs:
             if worker is None or worker.pid is None or worker.named < 0:
                 continue
             silent = now - worker.heard
             limit = timeout if worker.spoke else 4 * timeout + 60
-            if silent >= min(timeout / 4, 30.0) and worker.named != worker.heard:
+            if silent >= min(limit / 4, 30.0) and worker.named != worker.heard:
                 worker.named = worker.heard
                 log.warning("feedline: the worker process of partitions %s (pid %d) has said nothing for %.0f s "
                             "(stopped, or hung); it is killed and restarted from their states after %.0f s of silence "

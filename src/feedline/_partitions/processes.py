@@ -121,9 +121,9 @@ class ProcessPlacement(Placement):
             self._queues[p].clear()
 
     # ----------------------------------------------------------------- workers
-    def _wait(self) -> None:
-        """Handle the next message of any worker (waits for one, watching for silent workers)."""
-        self._handle(*self.pool.wait())
+    def _wait(self, p: int | None = None) -> None:
+        """Handle the next message of any worker (waits for one, watching for silent workers and for partition ``p``)."""
+        self._handle(*self.pool.wait(p))
 
     def _drain(self) -> None:
         """Handle every message already received from any worker (never waits)."""
@@ -238,7 +238,7 @@ class ProcessPlacement(Placement):
             if self._mode[p] != _WORKER:
                 return self._next_local(p)
             while not self._queues[p] and self._mode[p] == _WORKER:
-                self._wait()
+                self._wait(p)
             if self._mode[p] == _WORKER:
                 break  # else its worker died meanwhile: restarted, and here (warm start) until it is ready
         batch, state = self._queues[p].popleft()
