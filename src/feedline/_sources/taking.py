@@ -11,13 +11,13 @@ many records its next chunk holds, from the sizes of the current run, so a chunk
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from feedline._core.documents import ID_BYTES, TokenItems, TokenRecords, chunk_steps
 from feedline._core.record import Record, Rejection
 
-if TYPE_CHECKING:
-    from feedline._sources.source import FileSourceIterator
+# ``it`` below is the calling ``FileSourceIterator`` (typed ``Any``: naming it here would make an import cycle)
+FileSourceIterator = Any
 
 __all__ = ["chunk_plan", "take_batched"]
 
