@@ -177,3 +177,34 @@ def test_pickled_runs_carry_only_their_own_ids(sources: dict) -> None:
     assert len(data) < 8 * sum(len(r.data["input_ids"]) for r in got) + 4096
     back = pickle.loads(data)
     assert [(r.key, r.data["input_ids"].tolist()) for r in back] == [(r.key, r.data["input_ids"].tolist()) for r in got]
+
+
+@pytest.mark.parametrize("layout", ["parquet", "flat"])
+def test_clm_processes_runs_in_the_reading_thread(layout: str, sources: dict) -> None:
+    """A chunk of pre-tokenized runs is a copy for clm: no task thread is started for it (the hand-off
+    cost more than the copy)."""
+    import threading
+
+    with Loader(_spec(sources[layout], "concat")) as ld:
+        it = iter(ld)
+        for _ in range(20):
+            next(it)
+        assert not [t.name for t in threading.enumerate() if t.name.startswith("feedline-task")]
+
+
+def test_an_inline_run_raises_where_its_examples_are_taken(sources: dict) -> None:
+    """The runner processes a run at submit but keeps its error for ``result``, as a thread's future does."""
+    from feedline._tasks.map import ThreadRunner
+
+    class Broken:
+        inline_runs = True
+
+        def process_block(self, records: object) -> None:
+            raise ValueError("boom")
+
+    it = iter(Pipeline(Spec.load(_spec(sources["flat"], "pack"))).records())
+    runner = ThreadRunner(Broken(), 1)  # type: ignore[arg-type]
+    handle = runner.submit(it.take(10))
+    with pytest.raises(ValueError, match="boom"):
+        runner.result(handle, {})
+    assert runner.pool is None

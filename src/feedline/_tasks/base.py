@@ -93,6 +93,10 @@ class Task(ABC):
     #: Whether the task takes pre-tokenized records (``{"input_ids": int32 array}``, from the
     #: ``tokens``/``megatron``/``flat`` formats) as well as text.
     accepts_tokens: ClassVar[bool] = False
+    #: Whether :meth:`process_block` on a run of pre-tokenized records
+    #: (:class:`~feedline._core.documents.TokenRecords`) is a copy, cheaper than handing the chunk
+    #: to a thread: the task map's thread runner then processes such chunks in the reading thread.
+    inline_runs: ClassVar[bool] = False
     #: Whether the task reads each record whole (a chat conversation) rather than a text field: a
     #: source of the spec that writes no ``text:`` then keeps records whole, as ``text: null`` does.
     whole_records: ClassVar[bool] = False

@@ -72,6 +72,7 @@ class CausalLM(Task):
     kind = "clm"
     Options = CausalLMOptions
     accepts_tokens = True
+    inline_runs = True
 
     def process(self, records: Sequence[Record]) -> list[TaskOutput]:
         return self._block(records).outputs(len(records))  # type: ignore[return-value]
