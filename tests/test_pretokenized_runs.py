@@ -208,3 +208,26 @@ def test_an_inline_run_raises_where_its_examples_are_taken(sources: dict) -> Non
     with pytest.raises(ValueError, match="boom"):
         runner.result(handle, {})
     assert runner.pool is None
+
+
+@pytest.mark.parametrize(("dtype", "ids", "vocab", "ok"), [
+    (np.uint16, [0, 65535], None, True), (np.uint16, [0, 50257], 50257, False), (np.uint16, [0, 65535], 70000, True),
+    (np.int32, [-1, 5], None, False), (np.int32, [0, 5], 6, True), (np.int64, [0, 6], 6, False), (np.uint32, [9], 9, False)])
+def test_clm_checks_only_the_bounds_the_stored_dtype_leaves_open(dtype: type, ids: list[int], vocab: int | None,
+                                                                 ok: bool) -> None:
+    from feedline._tasks.clm import _in_range
+
+    stored = np.asarray(ids, dtype)
+    assert _in_range(stored.dtype, stored.astype(np.int32) if dtype != np.int64 else stored, vocab) is ok
+
+
+def test_a_run_with_an_id_past_the_vocabulary_is_rejected(tmp_path: Path, docs: list[np.ndarray]) -> None:
+    """uint16 ids from a flat file are checked against a tokenizer's vocabulary (GPT-2's 50,257 < 65,536)."""
+    flat = np.concatenate(docs[:200]).astype(np.uint16)
+    flat[int(np.sum([len(d) for d in docs[:50]])) + 2] = 60000  # inside document 50
+    flat.tofile(tmp_path / "bad.bin")
+    spec = _spec({"path": str(tmp_path / "bad.bin"), "format": "flat", "tokens": {"dtype": "uint16", "eos": EOS}},
+                 "concat", tokenizer=str(shared("tokenizers", "gpt2")))
+    with Loader(spec) as ld:
+        collect(ld)
+        assert ld.stats()["rejected"] == {"token_out_of_range": 1}

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -199,7 +199,7 @@ class CausalLM(Task):
         else:
             flat, starts = recs.ids[span[0]:span[1]].astype(np.int32), recs.starts - span[0]
         vocab = self.ctx.tokenizer.vocab_size if self.ctx.tokenizer is not None else None
-        if int(flat.min()) < 0 or (vocab is not None and int(flat.max()) >= vocab):
+        if not _in_range(recs.ids.dtype, flat, vocab):
             return None
         return _cut(recs.keys, np.arange(len(recs), dtype=np.int64), starts, lengths, opts.max_length,
                     opts.overflow == "truncate", flat, flat)
@@ -213,6 +213,21 @@ class CausalLM(Task):
         return self.reject(rec, "token_out_of_range",
                            f"ids {lo}..{hi}" + (f", vocabulary {vocab}" if vocab is not None else "") +
                            "; check the source's tokens.dtype and the tokenizer")
+
+
+def _in_range(stored: np.dtype[Any], ids: np.ndarray, vocab: int | None) -> bool:
+    """Whether ``ids`` (read from an array of dtype ``stored``) lie in ``[0, vocab)``; a bound the
+    stored dtype already guarantees (unsigned ids, a vocabulary above its largest value) is not
+    checked (a pass over the ids each).
+
+        >>> _in_range(np.dtype(np.uint16), np.array([7]), None), _in_range(np.dtype(np.int32), np.array([-1]), None)
+        (True, False)
+    """
+    if stored.kind != "u" and int(ids.min()) < 0:
+        return False
+    if vocab is None or (stored.kind in "ui" and int(np.iinfo(stored).max) < vocab):
+        return True
+    return int(ids.max()) < vocab
 
 
 def _cut(keys: np.ndarray, index: np.ndarray, starts: np.ndarray, lengths: np.ndarray, max_length: int | None,
