@@ -226,3 +226,12 @@ def test_to_loader_names_a_missing_text_field_in_one_line_with_or_without_functi
     assert e.value.reason == "missing_field" and e.value.path == files["jsonl"][0]
     with ds.filter(lambda r: True).to_loader(text="body", **opts) as loader:    # the fix it names works
         assert next(iter(loader))["input_ids"].shape[0] == 4
+
+
+def test_to_loader_suggests_the_field_holding_the_longest_text(files: dict, gpt2_path: str) -> None:
+    """With a short label beside the text (banking77 as JSON Lines), the hint names the text, not the first field."""
+    ds = (feedline.load_dataset("json", data_files=files["jsonl"], split="train").rename_column("text", "utterance")
+          .map(lambda r: {"label": "card_arrival"}))
+    with pytest.raises(RecordError, match=r"they have: label, utterance; .* e\.g\. to_loader\(text='utterance'\)"):
+        ds.to_loader(tokenizer=gpt2_path, task={"kind": "clm", "max_length": 64},
+                     batching={"strategy": "pad", "batch_size": 4})

@@ -74,8 +74,8 @@ def check_text_field(ds: Any, text: str | None) -> None:
         pass
     path = ds.root.files[first[0].key[0]] if first[0].key[0] < len(ds.root.files) else ""
     have = ", ".join(sorted(row)[:12]) or "no fields"
-    strings = [k for k in sorted(row) if isinstance(row[k], str) and row[k].strip()]
-    hint = f"to_loader(text={strings[0]!r})" if strings else "to_loader(text='field')"
+    strings = sorted((k for k in row if isinstance(row[k], str) and row[k].strip()), key=lambda k: -len(row[k]))
+    hint = f"to_loader(text={strings[0]!r})" if strings else "to_loader(text='field')"  # the longest text first
     raise RecordError(f"to_loader: the rows have no field {text!r}; they have: {have}; pass text= naming the "
                       f"field holding the text, e.g. {hint} (text=None keeps rows whole, for chat)",
                       path=path, reason="missing_field")
