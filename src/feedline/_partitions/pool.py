@@ -20,6 +20,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+from feedline._core import notices
 from feedline._core.cores import usable_cores
 from feedline._partitions.launch import MAIN_GUARD, WorkerProcess, context
 from feedline._spec import ParallelSpec
@@ -75,12 +76,17 @@ class WorkerPool:
                 waited = time.monotonic() - since
                 if p is not None and not named and waited >= min(self.options.hang_timeout / 4, 30.0):
                     named, live = True, self.procs[self.owner(p)]
-                    log.warning("feedline: waited %.0f s for a batch of partition %d from its worker process (pid %s), "
-                                "which is alive but sent none: its pipeline is slow or stuck (a transform that never "
-                                "returns?)", waited, p, live.pid if live is not None else "-")
+                    note = (f"waited {waited:.0f} s for a batch of partition {p} from its worker process (pid "
+                            f"{live.pid if live is not None else '-'}), which is alive but sent none: its pipeline is "
+                            "slow or stuck (a transform that never returns?)")
+                    notices.post((id(self), "wait", p), note)
+                    log.warning("feedline: %s", note)
                 continue
             w = self.owner(worker.owned[0])
             if self.procs[w] is worker:  # else from a worker stopped since (restarted, closed)
+                notices.clear((id(self), w))
+                if p is not None:
+                    notices.clear((id(self), "wait", p))
                 return w, msg
 
     def pending(self) -> Iterator[tuple[int, tuple[Any, ...]]]:
@@ -103,13 +109,17 @@ class WorkerPool:
             limit = timeout if worker.spoke else 4 * timeout + 60
             if silent >= min(limit / 4, 30.0) and worker.named != worker.heard:
                 worker.named = worker.heard
-                log.warning("feedline: the worker process of partitions %s (pid %d) has said nothing for %.0f s "
-                            "(stopped, or hung); it is killed and restarted from their states after %.0f s of silence "
-                            "(parallel.hang_timeout)", worker.owned, worker.pid, silent, limit)
+                note = (f"the worker process of partitions {worker.owned} (pid {worker.pid}) has said nothing for "
+                        f"{silent:.0f} s (stopped, or hung); it is killed and restarted from their states after "
+                        f"{limit:.0f} s of silence (parallel.hang_timeout)")
+                notices.post((id(self), self.owner(worker.owned[0])), note)
+                log.warning("feedline: %s", note)
             if silent >= limit:
                 worker.named = -1.0   # killed: once
-                log.warning("feedline: killing the worker process of partitions %s (pid %d), silent for %.0f s; "
-                            "restarting it from their states", worker.owned, worker.pid, silent)
+                note = (f"killed the worker process of partitions {worker.owned} (pid {worker.pid}), silent for "
+                        f"{silent:.0f} s; restarting it from their states")
+                notices.post((id(self), self.owner(worker.owned[0])), note)
+                log.warning("feedline: %s", note)
                 worker.kill()
 
     def died(self, w: int, most: int) -> WorkerProcess:
@@ -141,6 +151,7 @@ class WorkerPool:
         """Stop every worker: all told first, so they stop together."""
         running = [w for w in self.procs if w is not None]
         self.procs[:] = [None] * self.size
+        notices.clear_owner(id(self))
         for worker in running:
             worker.send(("stop",))
         for worker in running:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from feedline._core import notices
 from feedline._pipeline import Pipeline
 from feedline._service.delivery import Delivery
 from feedline._service.metrics import StreamCounters
@@ -130,12 +131,11 @@ class Dispatcher:
         op = h["op"]
         if op not in CLIENT_OPS:
             raise ProtocolError(f"unknown op {op!r:.40}; expected one of {sorted(CLIENT_OPS)}")
-        client = self.clients.get(ident)
-        if client is not None:
+        if (client := self.clients.get(ident)) is not None:
             client.last_seen = now
         if op == "ping" and client is not None:
-            # a stalled stream says why, so a client waiting for its next batch can tell its user
-            why = client.delivery.stall_reason
+            # a stalled stream (a full window, a silent worker) says why, so a waiting client can tell its user
+            why = client.delivery.stall_reason or notices.current()
             self.transport.send(ident, [pack("pong", stall=why) if why else pack("pong")])
         elif op == "stats":
             self.transport.send(ident, [pack("stats", stats=self.stats())])
