@@ -245,3 +245,20 @@ def test_bucket_keeps_vector_fields_whole(tmp_path, small_tokenizer: str) -> Non
     for b in feedline.Loader(spec):
         assert b["labels"].shape == (4, 3) and b["labels"].dtype.kind == "f"
         assert set(b["labels"].sum(axis=1).tolist()) == {1.0}
+
+
+@pytest.mark.parametrize("mean", [1, 3, 70, 1000])
+def test_span_indices_and_piece_positions_match_the_per_piece_definition(mean: int) -> None:
+    """``spans`` and ``_piece_positions`` built from arange and repeat (no cumulative sum) give, piece
+    by piece, ``starts[i] + 0..lengths[i]-1`` and ``0..lengths[i]-1``, empty pieces included."""
+    from feedline._batching.rows import _piece_positions
+    from feedline._core.block import spans
+
+    rng = np.random.default_rng(mean)
+    for n in (0, 1, 5, 64, 65, 400):
+        lengths = rng.integers(0, 2 * mean + 1, n)
+        starts = rng.integers(0, 10**9, n)
+        want = [s + k for s, m in zip(starts.tolist(), lengths.tolist(), strict=True) for k in range(m)]
+        assert spans(starts, lengths).tolist() == want
+        got = _piece_positions(lengths)
+        assert got.dtype == np.int32 and got.tolist() == [k for m in lengths.tolist() for k in range(m)]

@@ -189,21 +189,22 @@ class _RowFill:
 
 def _piece_positions(lengths: np.ndarray) -> np.ndarray:
     """Each token's index in its piece, pieces end to end (int32): a slice of ``0, 1, 2, ...`` per
-    piece for a few pieces; for many, one cumulative sum of ones that steps back to 0 at each
-    piece's first token (a slice per piece cost ~85 us for 320 pieces, the sum ~20 us).
+    piece for a few pieces; for many, each token's index in the batch less its piece's first
+    (one arange and one repeat: ~35 us for 234 pieces of a 16 K-token batch, where a slice per piece
+    cost ~85 us for 320 pieces and a cumulative sum of steps ~165 us on this 2-core machine).
 
         >>> _piece_positions(np.array([3, 0, 2, 1])).tolist()
         [0, 1, 2, 0, 1, 0]
+        >>> _piece_positions(np.array([2, 0, 1] * 40)).tolist()[:6]
+        [0, 1, 0, 0, 1, 0]
     """
     if len(lengths) <= _SLICES_UP_TO and int(lengths.max(initial=0)) <= len(_COUNTING):
         return np.concatenate([_COUNTING[:k] for k in lengths.tolist()]) if len(lengths) else _COUNTING[:0].copy()
-    lengths = lengths[lengths > 0]
-    out = np.ones(int(lengths.sum()), dtype=np.int32)
-    if len(out):
-        out[0] = 0
-        out[exclusive_cumsum(lengths)[1:]] = 1 - lengths[:-1]
-        np.cumsum(out, out=out)
-    return out
+    total = int(lengths.sum())
+    kind = np.int32 if total < 1 << 31 else np.int64
+    out = np.arange(total, dtype=kind)
+    out -= np.repeat(exclusive_cumsum(lengths).astype(kind), lengths)
+    return out.astype(np.int32, copy=False)
 
 
 #: Up to this many pieces a batch's positions are slices of :data:`_COUNTING`.

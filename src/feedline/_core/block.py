@@ -57,16 +57,12 @@ def spans(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         [9, 10, 1]
     """
     lengths, starts = np.asarray(lengths, dtype=np.int64), np.asarray(starts, dtype=np.int64)
-    if not lengths.all():  # an empty span has no index (and would share its place with the next)
-        keep = lengths > 0
-        starts, lengths = starts[keep], lengths[keep]
-    # One cumulative sum of steps: +1 inside a span, a jump to the next span's start between them
-    # (a third of the time of repeat + arange on a batch of short pieces).
-    step = np.ones(int(lengths.sum()), dtype=np.int64)
-    if len(step):
-        step[0] = starts[0]
-        step[exclusive_cumsum(lengths)[1:]] = starts[1:] - starts[:-1] - lengths[:-1] + 1
-    return np.cumsum(step, out=step)
+    # Each place's index in the batch plus its span's shift (an empty span repeats nothing): numpy's
+    # repeat and arange run at memory speed where a cumulative sum does not (numpy 2.4, 16 K
+    # indices in spans of ~70: ~45 us against ~145 us for one cumulative sum of steps).
+    out = np.arange(int(lengths.sum()), dtype=np.int64)
+    out += np.repeat(starts - exclusive_cumsum(lengths), lengths)
+    return out
 
 
 #: Average span length from which :func:`gather_spans` copies slices instead of building an index.
