@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -264,7 +266,8 @@ class PackIterator(DatasetIterator[Batch]):
 
     def _own_snapshot(self) -> State:
         window, taken = self._window_rows(), self._taken
-        return {"ready": Deferred(functools.partial(window.ready_state, taken)), "open": Deferred(window.open_state),
+        return {"ready": Deferred(functools.partial(window.ready_state, taken), ship=True),
+                "open": Deferred(window.open_state, ship=True),
                 "stats": self.stats.get_state()}
 
     def restore(self, own: Mapping[str, Any]) -> None:
@@ -304,9 +307,10 @@ class _WindowRows:
     """The rows a window left, from parts nobody changes again: the closed rows (a closed row is
     never appended to), copies of the open ones, and the pool's id and ref tables (the pool
     replaces them, never writes into them). Their refs are looked up and packed once, when a
-    state is first read."""
+    state is first read. Pickled (a partition worker's snapshot) as those parts, unpacked: the
+    reading process packs them, once per window however many of its states arrive (``_arrived``)."""
 
-    __slots__ = ("_ids", "_open", "_packed", "_ready", "_refs")
+    __slots__ = ("__weakref__", "_flat", "_ids", "_key", "_open", "_packed", "_ready", "_refs", "_wire")
 
     def __init__(self, ready: Sequence[list[int]], open_rows: Sequence[list[int]], pool: PiecePool | None) -> None:
         self._ready, self._open = list(ready), [list(r) for r in open_rows]
@@ -314,6 +318,9 @@ class _WindowRows:
         self._ids: np.ndarray = tables[0]
         self._refs: np.ndarray = tables[1]
         self._packed: tuple[Any, Any] | None = None
+        self._flat: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._key: bytes | None = None
+        self._wire: Any = None
 
     @classmethod
     def restored(cls, ready: Any, open_rows: Any) -> _WindowRows:
@@ -322,13 +329,19 @@ class _WindowRows:
         window._packed = (materialize(ready), materialize(open_rows))
         return window
 
+    def flat(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The ready rows' lengths, the open rows' lengths and the ids of both, in order."""
+        if self._flat is None:
+            ready, open_rows = self._ready, self._open
+            self._flat = (np.fromiter((len(row) for row in ready), dtype=np.int64, count=len(ready)),
+                          np.fromiter((len(r) for r in open_rows), dtype=np.int64, count=len(open_rows)),
+                          np.fromiter(itertools.chain.from_iterable(itertools.chain(ready, open_rows)), dtype=np.int64))
+        return self._flat
+
     def packed(self) -> tuple[Any, Any]:
         """The packed ready rows and open rows."""
         if self._packed is None:
-            ready, open_rows = self._ready, self._open
-            lengths = np.fromiter((len(row) for row in ready), dtype=np.int64, count=len(ready))
-            open_lengths = np.fromiter((len(r) for r in open_rows), dtype=np.int64, count=len(open_rows))
-            ids = np.fromiter(itertools.chain.from_iterable(itertools.chain(ready, open_rows)), dtype=np.int64)
+            lengths, open_lengths, ids = self.flat()
             refs = lookup_refs(self._ids, self._refs, ids)
             n = int(lengths.sum())
             self._packed = (pack_ragged_array(lengths, refs[:n]), pack_ragged_array(open_lengths, refs[n:]))
@@ -340,6 +353,33 @@ class _WindowRows:
 
     def open_state(self) -> Any:
         return self.packed()[1]
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        if self._key is None:   # names this window to the receiver, whatever process it came from
+            self._key, self._wire = os.urandom(16), self._packed
+        if self._wire is None:   # one array (one buffer out of band), made once per window
+            lengths, open_lengths, ids = self.flat()
+            self._wire = np.concatenate([np.array([len(lengths), len(open_lengths), len(ids)]), lengths, open_lengths,
+                                         ids, self._ids, self._refs.ravel()])
+        return _arrived, (self._key, self._wire)
+
+
+_WINDOWS: weakref.WeakValueDictionary[bytes, _WindowRows] = weakref.WeakValueDictionary()
+
+
+def _arrived(key: bytes, wire: Any) -> _WindowRows:
+    """A pickled window (its packed rows, or its parts as one array): the one here under ``key``
+    while any state holds it, else a new one."""
+    window = _WINDOWS.get(key)
+    if window is None:
+        window = _WINDOWS[key] = _WindowRows([], [], None)
+        window._key, window._wire, window._packed = key, wire, None if isinstance(wire, np.ndarray) else wire
+        if window._packed is None:
+            at = np.cumsum([3, *wire[:3].tolist()])
+            window._flat = (wire[at[0]:at[1]], wire[at[1]:at[2]], wire[at[2]:at[3]])
+            table = wire[at[3]:]
+            window._ids, window._refs = table[:len(table) // 7], table[len(table) // 7:].reshape(-1, 6)
+    return window
 
 
 def _ready_rows(obj: Any) -> list[list[list[int]]]:

@@ -16,11 +16,23 @@ caller asks for (``Loader.state_dict()``), so a run that checkpoints every thous
 for a thousand times fewer states.
 
 A snapshot pickles as the state it stands for (each deferred value computed and pickled in the
-same pass, no deep copy first): a partition worker sends each batch's state so, serialised once::
+same pass, no deep copy first)::
 
     >>> import pickle
     >>> pickle.loads(pickle.dumps(snap))
     {'step': 3, 'pipeline': {'ready': [1, 2]}}
+
+A value made with ``ship=True`` pickles as itself, still pending: its function and the data it
+reads travel instead, and the receiver computes it when (and if) its state is read. A partition
+worker sends each batch's snapshot so, and the pack state's packing (lookups, zlib) is done only
+by the process that reads a state (issue 34)::
+
+    >>> from functools import partial
+    >>> got = pickle.loads(pickle.dumps({"ready": Deferred(partial(sorted, [2, 1]), ship=True)}))
+    >>> got
+    {'ready': Deferred(pending)}
+    >>> materialize(got)
+    {'ready': [1, 2]}
 """
 
 from __future__ import annotations
@@ -32,12 +44,14 @@ __all__ = ["Deferred", "materialize"]
 
 
 class Deferred:
-    """A state value computed by ``fn()`` when the state is materialized (at most once)."""
+    """A state value computed by ``fn()`` when the state is materialized (at most once); with
+    ``ship``, pickled pending (``fn`` must pickle) where it would be computed first."""
 
-    __slots__ = ("_fn", "_value")
+    __slots__ = ("_fn", "_ship", "_value")
 
-    def __init__(self, fn: Callable[[], Any]) -> None:
+    def __init__(self, fn: Callable[[], Any], ship: bool = False) -> None:
         self._fn: Callable[[], Any] | None = fn
+        self._ship = ship
         self._value: Any = None
 
     def __call__(self) -> Any:
@@ -54,7 +68,10 @@ class Deferred:
     def __repr__(self) -> str:
         return "Deferred(computed)" if self._fn is None else "Deferred(pending)"
 
-    def __reduce__(self) -> tuple[Callable[[Any], Any], tuple[Any]]:
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        fn = self._fn
+        if self._ship and fn is not None:
+            return Deferred, (fn, True)   # computed where it is read
         return _value, (self(),)   # unpickled as its value: a pickled snapshot is a plain state
 
 
