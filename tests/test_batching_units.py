@@ -252,7 +252,7 @@ def test_span_indices_and_piece_positions_match_the_per_piece_definition(mean: i
     """``spans`` and ``_piece_positions`` built from arange and repeat (no cumulative sum) give, piece
     by piece, ``starts[i] + 0..lengths[i]-1`` and ``0..lengths[i]-1``, empty pieces included."""
     from feedline._batching.rows import _piece_positions
-    from feedline._core.block import spans
+    from feedline._core.block import gather_spans, spans
 
     rng = np.random.default_rng(mean)
     for n in (0, 1, 5, 64, 65, 400):
@@ -262,3 +262,6 @@ def test_span_indices_and_piece_positions_match_the_per_piece_definition(mean: i
         assert spans(starts, lengths).tolist() == want
         got = _piece_positions(lengths)
         assert got.dtype == np.int32 and got.tolist() == [k for m in lengths.tolist() for k in range(m)]
+        buf = np.arange(5000 + 2 * mean, dtype=np.int64) * 7  # gathered as slices or through an index
+        starts %= 5000
+        assert gather_spans(buf, starts, lengths).tolist() == buf[spans(starts, lengths)].tolist()
