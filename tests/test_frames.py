@@ -146,16 +146,23 @@ def test_a_pack_snapshot_crosses_unpacked_and_is_packed_once_per_window_where_re
     nothing: a snapshot crosses as the window's parts, and the process that reads a state packs
     them, once per window however many of its batches' states arrived. Its states are the sender's
     exactly. On the old code the worker packed every window it sent a state of."""
+    import collections
+    import contextlib
+    import gc
+    import importlib
     import json
+    import pickle
 
-    from feedline import Spec
+    from feedline import Spec, StateError
     from feedline._batching import pack
+    from feedline._core import deferred
     from feedline._core.deferred import materialize
     from feedline._pipeline import Pipeline
 
     packs = []
-    real = pack.pack_ragged_array
-    monkeypatch.setattr(pack, "pack_ragged_array", lambda *a: packs.append(1) or real(*a))
+    where = pack if hasattr(pack, "pack_ragged_array") else importlib.import_module("feedline._batching.packwindow")
+    real = where.pack_ragged_array
+    monkeypatch.setattr(where, "pack_ragged_array", lambda *a: packs.append(1) or real(*a))
     spec = Spec.load({"sources": [corpus], "tokenizer": small_tokenizer, "seed": 3, "shuffle": {"buffer": 50},
                       "task": {"kind": "clm", "max_length": 64},
                       "batching": {"strategy": "pack", "batch_size": 2, "window": 40, "open_bins": 8}})
@@ -169,8 +176,31 @@ def test_a_pack_snapshot_crosses_unpacked_and_is_packed_once_per_window_where_re
     got = [reader.recv()[4] for _ in snaps]   # held, as the parent holds the states it was sent
     t.join(timeout=30)
     assert packs == []
+    # a window goes whole once per stream (the socket above): a later batch of it carries its key
+    # only; pickled outside a stream, every state carries its window
+    def buffers(stream: bool) -> list[int]:
+        counts = []
+        with deferred.shipping(collections.OrderedDict()) if stream else contextlib.nullcontext():
+            for snap in snaps:
+                out: list[pickle.PickleBuffer] = []
+                pickle.dumps(snap, protocol=5, buffer_callback=out.append)
+                counts.append(len(out))
+        return counts
+
+    alone, streamed = buffers(False), buffers(True)
+    assert alone == [1] * len(snaps) and 0 < sum(streamed) < len(snaps) // 2
+    later = streamed.index(0)
+    with deferred.shipping(collections.OrderedDict()):
+        pickle.dumps(snaps[later - 1], protocol=5, buffer_callback=lambda b: None)
+        orphan = pickle.dumps(snaps[later], protocol=5)
     states = [json.dumps(materialize(s)) for s in got]
-    assert 0 < len(packs) <= len(snaps) // 2, len(packs)   # two per window (ready and open rows), not per state
+    assert len(packs) == 2 * sum(streamed)   # two per window (ready and open rows), not per state
     assert states == [json.dumps(materialize(s)) for s in snaps]
+    # a receiver that dropped the message carrying the window (one from before a restore) drops
+    # the later ones too; reading such a state says why it cannot be
+    del got
+    gc.collect()
+    with pytest.raises(StateError, match="dropped"):
+        materialize(pickle.loads(orphan))
     writer.close()
     reader.close()

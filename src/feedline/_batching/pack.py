@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -39,12 +37,13 @@ import numpy as np
 from feedline._batching.base import Batch, Batcher, FillStats
 from feedline._batching.bestfit import BestFitPacker
 from feedline._batching.compact import CompactBatch
-from feedline._batching.pieces import PiecePool, lookup_refs
+from feedline._batching.packwindow import WindowRows
+from feedline._batching.pieces import PiecePool
 from feedline._batching.rows import Attention, Piece, piece_of, token_fields
 from feedline._core.block import ExampleBlock, exclusive_cumsum
 from feedline._core.dataset import DatasetIterator, State
 from feedline._core.deferred import Deferred, materialize
-from feedline._core.packed import pack_ragged_array, unpack_ragged
+from feedline._core.packed import unpack_ragged
 from feedline._core.record import Example
 from feedline.errors import SpecError, StateError
 
@@ -151,7 +150,7 @@ class PackIterator(DatasetIterator[Batch]):
         self.pool = PiecePool()
         self.exhausted = False
         self.stats = FillStats()
-        self._window: _WindowRows | None = None  # the rows as of the last window (see _window_rows)
+        self._window: WindowRows | None = None  # the rows as of the last window (see _window_rows)
         self._taken = 0  # ready rows delivered since _window was taken
 
     def _new_packer(self) -> BestFitPacker[int]:
@@ -250,10 +249,10 @@ class PackIterator(DatasetIterator[Batch]):
         self.stats.slots += len(rows) * self.max_length
         return batch
 
-    def _window_rows(self) -> _WindowRows:
+    def _window_rows(self) -> WindowRows:
         """The ready and open rows as of the last window (taken at the first state after it)."""
         if self._window is None:
-            self._window, self._taken = _WindowRows(self.packer.ready, self.packer.open_contents(), self.pool), 0
+            self._window, self._taken = WindowRows(self.packer.ready, self.packer.open_contents(), self.pool), 0
         return self._window
 
     def own_state(self) -> State:
@@ -300,86 +299,7 @@ class PackIterator(DatasetIterator[Batch]):
         self.stats = FillStats.from_state(stats)
         self._keep()
         if isinstance(own["ready"], dict) and "skip" in own["ready"]:  # the saved window: the same states follow
-            self._window, self._taken = _WindowRows.restored(own["ready"]["rows"], own["open"]), own["ready"]["skip"]
-
-
-class _WindowRows:
-    """The rows a window left, from parts nobody changes again: the closed rows (a closed row is
-    never appended to), copies of the open ones, and the pool's id and ref tables (the pool
-    replaces them, never writes into them). Their refs are looked up and packed once, when a
-    state is first read. Pickled (a partition worker's snapshot) as those parts, unpacked: the
-    reading process packs them, once per window however many of its states arrive (``_arrived``)."""
-
-    __slots__ = ("__weakref__", "_flat", "_ids", "_key", "_open", "_packed", "_ready", "_refs", "_wire")
-
-    def __init__(self, ready: Sequence[list[int]], open_rows: Sequence[list[int]], pool: PiecePool | None) -> None:
-        self._ready, self._open = list(ready), [list(r) for r in open_rows]
-        tables = pool.ref_table() if pool is not None else (np.zeros(0, np.int64), np.zeros((0, 6), np.int64))
-        self._ids: np.ndarray = tables[0]
-        self._refs: np.ndarray = tables[1]
-        self._packed: tuple[Any, Any] | None = None
-        self._flat: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        self._key: bytes | None = None
-        self._wire: Any = None
-
-    @classmethod
-    def restored(cls, ready: Any, open_rows: Any) -> _WindowRows:
-        """The window a restored state names (its packed rows as they were saved)."""
-        window = cls([], [], None)
-        window._packed = (materialize(ready), materialize(open_rows))
-        return window
-
-    def flat(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The ready rows' lengths, the open rows' lengths and the ids of both, in order."""
-        if self._flat is None:
-            ready, open_rows = self._ready, self._open
-            self._flat = (np.fromiter((len(row) for row in ready), dtype=np.int64, count=len(ready)),
-                          np.fromiter((len(r) for r in open_rows), dtype=np.int64, count=len(open_rows)),
-                          np.fromiter(itertools.chain.from_iterable(itertools.chain(ready, open_rows)), dtype=np.int64))
-        return self._flat
-
-    def packed(self) -> tuple[Any, Any]:
-        """The packed ready rows and open rows."""
-        if self._packed is None:
-            lengths, open_lengths, ids = self.flat()
-            refs = lookup_refs(self._ids, self._refs, ids)
-            n = int(lengths.sum())
-            self._packed = (pack_ragged_array(lengths, refs[:n]), pack_ragged_array(open_lengths, refs[n:]))
-        return self._packed
-
-    def ready_state(self, taken: int) -> Any:
-        """The window's ready rows and how many of them were delivered since."""
-        return {"rows": self.packed()[0], "skip": taken}
-
-    def open_state(self) -> Any:
-        return self.packed()[1]
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        if self._key is None:   # names this window to the receiver, whatever process it came from
-            self._key, self._wire = os.urandom(16), self._packed
-        if self._wire is None:   # one array (one buffer out of band), made once per window
-            lengths, open_lengths, ids = self.flat()
-            self._wire = np.concatenate([np.array([len(lengths), len(open_lengths), len(ids)]), lengths, open_lengths,
-                                         ids, self._ids, self._refs.ravel()])
-        return _arrived, (self._key, self._wire)
-
-
-_WINDOWS: weakref.WeakValueDictionary[bytes, _WindowRows] = weakref.WeakValueDictionary()
-
-
-def _arrived(key: bytes, wire: Any) -> _WindowRows:
-    """A pickled window (its packed rows, or its parts as one array): the one here under ``key``
-    while any state holds it, else a new one."""
-    window = _WINDOWS.get(key)
-    if window is None:
-        window = _WINDOWS[key] = _WindowRows([], [], None)
-        window._key, window._wire, window._packed = key, wire, None if isinstance(wire, np.ndarray) else wire
-        if window._packed is None:
-            at = np.cumsum([3, *wire[:3].tolist()])
-            window._flat = (wire[at[0]:at[1]], wire[at[1]:at[2]], wire[at[2]:at[3]])
-            table = wire[at[3]:]
-            window._ids, window._refs = table[:len(table) // 7], table[len(table) // 7:].reshape(-1, 6)
-    return window
+            self._window, self._taken = WindowRows.restored(own["ready"]["rows"], own["open"]), own["ready"]["skip"]
 
 
 def _ready_rows(obj: Any) -> list[list[list[int]]]:

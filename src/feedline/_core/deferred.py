@@ -37,10 +37,17 @@ by the process that reads a state (issue 34)::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["Deferred", "materialize"]
+__all__ = ["Deferred", "arrived", "materialize", "sent_before", "shipping"]
+
+_stream = threading.local()
+#: The values one stream's ends keep by key (the oldest forgotten first: sent again, whole).
+KEEP_SENT = 32
 
 
 class Deferred:
@@ -94,3 +101,45 @@ def materialize(state: Any) -> Any:
     if kind is list:
         return [materialize(v) for v in state]
     return state
+
+
+@contextlib.contextmanager
+def shipping(kept: OrderedDict[bytes, Any]) -> Iterator[None]:
+    """Pickle or unpickle, in this thread, one ordered stream (``kept`` is its end's memory): a value
+    pickled by key (:func:`sent_before`, :func:`arrived`) goes whole only while the other end does
+    not keep it. Both ends keep the last :data:`KEEP_SENT` keys in the same order, so they agree."""
+    _stream.kept = kept
+    try:
+        yield
+    finally:
+        _stream.kept = None
+
+
+def _note(kept: OrderedDict[bytes, Any], key: bytes, value: Any) -> None:
+    kept[key] = value
+    kept.move_to_end(key)
+    if len(kept) > KEEP_SENT:
+        kept.popitem(last=False)
+
+
+def sent_before(key: bytes) -> bool:
+    """Whether the stream being pickled for (see :func:`shipping`) carried ``key`` lately and its
+    receiver keeps it; notes it as carried. Outside :func:`shipping`, never."""
+    kept = getattr(_stream, "kept", None)
+    if kept is None:
+        return False
+    known = key in kept
+    _note(kept, key, None)
+    return known
+
+
+def arrived(key: bytes, value: Any) -> Any:
+    """The receiving end of :func:`sent_before`: ``value`` when it came whole (kept under ``key``),
+    else the value kept under ``key`` (``None``: unknown, outside a stream)."""
+    kept = getattr(_stream, "kept", None)
+    if kept is None:
+        return value
+    if value is None:
+        value = kept.get(key)
+    _note(kept, key, value)
+    return value

@@ -28,10 +28,13 @@ import os
 import pickle
 import socket
 import struct
+from collections import OrderedDict
 from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
+
+from feedline._core.deferred import shipping
 
 __all__ = ["FrameReader", "FrameWriter"]
 
@@ -61,6 +64,7 @@ class FrameWriter:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.sock = _socket_of(conn)
+        self.sent: OrderedDict[bytes, Any] = OrderedDict()   # what went whole lately (a pack window: see shipping)
 
     def send(self, msg: Any) -> None:
         """Write ``msg``; its contiguous arrays go after the header as they are.
@@ -69,10 +73,12 @@ class FrameWriter:
             OSError: the parent is gone (a broken pipe).
         """
         if self.sock is None:
-            self.conn.send(msg)
+            with shipping(self.sent):
+                self.conn.send(msg)
             return
         buffers: list[pickle.PickleBuffer] = []
-        header = pickle.dumps(msg, protocol=5, buffer_callback=buffers.append)
+        with shipping(self.sent):
+            header = pickle.dumps(msg, protocol=5, buffer_callback=buffers.append)
         views = [b.raw() for b in buffers]
         sizes = b"".join(_SIZE.pack(v.nbytes) for v in views)
         self.sock.sendall(_PREFIX.pack(len(views), len(header)) + sizes + header)
@@ -90,6 +96,7 @@ class FrameReader:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.sock = _socket_of(conn)
+        self.kept: OrderedDict[bytes, Any] = OrderedDict()   # what came whole lately (see FrameWriter.sent)
 
     def recv(self) -> Any:
         """The next message.
@@ -98,6 +105,10 @@ class FrameReader:
             EOFError: the worker closed its end (exited or died), also in the middle of a message.
             OSError: the pipe failed.
         """
+        with shipping(self.kept):
+            return self._recv()
+
+    def _recv(self) -> Any:
         if self.sock is None:
             return self.conn.recv()
         count, header_size = _PREFIX.unpack(self._read(_PREFIX.size))
