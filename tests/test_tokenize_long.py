@@ -59,7 +59,11 @@ spec = {"sources": [sys.argv[1]], "tokenizer": {"path": sys.argv[2], "backend": 
         "task": {"kind": "clm", "max_length": 1024}, "batching": {"strategy": "pack", "batch_size": 8}}
 with feedline.Loader(spec) as loader:
     tokens = sum(int(b["attention_mask"].sum()) if "attention_mask" in b else b["input_ids"].size for b in loader)
-print(json.dumps({"tokens": tokens, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+# VmHWM: this program's own peak (ru_maxrss keeps the parent's RSS at the fork across exec on Linux, so a
+# test worker grown to 2.4 GB made the child report 2.4 GB whatever it used)
+hwm = [line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:")]
+peak_kb = int(hwm[0]) if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"tokens": tokens, "peak_mb": peak_kb / 1024}))
 """
 
 
