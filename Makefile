@@ -31,11 +31,11 @@ demo: $(DEMO_STAMP)
 	@$(BIN)/feedline demo $(ARGS)
 
 test: $(TEST_STAMP)
-	@$(BIN)/python -m pytest -q -n $(JOBS) $(ARGS)
+	@$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup $(ARGS)
 
 # The inner loop: everything but the tests marked slow (real clusters, long streams, full trainers).
 test-fast: $(TEST_STAMP)
-	@$(BIN)/python -m pytest -q -n $(JOBS) -m "not slow" $(ARGS)
+	@$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup -m "not slow" $(ARGS)
 
 lint: $(TEST_STAMP)
 	@$(BIN)/ruff check src tests bench

@@ -32,6 +32,7 @@ def _deferred(start_after: int) -> tuple[VerifiedEncoder, list[int]]:
     return VerifiedEncoder(HfEncoder(tok.backend), None, strict=False, label="gpt2", start=start, start_after=start_after), started
 
 
+@pytest.mark.slow
 def test_a_held_check_starts_at_release_and_not_before() -> None:
     enc, started = _deferred(start_after=10)
     enc.hold()
@@ -113,6 +114,7 @@ def _prose(n: int) -> list[str]:
     return [json.loads(line)["text"] for line in lines[:n]]
 
 
+@pytest.mark.slow
 def test_a_check_that_passes_mid_call_takes_the_rest_of_the_call() -> None:
     """Before the check passes, tokenizers encodes a slice at a time; the texts after the slice where
     it passed go to fastokens (here with no window), and the ids are those of tokenizers."""
@@ -153,6 +155,7 @@ def test_a_running_check_is_waited_for_once_then_tokenizers_goes_on(monkeypatch:
     assert time.monotonic() - t0 < 20  # a wait would take the whole 30 s
 
 
+@pytest.mark.slow
 def test_every_thread_switches_as_soon_as_another_resolved_the_check() -> None:
     """Thread B is inside a call, encoding slices with tokenizers, when thread A finds the check done
     and resolves it: B's next slice goes to the fast encoder too (it used to finish the whole call,

@@ -37,6 +37,7 @@ def _ids(encoder: Any, texts: list[str]) -> list[list[int]]:
     return [a.tolist() for a in encoder.encode_batch(texts)]
 
 
+@pytest.mark.slow
 def test_a_file_tokenizer_is_keyed_and_checked_from_its_file() -> None:
     path = str(shared("tokenizers", "gpt2", "tokenizer.json"))
     tok = Tokenizer.from_file(path)
@@ -48,6 +49,7 @@ def test_a_file_tokenizer_is_keyed_and_checked_from_its_file() -> None:
     assert _ids(verdict.fast, TEXTS) == _ids(backends.HfEncoder(tok.backend), TEXTS)
 
 
+@pytest.mark.slow
 def test_a_file_with_padding_and_truncation_is_loaded_without_them(tmp_path: Any) -> None:
     """feedline turns both off on the tokenizers side; fastokens read from the file must match."""
     import tokenizers
@@ -67,6 +69,7 @@ def test_a_file_with_padding_and_truncation_is_loaded_without_them(tmp_path: Any
     assert max(len(ids) for ids in got) > 16  # neither truncated nor padded
 
 
+@pytest.mark.slow
 def test_a_tokenizer_changed_after_loading_is_keyed_by_its_json() -> None:
     path = str(shared("tokenizers", "gpt2", "tokenizer.json"))
     tok = Tokenizer.from_file(path)

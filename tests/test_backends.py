@@ -139,6 +139,7 @@ def divergent(tmp_path_factory: pytest.TempPathFactory) -> tuple[Tokenizer, Fast
     return tok, FastEncoder(fastokens.Tokenizer.from_json_str(json.dumps(data)))
 
 
+@pytest.mark.slow
 def test_divergence_in_the_window_falls_back_under_auto(divergent: tuple[Tokenizer, FastEncoder],
                                                         caplog: pytest.LogCaptureFixture) -> None:
     tok, fast = divergent
@@ -218,6 +219,7 @@ except MissingDependency as e:
 """
 
 
+@pytest.mark.slow
 def test_everything_works_without_fastokens(gpt2_path: str) -> None:
     corpus = str(shared("prose", "wiki_demo.txt"))
     spec = _spec(gpt2_path, "auto", corpus)
@@ -251,6 +253,7 @@ def test_auto_checks_in_the_background_without_changing_ids(gpt2_path: str) -> N
         assert a.tolist() == b.tolist() == c.tolist()
 
 
+@pytest.mark.slow
 def test_a_process_may_exit_while_the_check_runs(gpt2_path: str) -> None:
     """Exiting right after the first batch, with the background check still inside fastokens' Rust
     code, must exit cleanly (a daemon thread there made the process abort)."""
@@ -274,6 +277,7 @@ def test_a_process_may_exit_while_the_check_runs(gpt2_path: str) -> None:
     assert "check started: True" in r.stdout, r.stdout  # the exit really raced the check
 
 
+@pytest.mark.slow
 def test_pickled_tokenizer_keeps_its_backend(gpt2_path: str) -> None:
     """Ray workers receive the tokenizer pickled: they encode with the same (re-verified) backend."""
     view = with_backend(load_tokenizer(gpt2_path), "auto")
@@ -285,6 +289,7 @@ def test_pickled_tokenizer_keeps_its_backend(gpt2_path: str) -> None:
     assert plain.encoder.name == "hf"
 
 
+@pytest.mark.slow
 def test_fast_encoder_gives_int32_ids() -> None:
     enc = FastEncoder(fastokens.Tokenizer.from_file(str(shared("tokenizers", "gpt2", "tokenizer.json"))))
     out = enc.encode_batch(["Hello world! <|endoftext|>", ""])

@@ -133,6 +133,7 @@ def test_pack_caps_documents_per_row(texts: dict[str, str]) -> None:
     assert all(((b["seq_lens"] > 0).sum(axis=1) <= 2).all() for b in batches)
 
 
+@pytest.mark.slow
 def test_pack_resumes_exactly_with_open_bins(texts: dict[str, str]) -> None:
     s = spec(texts["c4"], window=30, open_bins=8, batch_size=4)
     loader = Loader(s)
@@ -144,6 +145,7 @@ def test_pack_resumes_exactly_with_open_bins(texts: dict[str, str]) -> None:
     assert assert_resumes_exactly(s, every=3, limit=12) >= 4
 
 
+@pytest.mark.slow
 def test_pack_restored_in_its_last_window_gives_the_states_of_the_run_it_resumes(texts: dict[str, str]) -> None:
     """A batcher restored after its last read (its window flushed, rows still to deliver) finds the
     end again without rebuilding its window: the states after its last batches are those of the
@@ -157,6 +159,7 @@ def test_pack_restored_in_its_last_window_gives_the_states_of_the_run_it_resumes
     assert assert_stage_resumes(stage, every=1, check=4) >= 8
 
 
+@pytest.mark.slow
 def test_concat_chunks_the_document_stream_in_order(texts: dict[str, str]) -> None:
     s = spec(texts["c4"], "concat", task_len=None)
     batches, it = global_batches(s)
@@ -169,6 +172,7 @@ def test_concat_chunks_the_document_stream_in_order(texts: dict[str, str]) -> No
     assert it.stats.split_documents > 0
 
 
+@pytest.mark.slow
 def test_concat_resumes_exactly_mid_document(texts: dict[str, str]) -> None:
     s = spec(texts["c4"], "concat", task_len=None, batch_size=4)
     loader = Loader(s)
@@ -186,6 +190,7 @@ def test_concat_continuous_positions(texts: dict[str, str]) -> None:
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.slow
 def test_rank_slices_reassemble_the_global_step(texts: dict[str, str], world_size: int) -> None:
     s = spec(texts["c4"], window=40, batch_size=8, remainder="pad")
     reference = collect(Loader(s))
@@ -200,6 +205,7 @@ def test_rank_slices_reassemble_the_global_step(texts: dict[str, str], world_siz
         assert max(tokens) - min(tokens) <= 128, "near-equal real tokens"
 
 
+@pytest.mark.slow
 def test_elastic_resume_reslices_the_same_stream(texts: dict[str, str]) -> None:
     s = spec(texts["c4"], window=40, batch_size=8)
     reference = collect(Loader(s))
@@ -231,6 +237,7 @@ def test_pack_needs_a_row_length(texts: dict[str, str]) -> None:
         Loader(spec(texts["c4"], window=0))
 
 
+@pytest.mark.slow
 def test_window_ramp_gives_an_early_first_batch_and_the_same_tokens(texts: dict[str, str]) -> None:
     """The first window holds ``first_window`` pieces, the next ones grow to ``window``."""
     ramp = iter(Pipeline(spec(texts["c4"], window=400, first_window=16)).batches())
@@ -247,6 +254,7 @@ def test_window_ramp_gives_an_early_first_batch_and_the_same_tokens(texts: dict[
     assert abs(len(tokens[0]) - len(tokens[1])) < 8 * 128  # the same documents, up to one batch of rows
 
 
+@pytest.mark.slow
 def test_deferred_states_read_late_are_the_states_of_their_step(texts: dict[str, str]) -> None:
     """The loader's thread takes a snapshot after every batch and runs ahead; a snapshot read only
     after the stream moved on (windows packed, pieces dropped from the pool) is still the state of

@@ -62,6 +62,7 @@ def layout_reference(docs: list[int], lengths: list[int], values: dict[str, np.n
 
 
 @pytest.mark.parametrize("rows", [3, 40])   # a few rows are laid out one by one, many through one mask
+@pytest.mark.slow
 def test_collate_flat_lays_out_every_piece_as_the_reference(rows: int) -> None:
     rng = np.random.default_rng(rows)
     for trial in range(150):
@@ -185,6 +186,7 @@ def bucket_spec(corpus: str, tokenizer: str, **kw: Any) -> dict[str, Any]:
             "batching": {"strategy": "bucket", "batch_size": 4, "window_batches": 5, "remainder": "keep", **kw}}
 
 
+@pytest.mark.slow
 def test_bucket_pads_less_delivers_each_example_once_and_resumes(corpus: str, small_tokenizer: str) -> None:
     s = bucket_spec(corpus, small_tokenizer)
     it = iter(GlobalStream(Pipeline(s)))

@@ -78,6 +78,7 @@ def _trained(task: Chat, out: Any) -> list[str]:
 
 
 @pytest.mark.parametrize("drop", list(DROPS))
+@pytest.mark.slow
 def test_a_template_that_drops_a_field_rejects_the_conversation_naming_it(drop: str) -> None:
     template, named = DROPS[drop]
     task = _task(template)
@@ -95,6 +96,7 @@ def test_real_tool_call_conversations_on_a_template_without_tool_calls() -> None
     assert sum(with_calls) > 20
 
 
+@pytest.mark.slow
 def test_the_template_is_probed_once_per_conversation_shape() -> None:
     rows = json.loads(shared("chat", "llama_factory", "glaive_toolcall_en_demo.json").read_text())[:120]
     task = _task()
@@ -164,6 +166,7 @@ def test_stop_auto_keeps_the_template_end_of_turn_and_eos_adds_nothing_more() ->
         assert _trained(task, task.process([Record((0, 0, 0), 0, _TWO_TURNS)])[0]) == ["Hello.<|im_end|>\n", "See you.<|im_end|>\n"]
 
 
+@pytest.mark.slow
 def test_glm4_trains_the_next_role_header_and_ends_the_last_reply_with_eos(glm4_dir: str) -> None:
     task = _task(tokenizer=glm4_dir)
     out = task.process([Record((0, 0, 0), 0, _TWO_TURNS)])[0]
@@ -182,6 +185,7 @@ def test_truncation_to_whole_turns_keeps_each_reply_with_its_stop(glm4_dir: str)
     assert _trained(task, [cut]) == ["\nHello.<|user|>"]
 
 
+@pytest.mark.slow
 def test_no_stop_token_to_train_is_an_error_naming_the_fix(tmp_path: Path) -> None:
     d = tmp_path / "no-eos"
     d.mkdir()
@@ -231,6 +235,7 @@ def test_generation_blocks_that_leave_the_end_of_turn_out_train_the_stop_token_a
     assert _trained(plain, plain.process([Record((0, 0, 0), 0, _TWO_TURNS)])[0]) == ["Hello.", "See you."]
 
 
+@pytest.mark.slow
 def test_a_used_task_pickles_and_gives_the_same_examples() -> None:
     import pickle
 

@@ -19,12 +19,14 @@ def run(*args: str, stdin: str | None = None, env: dict | None = None) -> subpro
 
 
 @pytest.mark.parametrize("name", sorted(_commands()))
+@pytest.mark.slow
 def test_every_command_has_help_with_an_example(name: str) -> None:
     r = run(name, "--help")
     assert r.returncode == 0, r.stderr
     assert "example:" in r.stdout and "feedline" in r.stdout
 
 
+@pytest.mark.slow
 def test_exit_codes_and_one_line_reasons(tmp_path: Path) -> None:
     r = run("inspect", str(tmp_path / "missing.yaml"))
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "spec file not found" in r.stderr
@@ -35,6 +37,7 @@ def test_exit_codes_and_one_line_reasons(tmp_path: Path) -> None:
     assert run("no-such-command").returncode == 2
 
 
+@pytest.mark.slow
 def test_inspect_highlights_loss_tokens(corpus: str, small_tokenizer: str) -> None:
     spec = {"sources": [corpus], "tokenizer": small_tokenizer, "task": {"kind": "clm", "max_length": 16},
             "batching": {"strategy": "pad", "batch_size": 2}}
@@ -49,12 +52,14 @@ def test_inspect_highlights_loss_tokens(corpus: str, small_tokenizer: str) -> No
     assert "input_ids" in plain.stdout and "[[" in plain.stdout
 
 
+@pytest.mark.slow
 def test_train_tokenizer_command(tmp_path: Path, corpus: str) -> None:
     r = run("train-tokenizer", corpus, "-o", str(tmp_path / "tok"), "--kind", "wordpiece", "--vocab-size", "300")
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "tok" / "tokenizer.json").exists() and "wordpiece" in r.stdout
 
 
+@pytest.mark.slow
 def test_demo_trains_with_falling_loss(tmp_path: Path) -> None:
     r = run("demo", "--steps", "40", "--seq-len", "64", "--batch-size", "8")
     assert r.returncode == 0, r.stderr
@@ -64,6 +69,7 @@ def test_demo_trains_with_falling_loss(tmp_path: Path) -> None:
     assert "waited for data" in summary
 
 
+@pytest.mark.slow
 def test_version_prints_the_package_version() -> None:
     import feedline
 
@@ -71,6 +77,7 @@ def test_version_prints_the_package_version() -> None:
     assert r.returncode == 0 and r.stdout.strip() == f"feedline {feedline.__version__}"
 
 
+@pytest.mark.slow
 def test_serve_help_shows_the_defaults() -> None:
     from feedline.service import ServerOptions
 
@@ -81,6 +88,7 @@ def test_serve_help_shows_the_defaults() -> None:
         assert f"(default: {default})" in after.split("--", 1)[0] or f"default: {default})" in after[:200], option
 
 
+@pytest.mark.slow
 def test_inspect_highlighting_keeps_the_spaces_between_words(corpus: str, bert_path: str) -> None:
     from feedline._tokenize import load_tokenizer
 
@@ -98,6 +106,7 @@ def test_inspect_highlighting_keeps_the_spaces_between_words(corpus: str, bert_p
         assert row["text"].replace("[[", "").replace("]]", "") == tok.decode(ids.tolist())
 
 
+@pytest.mark.slow
 def test_demo_all_prints_a_line_per_task_and_a_table() -> None:
     r = run("demo", "--all", "--tasks", "clm,chat", "--steps", "30", "--seq-len", "64", "--batch-size", "8",
             "--in-process", "--no-progress")
@@ -113,6 +122,7 @@ def test_demo_all_prints_a_line_per_task_and_a_table() -> None:
 
 
 @pytest.mark.parametrize("command", ["count-tokens", "export"])
+@pytest.mark.slow
 def test_progress_bars_only_when_asked_or_on_a_terminal(command: str, corpus: str, small_tokenizer: str,
                                                         tmp_path: Path) -> None:
     if command == "count-tokens":

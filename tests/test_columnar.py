@@ -61,6 +61,7 @@ def reference_clm(opts: CausalLMOptions, tok: Any, rec: Record) -> list[tuple[tu
     {}, {"max_length": 64}, {"max_length": 64, "bos": True, "frame": "piece"}, {"max_length": 5, "eos": False},
     {"max_length": 64, "overflow": "truncate", "bos": True}, {"max_length": None}, {"max_length": 9, "frame": "piece", "bos": True},
 ])
+@pytest.mark.slow
 def test_clm_block_equals_per_record_examples(tok: Any, records: list[Record], kw: dict[str, Any]) -> None:
     opts = CausalLMOptions(**kw)
     task = CausalLM(opts, TaskContext(tok, 0))

@@ -161,6 +161,7 @@ def remote(address: str, world_size: int) -> list[tuple[list, list]]:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_the_service_delivers_pack_batches_and_states_as_in_process(env: dict) -> None:
     s = spec(env, batch_size=6, attention="block_diagonal")
     with serve_process(s) as address:

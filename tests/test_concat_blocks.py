@@ -134,6 +134,7 @@ def test_cut_rows_stops_before_a_row_over_the_cap() -> None:
     assert cut_rows(np.cumsum([3]), 2, 4, 3) is None  # shorter than a row
 
 
+@pytest.mark.slow
 def test_pretokenized_concat_resumes_exactly_at_every_step(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     docs = [np.append(rng.integers(1, 50000, int(n)), 50256) for n in rng.integers(1, 400, 400)]

@@ -38,6 +38,7 @@ def test_a_tsv_that_is_not_counts_is_read_as_a_source(tmp_path: Path) -> None:
     assert count_tokens([str(tmp_path / "d.tsv")]) == collections.Counter({"hello": 2, "world": 1})
 
 
+@pytest.mark.slow
 def test_with_a_tokenizer_it_counts_that_tokenizers_tokens(tmp_path: Path, gpt2_path: str,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     from tokenizers import Tokenizer

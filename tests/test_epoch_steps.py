@@ -26,6 +26,7 @@ def _batches(spec: dict[str, Any], world_size: int = 1) -> int:
 
 
 @pytest.mark.parametrize(("strategy", "remainder"), [("pad", "drop"), ("pad", "keep"), ("pack", "drop"), ("pack", "pad")])
+@pytest.mark.slow
 def test_one_epoch_counts_what_a_loader_yields(gpt2_path: str, strategy: str, remainder: str) -> None:
     spec = _spec(strategy, gpt2_path, batching={"remainder": remainder})
     steps = feedline.epoch_steps(spec)
@@ -44,11 +45,13 @@ def test_several_epochs_run_on_without_a_break(tmp_path: Path, gpt2_path: str) -
         feedline.epoch_steps({**spec, "epochs": None}, epochs=None)
 
 
+@pytest.mark.slow
 def test_partitions_count_as_they_compose(gpt2_path: str) -> None:
     spec = _spec("pack", gpt2_path, partitions=2, parallel="threads")
     assert feedline.epoch_steps(spec) == _batches(spec)
 
 
+@pytest.mark.slow
 def test_len_of_a_loader_points_to_epoch_steps(gpt2_path: str) -> None:
     with feedline.Loader(_spec("pad", gpt2_path)) as loader:
         with pytest.raises(TypeError, match=r"InProcessLoader has no len\(\).*feedline\.epoch_steps\(spec\)"):
@@ -57,6 +60,7 @@ def test_len_of_a_loader_points_to_epoch_steps(gpt2_path: str) -> None:
         assert len(list(zip(range(3), loader, strict=False))) == 3
 
 
+@pytest.mark.slow
 def test_scan_steps_prints_the_count(gpt2_path: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "spec.json"
     spec = _spec("pad", gpt2_path, epochs=2)
@@ -68,6 +72,7 @@ def test_scan_steps_prints_the_count(gpt2_path: str, tmp_path: Path, capsys: pyt
     assert f"global steps: {out['steps']} per epoch, {out['run_steps']} in all 2 epochs" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_one_cycle_schedule_sized_by_epoch_steps_ends_with_the_epoch(gpt2_path: str) -> None:
     torch = pytest.importorskip("torch")
     from feedline.torch import TorchLoader

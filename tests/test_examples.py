@@ -46,6 +46,7 @@ def run_example(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[s
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 def test_gpt_pretrain_packs_shards_and_resumes(run_example, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     needs("zstandard")
     small = ["--work", str(tmp_path), "--seq-len", "64", "--batch-size", "4", "--d-model", "32", "--layers", "1",
@@ -57,6 +58,7 @@ def test_gpt_pretrain_packs_shards_and_resumes(run_example, tmp_path: Path) -> N
     assert resumed[0]["step"] == 22  # continued from the checkpoint's loader state at step 20
 
 
+@pytest.mark.slow
 def test_t5_span(run_example) -> None:  # type: ignore[no-untyped-def]
     needs("transformers")
     out = run_example("t5_span.py", "--steps", "20", "--seq-len", "32", "--batch-size", "4", "--d-model", "32", "--layers", "1",
@@ -87,6 +89,7 @@ def test_goemotions_trainer_learns_then_batch_inference(run_example, tmp_path: P
     assert len({tuple(r["labels"]) for r in rows}) >= 2, rows[:5]  # not one label for every record
 
 
+@pytest.mark.slow
 def test_chat_sft(run_example, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     needs("jinja2")
     out = run_example("chat_sft.py", "--work", str(tmp_path), "--steps", "20", "--seq-len", "128", "--batch-size", "2",
@@ -95,6 +98,7 @@ def test_chat_sft(run_example, tmp_path: Path) -> None:  # type: ignore[no-untyp
     assert out[-1]["loss"] < out[0]["loss"] - 0.5, out  # the loss on assistant tokens falls
 
 
+@pytest.mark.slow
 def test_plugin_task_runs_without_arguments(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.syspath_prepend(str(EXAMPLES))
     monkeypatch.setattr(sys, "argv", ["plugin_task.py"])
@@ -117,6 +121,7 @@ def test_gpu_check_without_cuda_says_what_to_pass(run_example) -> None:  # type:
         run_example("gpu_check.py")
 
 
+@pytest.mark.slow
 def test_jax_flax(run_example, corpus: str) -> None:  # type: ignore[no-untyped-def]
     needs("jax", "flax", "optax")
     out = run_example("jax_flax.py", "--data", corpus, "--steps", "20", "--seq-len", "32", "--batch-size", "4", "--d-model", "32",
@@ -141,6 +146,7 @@ def test_gpu_check_smoke_on_cpu(run_example, corpus: str) -> None:  # type: igno
     assert report["tokens_per_s"] > 0
 
 
+@pytest.mark.slow
 def test_bert_mlm_sop_through_the_service_on_two_torchrun_ranks(tmp_path: Path) -> None:
     service_available()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -27,6 +27,7 @@ def test_every_task_has_a_demo() -> None:
 
 
 @pytest.mark.parametrize("task", ["mlm", "sop", "span", "classify", "multilabel", "chat"])
+@pytest.mark.slow
 def test_demo_loss_falls(task: str) -> None:
     out = io.StringIO()
     summary = run_demo(task=task, steps=40, seq_len=64, batch_size=8, in_process=True, out=out)

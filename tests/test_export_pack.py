@@ -106,6 +106,7 @@ def check_packed_rows(rows: list[dict[str, Any]], max_length: int) -> None:
         assert np.flatnonzero(pos == 0).tolist() == starts.tolist()
 
 
+@pytest.mark.slow
 def test_pack_cli_writes_one_arrow_file_per_input_read_by_datasets(tmp_path: Path, chats: Path) -> None:
     datasets = pytest.importorskip("datasets")
     qwen = str(shared("tokenizers", "qwen2.5"))
@@ -136,6 +137,7 @@ def test_pack_cli_writes_one_arrow_file_per_input_read_by_datasets(tmp_path: Pat
     assert sum(int((np.asarray(r["labels"]) != -100).sum()) for r in rows) == supervised
 
 
+@pytest.mark.slow
 def test_pack_parquet_in_parallel_opens_with_load_dataset(tmp_path: Path, chats: Path) -> None:
     datasets = pytest.importorskip("datasets")
     report = pack(str(chats), str(tmp_path), str(shared("tokenizers", "qwen2.5")), 768, "parquet", workers=2)
@@ -145,6 +147,7 @@ def test_pack_parquet_in_parallel_opens_with_load_dataset(tmp_path: Path, chats:
     check_packed_rows(ds.to_list(), 768)
 
 
+@pytest.mark.slow
 def test_pack_single_file_to_named_output_and_bad_input(tmp_path: Path, chats: Path) -> None:
     qwen = str(shared("tokenizers", "qwen2.5"))
     target = tmp_path / "one.jsonl"

@@ -95,6 +95,7 @@ def hello(state: str | None = None, *, rank: int = 0, world_size: int = 1, sessi
 
 
 # ----------------------------------------------------------------------------- 1. crafted messages
+@pytest.mark.slow
 def test_crafted_states_are_refused_and_the_server_keeps_serving(env: dict, server: Any) -> None:
     proc, address = server
     h = env["hash"]
@@ -139,6 +140,7 @@ def _server_usage(pid: int) -> tuple[float, int]:
     return p.memory_info().rss / 2**20, p.num_threads()
 
 
+@pytest.mark.slow
 def test_a_hello_flood_for_a_held_rank_does_not_leak_cursors(env: dict) -> None:
     proc, address = start_server(env["path"], *FAST)
     ctx = zmq.Context()
@@ -211,6 +213,7 @@ def _killed(env: dict, proc: subprocess.Popen[str], bind: str) -> subprocess.Pop
     return start_server(env["path"], *FAST, bind=bind)[0]
 
 
+@pytest.mark.slow
 def test_sigterm_then_sigkill_restarts_keep_both_ranks_exact(env: dict) -> None:
     """Two ranks take 3 steps, SIGTERM + successor, 3 more, SIGKILL + restart, then finish bit-exactly."""
     bind = f"tcp://127.0.0.1:{free_port()}"
@@ -237,6 +240,7 @@ def test_sigterm_then_sigkill_restarts_keep_both_ranks_exact(env: dict) -> None:
         stop(proc)
 
 
+@pytest.mark.slow
 def test_a_peer_closing_during_the_handshake_is_retried_not_an_auth_error(env: dict) -> None:
     """A server socket closing mid-handshake (a draining server as its successor starts) is no AuthError."""
     import socket as pysocket
@@ -293,6 +297,7 @@ _TAKE_ONE = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("how", ["keep", "drop"])
+@pytest.mark.slow
 def test_a_client_that_ends_without_close_exits_promptly(env: dict, server: Any, tmp_path: Path, how: str) -> None:
     _, address = server
     script = tmp_path / "take_one.py"
@@ -338,6 +343,7 @@ _STUCK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_stuck_shared_consumer_does_not_stop_the_others(env: dict, tmp_path: Path) -> None:
     want = reference(env["spec"])
     proc, address = start_server(env["path"], *FAST, "--window", "2", "--lease", "1")
@@ -373,6 +379,7 @@ def test_a_stuck_shared_consumer_does_not_stop_the_others(env: dict, tmp_path: P
     assert shared["lease_expired"] >= 1
 
 
+@pytest.mark.slow
 def test_the_server_caps_what_a_client_makes_it_hold(server: Any) -> None:
     _, address = server   # --max-prefetch 4, the default --window
     window = ServerOptions().window
@@ -398,6 +405,7 @@ def _keys(tmp: Path, name: str = "keys") -> Path:
     return tmp / name
 
 
+@pytest.mark.slow
 def test_secret_key_files_are_created_private(tmp_path: Path) -> None:
     """Created 0600, not created world-readable and chmod-ed afterwards (umask 0, chmod disabled)."""
     code = textwrap.dedent("""
@@ -419,6 +427,7 @@ def test_secret_key_files_are_created_private(tmp_path: Path) -> None:
     ClientKeys.load(tmp_path / "k", "second")
 
 
+@pytest.mark.slow
 def test_metrics_off_loopback_with_keys_is_refused_unless_forced(env: dict, tmp_path: Path) -> None:
     keys = _keys(tmp_path)
     cmd = [sys.executable, "-m", "feedline", "serve", env["path"], "--bind", "tcp://127.0.0.1:0",
@@ -436,6 +445,7 @@ def test_metrics_off_loopback_with_keys_is_refused_unless_forced(env: dict, tmp_
     ServerOptions(metrics_port=0, metrics_host="0.0.0.0")   # no keys: the service itself is loopback-only
 
 
+@pytest.mark.slow
 def test_stats_are_answered_only_to_authenticated_peers(env: dict, tmp_path: Path) -> None:
     """Even when the authenticator is gone (CurveZMQ then accepts any key), nothing is answered."""
     from feedline._service.auth import ClientKeys, ServerKeys
@@ -473,6 +483,7 @@ def test_stats_are_answered_only_to_authenticated_peers(env: dict, tmp_path: Pat
 
 
 # ----------------------------------------------------------------------------- 6. a stalled ranked window
+@pytest.mark.slow
 def test_a_stalled_window_is_logged_with_the_rank_behind(env: dict, tmp_path: Path) -> None:
     log_path = tmp_path / "serve.log"
     with open(log_path, "w") as log_file:

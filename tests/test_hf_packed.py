@@ -96,6 +96,7 @@ def _check_real_packing(b: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("impl", ATTN)
+@pytest.mark.slow
 def test_default_torch_batches_give_the_per_document_loss(models: dict[str, Any], rows: list[dict[str, Any]],
                                                           reference: dict[str, list[float]], impl: str) -> None:
     got = _batches(2)  # TorchLoader's default path
@@ -116,6 +117,7 @@ def test_the_two_d_mask_mixes_documents(models: dict[str, Any], rows: list[dict[
 
 
 @pytest.mark.parametrize("impl", ATTN)
+@pytest.mark.slow
 def test_four_d_additive_mask(models: dict[str, Any], rows: list[dict[str, Any]],
                               reference: dict[str, list[float]], impl: str) -> None:
     for raw, want in zip(rows, reference[impl], strict=True):
@@ -124,6 +126,7 @@ def test_four_d_additive_mask(models: dict[str, Any], rows: list[dict[str, Any]]
         assert abs(_hf_loss(models[impl], b) - want) / want < 1e-4
 
 
+@pytest.mark.slow
 def test_a_boolean_block_mask_becomes_additive_by_default(models: dict[str, Any]) -> None:
     """A [B, T, T] bool mask is what eager misreads; the default layout hands it over as 4-D additive."""
     b = _batches(1, spec=_spec("block_causal"))[0]
@@ -134,6 +137,7 @@ def test_a_boolean_block_mask_becomes_additive_by_default(models: dict[str, Any]
 
 
 @pytest.mark.parametrize("impl", ATTN)
+@pytest.mark.slow
 def test_flat_layout(models: dict[str, Any], rows: list[dict[str, Any]], reference: dict[str, list[float]],
                      impl: str) -> None:
     for raw, want in zip(rows, reference[impl], strict=True):

@@ -58,16 +58,19 @@ def hostile_spec(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, s
     return str(tmp_path / name), needle
 
 
+@pytest.mark.slow
 def test_spec_check_refuses_a_hostile_spec_file_in_one_line(hostile_spec: tuple[str, str]) -> None:
     path, needle = hostile_spec
     _one_line_error(_run("spec", "--check", path), needle)
 
 
+@pytest.mark.slow
 def test_serve_refuses_a_hostile_spec_file_in_one_line(hostile_spec: tuple[str, str]) -> None:
     path, needle = hostile_spec
     _one_line_error(_run("serve", path, "--bind", "tcp://127.0.0.1:0"), needle)
 
 
+@pytest.mark.slow
 def test_loader_raises_a_spec_error_for_a_hostile_spec_file(hostile_spec: tuple[str, str]) -> None:
     path, needle = hostile_spec
     code = ("import sys, feedline\ntry:\n    feedline.Loader(sys.argv[1])\nexcept feedline.SpecError as e:\n"
@@ -126,6 +129,7 @@ def _state_file(kind: str, tmp: Path, spec_path: str) -> tuple[Path, str]:
 
 @pytest.mark.parametrize("kind", ["random-bytes", "fifo", "link-to-dev-zero", "folder", "truncated-json",
                                   "wrong-spec", "not-a-state"])
+@pytest.mark.slow
 def test_serve_refuses_a_bad_state_file_in_one_line_and_exit_2(kind: str, served: str, tmp_path: Path) -> None:
     path, needle = _state_file(kind, tmp_path, served)
     r = _run("serve", served, "--http", "127.0.0.1:0", "--state", str(path))

@@ -215,6 +215,7 @@ def test_a_server_only_announces_a_heartbeat_its_clients_accept() -> None:
         ServerOptions(heartbeat=HEARTBEAT_RANGE[0] / 2, timeout=10)
 
 
+@pytest.mark.slow
 def test_a_tiny_heartbeat_does_not_spin_the_client() -> None:
     """A legal but tiny heartbeat: the client waits for batches that never come without burning a core."""
     with HostileServer(welcome={"heartbeat": 0.01}) as srv:
@@ -242,6 +243,7 @@ def _keys(tmp: Path, *, wrong: bool) -> tuple[tuple[bytes, bytes], str]:
     return (server[0], server[1] or b""), str(tmp)
 
 
+@pytest.mark.slow
 def test_a_wrong_server_key_is_an_auth_error_within_seconds(tmp_path: Path) -> None:
     pair, keys = _keys(tmp_path, wrong=True)
     with HostileServer(keys=pair) as srv:
@@ -266,6 +268,7 @@ def _rss_mb() -> float:
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+@pytest.mark.slow
 def test_a_flooding_server_cannot_fill_the_clients_memory() -> None:
     """A server in another process sends 40 batches of 16 MB at once, ignoring credit: the client
     (prefetch 2) stops at the first batch beyond its credit, holding a few batches at most."""

@@ -22,6 +22,7 @@ def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
+@pytest.mark.slow
 def test_generate_makes_private_folders_even_under_umask_000(tmp_path: Path) -> None:
     d = tmp_path / "keys"
     subprocess.run([sys.executable, "-m", "feedline", "keys", "generate", str(d)], check=True,
@@ -51,6 +52,7 @@ def test_serve_refuses_keys_others_could_read_or_change(tmp_path: Path, where: s
     assert str(target) in str(e.value) and f"{fix} {target}" in str(e.value) and f"{bad:04o}" in str(e.value)
 
 
+@pytest.mark.slow
 def test_the_command_line_refuses_a_readable_secret_key_with_the_fix(tmp_path: Path) -> None:
     d = tmp_path / "keys"
     generate_keys(d)

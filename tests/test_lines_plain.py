@@ -43,6 +43,7 @@ def _items(reader: LineReader, split: Split, position: int, line: int, plain: bo
 
 
 @pytest.mark.parametrize(("bom", "orjson"), [(False, True), (True, True), (False, False)])
+@pytest.mark.slow
 def test_block_path_equals_line_path_on_every_split_and_resume_point(tmp_path: Path, bom: bool, orjson: bool,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     if not orjson:  # the block path's other fast parser: the C scanner
@@ -92,6 +93,7 @@ def _take_all(src: FileSource, sizes: list[int], batched: bool) -> tuple[list[tu
     return recs, states, dict(it.rejections.counts)
 
 
+@pytest.mark.slow
 def test_take_from_blocks_gives_the_records_and_states_of_the_item_path(tmp_path: Path) -> None:
     lines = _lines(tmp_path)
     for i, name in enumerate(["a.jsonl", "b.jsonl"]):

@@ -41,6 +41,7 @@ def cases(parquet_file: str) -> list[tuple[str, list[str], dict]]:
 
 
 @pytest.mark.parametrize("case", range(5))
+@pytest.mark.slow
 def test_rows_equal_datasets_and_resume_exactly(case: int, parquet_file: str) -> None:
     builder, files, kw = cases(parquet_file)[case]
     expected = hf_rows(builder, files, **kw)

@@ -165,6 +165,7 @@ def test_interleave_datasets_equals_datasets(probabilities: list | None, seed: i
     check(ours, theirs)
 
 
+@pytest.mark.slow
 def test_every_stage_resumes_exactly_at_every_row(files: dict) -> None:
     """The stage tree behind chained methods, restored before and after every row (shuffle buffers included)."""
     parts = files["jsonl"]

@@ -42,6 +42,7 @@ def texts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 @pytest.mark.parametrize("options", [{"sample_by": "line", "keep_linebreaks": True}, {"sample_by": "paragraph"},
                                      {"sample_by": "document"}, {"sample_by": "paragraph", "keep_linebreaks": True}])
+@pytest.mark.slow
 def test_text_sample_by_and_keep_linebreaks_equal_datasets(texts: dict[str, str], options: dict[str, Any]) -> None:
     for name in ("botchan", "gz", "endings"):
         rows = same("text", texts[name], **options)
@@ -89,6 +90,7 @@ def test_csv_pandas_options_equal_datasets(csvs: dict[str, Any], options: dict[s
     assert len(rows) == (150 if "nrows" in options else csvs["rows"]) > 100
 
 
+@pytest.mark.slow
 def test_tsv_without_header_with_skiprows_and_na_filter_equals_datasets(csvs: dict[str, Any]) -> None:
     rows = same("csv", csvs["go"], sep="\t", column_names=["text", "labels", "id"], skiprows=5, na_filter=False)
     assert list(rows[0]) == ["text", "labels", "id"] and len(rows) > 5000
@@ -106,6 +108,7 @@ def test_json_field_equals_datasets(tmp_path: Path) -> None:
         list(feedline.load_dataset("json", data_files=str(path), split="train", field="rows"))
 
 
+@pytest.mark.slow
 def test_options_in_workers_shuffle_and_refusals(texts: dict[str, str], tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     files = [texts["botchan"], texts["endings"], texts["gz"]]

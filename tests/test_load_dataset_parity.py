@@ -73,6 +73,7 @@ def test_text_rows_equal_datasets(tmp_path: Path, name: str) -> None:
     assert_same_rows_and_resume("text", path)
 
 
+@pytest.mark.slow
 def test_text_rows_equal_datasets_on_real_and_compressed_files(tmp_path: Path) -> None:
     with gzip.open(shared("prose", "kjv_bible_verses.txt.gz"), "rb") as fh:
         verses = fh.read().splitlines(keepends=True)[:3000]
@@ -88,6 +89,7 @@ def test_text_rows_equal_datasets_on_real_and_compressed_files(tmp_path: Path) -
     assert_same_rows_and_resume("text", shared("prose", "wiki_demo.txt"), cuts=2)
 
 
+@pytest.mark.slow
 def test_keep_blank_is_exact_across_splits_and_inside_lines(tmp_path: Path) -> None:
     """Lines with lone CRs (several records in one line) across 64 KiB splits: each record once, at
     its own byte offset, and a cursor restored after any of them reads exactly the rest."""
@@ -155,6 +157,7 @@ def test_csv_rows_equal_datasets(tmp_path: Path, name: str) -> None:
     assert_same_rows_and_resume("csv", path)
 
 
+@pytest.mark.slow
 def test_tsv_rows_equal_datasets(tmp_path: Path) -> None:
     path = tmp_path / "a.tsv"
     path.write_text('text\tlabel\tscore\nhello world\t1\t0.5\n"tab\tinside"\t2\t\nNA\t3\t1e-3\n')

@@ -65,6 +65,7 @@ def cases(data: dict[str, Any]) -> list[tuple[str, Any, dict[str, Any]]]:
 
 
 @pytest.mark.parametrize("case", range(4))
+@pytest.mark.slow
 def test_dataloader_batches_equal_datasets(data: dict[str, Any], case: int) -> None:
     builder, files, kw = cases(data)[case]
     ds, hf = both(builder, files, **kw)
@@ -89,6 +90,7 @@ def test_torch_format_gives_tensors_that_default_collate_stacks(data: dict[str, 
 
 
 @pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.slow
 def test_workers_read_their_own_files_as_datasets_does(data: dict[str, Any], workers: int) -> None:
     ds, hf = both("json", data["jsonl"])
     got = list(DataLoader(ds, batch_size=8, num_workers=workers))
@@ -122,6 +124,7 @@ def test_more_workers_than_files_matches_datasets_and_warns(data: dict[str, Any]
            "so 1 worker(s) yield nothing (as with datasets)" in out.stderr
 
 
+@pytest.mark.slow
 def test_interleave_in_workers_draws_as_datasets(data: dict[str, Any]) -> None:
     mine = feedline.interleave_datasets([both("json", data["jsonl"][:3])[0], both("json", data["jsonl"][3:])[0]],
                                         probabilities=[0.3, 0.7], seed=3, stopping_strategy="all_exhausted")
@@ -144,6 +147,7 @@ def test_dataloader_in_process_resumes_from_the_state_dict(data: dict[str, Any],
     assert typed(head + list(DataLoader(resumed, batch_size=8))) == typed(full)
 
 
+@pytest.mark.slow
 def test_a_torch_dataset_where_torch_is_a_plain_one_where_it_is_not(data: dict[str, Any]) -> None:
     assert isinstance(feedline.load_dataset("json", data_files=data["jsonl"], split="train"),
                       torch.utils.data.IterableDataset)

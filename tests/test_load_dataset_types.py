@@ -88,6 +88,7 @@ def test_values_types_and_features_equal_datasets(case: str, data: dict) -> None
     assert sorted(make().column_names) == sorted(hf.column_names)
 
 
+@pytest.mark.slow
 def test_real_chat_and_prose_rows_equal_datasets_with_types() -> None:
     for path in (shared("chat", "oasst", "en_100_top_threads.messages.jsonl"), shared("prose", "c4_demo.jsonl")):
         hf = datasets.load_dataset("json", data_files=str(path), split="train", streaming=True)

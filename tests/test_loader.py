@@ -30,11 +30,13 @@ def test_same_spec_and_seed_give_identical_batches(corpus: str, small_tokenizer:
     assert any(not np.array_equal(x["input_ids"], y["input_ids"]) for x, y in zip(a, c))
 
 
+@pytest.mark.slow
 def test_resume_is_exact_across_epochs_with_shuffle(corpus: str, small_tokenizer: str) -> None:
     spec = spec_for(corpus, small_tokenizer, epochs=2)
     assert assert_resumes_exactly(spec, every=3) >= 8
 
 
+@pytest.mark.slow
 def test_resume_of_another_rank_and_world_size(corpus: str, small_tokenizer: str) -> None:
     spec = spec_for(corpus, small_tokenizer, batching={"strategy": "pad", "batch_size": 4})
     assert_resumes_exactly(spec, rank=1, world_size=2, every=4)

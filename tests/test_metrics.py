@@ -25,6 +25,7 @@ def scrape(port: int) -> dict[str, Any]:
     return {f.name: f for f in text_string_to_metric_families(body)}
 
 
+@pytest.mark.slow
 def test_metrics_are_typed_documented_and_parse(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, tokenizer_path(tmp_path), docs=30)
     server = Server(load_streams(spec, {}), ServerOptions(bind="tcp://127.0.0.1:0", metrics_port=0, window=4))

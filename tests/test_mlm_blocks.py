@@ -66,6 +66,7 @@ def _reference(task: MaskedLM, rec: Record) -> list[Example]:
     {"max_length": 64, "whole_word_mask": True},
     {"max_length": 48, "masking": "exact", "max_predictions": 5},
 ])
+@pytest.mark.slow
 def test_mlm_block_equals_rows_built_one_at_a_time(records: list[Record], opts: dict[str, Any]) -> None:
     task = _task(**opts)
     block = task.process_block(records)

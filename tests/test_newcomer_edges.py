@@ -23,6 +23,7 @@ def _base(tok: str, path: str, **over: object) -> dict[str, object]:
             "batching": {"strategy": "pad", "batch_size": 2}, **over}
 
 
+@pytest.mark.slow
 def test_a_taken_metrics_port_is_a_one_line_error(tmp_path: Path, corpus: str, small_tokenizer: str) -> None:
     spec = tmp_path / "s.yaml"
     spec.write_text(yaml.safe_dump(_base(small_tokenizer, corpus)))
@@ -36,6 +37,7 @@ def test_a_taken_metrics_port_is_a_one_line_error(tmp_path: Path, corpus: str, s
     assert f"--metrics-port {port}: cannot listen" in r.stderr and "0 for any free one" in r.stderr
 
 
+@pytest.mark.slow
 def test_stats_without_keys_names_keys_as_a_cause() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -73,6 +75,7 @@ def test_an_unknown_extension_fails_before_other_sources_are_read(tmp_path: Path
         next(it)  # at the first record, not after the first source's records
 
 
+@pytest.mark.slow
 def test_inspect_shows_multi_hot_labels_by_name(tmp_path: Path, small_tokenizer: str) -> None:
     rows = [{"text": f"row {i} about things", "labels": [["a", "c"], ["b"], ["a", "b", "c"]][i % 3]} for i in range(6)]
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

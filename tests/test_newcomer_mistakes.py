@@ -84,6 +84,7 @@ def test_a_pathlib_path_is_a_source(tmp_path: Path) -> None:
     assert feedline.Spec.load(_spec(sources=tmp_path / "a.jsonl")).hash() == spec.hash()
 
 
+@pytest.mark.slow
 def test_a_spec_file_error_names_the_file_and_line(tmp_path: Path) -> None:
     f = tmp_path / "train.yaml"
     f.write_text("sources:\n  - path: corpus/a.jsonl\n    formt: jsonl\ntask: {kind: clm}\n")

@@ -158,6 +158,7 @@ class GlobalStreamRows:
 
 
 @pytest.mark.parametrize("k", [2, 3])
+@pytest.mark.slow
 def test_the_composing_stage_resumes_exactly_from_every_state(corpus: str, small_tokenizer: str, k: int) -> None:
     s = Spec.load(spec(corpus, small_tokenizer, k, epochs=1))
     stage = Pipeline(s).batches()   # the composing stage, through its partitions' tails (carried rows)
@@ -195,6 +196,7 @@ def test_a_consumer_that_lays_batches_out_gets_them_compact_with_the_same_rows_a
         it.close()
 
 
+@pytest.mark.slow
 def test_a_loader_resumes_exactly_with_partitions(corpus: str, small_tokenizer: str) -> None:
     assert assert_resumes_exactly(spec(corpus, small_tokenizer, 3, shuffle={"buffer": 20}), every=4) > 3
 
@@ -272,6 +274,7 @@ def test_stats_sum_the_partitions_mixtures(tmp_path: Path, small_tokenizer: str)
 
 
 @pytest.mark.parametrize("placement", ["threads", "processes"])
+@pytest.mark.slow
 def test_stats_count_the_rejections_of_every_partition_to_the_end(tmp_path: Path, small_tokenizer: str,
                                                                   placement: str) -> None:
     """A partition's rejections after its last batch, or in a share that gave no batch at all, are
@@ -295,6 +298,7 @@ def test_stats_count_the_rejections_of_every_partition_to_the_end(tmp_path: Path
 
 
 @pytest.mark.parametrize("placement", ["threads", "processes"])
+@pytest.mark.slow
 def test_a_partition_with_nothing_to_read_ends_and_an_empty_stream_is_an_error(tmp_path: Path, small_tokenizer: str,
                                                                                placement: str) -> None:
     """Three short lines over three partitions: a share may hold no line start (or only a bad line);
@@ -321,6 +325,7 @@ def test_a_partition_with_nothing_to_read_ends_and_an_empty_stream_is_an_error(t
 
 
 @pytest.mark.parametrize("placement", ["threads", "processes"])
+@pytest.mark.slow
 def test_a_resume_after_a_file_shrank_is_refused_rather_than_repeating_records(tmp_path: Path, small_tokenizer: str,
                                                                                placement: str) -> None:
     """The files are cut into K shares by size: a shrunk file moves the cuts, and partition 1, resumed

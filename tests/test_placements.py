@@ -61,6 +61,7 @@ def alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("k", [2, 3])
+@pytest.mark.slow
 def test_processes_give_the_batches_and_states_of_threads(corpus: str, small_tokenizer: str, k: int) -> None:
     a, sa = collect(Loader(spec(corpus, small_tokenizer, k, "threads")), with_states=True)
     b, sb = collect(Loader(spec(corpus, small_tokenizer, k, "processes", parallel={"placement": "processes", "processes": 2,
@@ -70,6 +71,7 @@ def test_processes_give_the_batches_and_states_of_threads(corpus: str, small_tok
     assert sa == sb
 
 
+@pytest.mark.slow
 def test_auto_is_processes_for_several_partitions(corpus: str, small_tokenizer: str) -> None:
     s = Spec.load({**spec(corpus, small_tokenizer, 2, "auto")})
     assert s.parallel.resolve(2) == "processes" and s.parallel.resolve(1) == "threads"
@@ -86,6 +88,7 @@ def test_processes_resume_exactly(corpus: str, small_tokenizer: str) -> None:
     assert assert_stage_resumes(Pipeline(s).batches(), max_steps=6, check=2, every=3) >= 3
 
 
+@pytest.mark.slow
 def test_warm_start_serves_from_threads_until_the_workers_take_over(corpus: str, small_tokenizer: str) -> None:
     """The first steps come from threads here; each worker starts where they were and drops what they gave."""
     warm = {"placement": "processes", "processes": 2, "prefetch": 2, "warm_start": True}
@@ -103,6 +106,7 @@ def test_warm_start_serves_from_threads_until_the_workers_take_over(corpus: str,
     assert_batches_equal(want, got, "warm start: threads, then workers, then threads and a new worker")
 
 
+@pytest.mark.slow
 def test_warm_start_auto_waits_for_the_workers_without_a_core_for_each(corpus: str, small_tokenizer: str,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """``warm_start: auto`` serves from threads only where each worker has a core to start on beside
@@ -123,6 +127,7 @@ def test_warm_start_auto_waits_for_the_workers_without_a_core_for_each(corpus: s
 
 
 @pytest.mark.parametrize("warm", [False, True])
+@pytest.mark.slow
 def test_a_pipeline_that_cannot_start_in_a_worker_raises_its_own_error(small_tokenizer: str, tmp_path: Path,
                                                                        warm: bool) -> None:
     """A source path that does not exist fails the stream with the pipeline's SourceError naming
@@ -139,6 +144,7 @@ def test_a_pipeline_that_cannot_start_in_a_worker_raises_its_own_error(small_tok
     loader.close()
 
 
+@pytest.mark.slow
 def test_a_killed_worker_is_restarted_from_its_partitions_states(corpus: str, small_tokenizer: str) -> None:
     s = spec(corpus, small_tokenizer, 3, "processes", parallel={"placement": "processes", "processes": 3, "warm_start": False})
     want = collect(Loader(spec(corpus, small_tokenizer, 3, "threads")))
@@ -175,6 +181,7 @@ CHILD = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT])
+@pytest.mark.slow
 def test_no_worker_outlives_its_parent(corpus: str, small_tokenizer: str, tmp_path: Path, how: int) -> None:
     script = tmp_path / "child.py"
     script.write_text(CHILD)
@@ -202,6 +209,7 @@ def test_no_worker_outlives_its_parent(corpus: str, small_tokenizer: str, tmp_pa
             child.stdout.close()
 
 
+@pytest.mark.slow
 def test_the_service_runs_the_same_partitions(corpus: str, small_tokenizer: str) -> None:
     from feedline.service import serve_process
 
@@ -218,6 +226,7 @@ def test_the_service_runs_the_same_partitions(corpus: str, small_tokenizer: str)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.slow
 def test_processes_resume_at_random_points_from_states_of_threads(corpus: str, small_tokenizer: str, seed: int) -> None:
     import random
 
@@ -241,6 +250,7 @@ WORKER_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_workers_run_the_parents_feedline_not_another_on_the_default_path(corpus: str, small_tokenizer: str,
                                                                           tmp_path: Path) -> None:
     """The fork server imports its preloads with the interpreter's default path (the installed
@@ -263,6 +273,7 @@ def test_workers_run_the_parents_feedline_not_another_on_the_default_path(corpus
     assert len(pids) >= 3, f"the workers imported another feedline: only {len(pids)} process(es) imported the copy"
 
 
+@pytest.mark.slow
 def test_a_script_without_a_main_guard_fails_at_once_naming_the_fix(corpus: str, small_tokenizer: str,
                                                                     tmp_path: Path) -> None:
     """Each worker runs the script's top level again: it must not start workers of its own (a
@@ -283,6 +294,7 @@ def test_a_script_without_a_main_guard_fails_at_once_naming_the_fix(corpus: str,
 
 
 @pytest.mark.parametrize("warm", [False, True])
+@pytest.mark.slow
 def test_one_partition_in_a_worker_process_is_the_plain_loader_bit_for_bit(corpus: str, small_tokenizer: str,
                                                                           warm: bool) -> None:
     """``partitions: 1`` with ``placement: processes`` moves the pipeline out of this process (and
@@ -349,6 +361,7 @@ def causes(error: BaseException) -> list[BaseException]:
     return chain
 
 
+@pytest.mark.slow
 def test_a_transform_that_raises_in_a_worker_shows_its_own_frame(corpus: str, small_tokenizer: str, tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """A pickled exception loses its traceback: the worker sends it formatted, and it comes back as the
@@ -371,6 +384,7 @@ def test_a_transform_that_raises_in_a_worker_shows_its_own_frame(corpus: str, sm
 
 
 @pytest.mark.parametrize("fn, what", [("leave", "SystemExit(3)"), ("interrupt", "KeyboardInterrupt()")])
+@pytest.mark.slow
 def test_sys_exit_in_a_workers_transform_is_an_error_naming_it_without_restarts(
         corpus: str, small_tokenizer: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fn: str, what: str) -> None:
     """It used to end the worker, which was restarted 3 times, and the stream failed blaming the main guard."""
@@ -386,6 +400,7 @@ def test_sys_exit_in_a_workers_transform_is_an_error_naming_it_without_restarts(
     loader.close()
 
 
+@pytest.mark.slow
 def test_a_stopped_worker_is_named_then_restarted_and_the_stream_resumes_exactly(
         corpus: str, small_tokenizer: str, caplog: pytest.LogCaptureFixture) -> None:
     """SIGSTOP froze the stream for as long as the worker stayed stopped, and nothing was logged.
@@ -413,6 +428,7 @@ def test_a_stopped_worker_is_named_then_restarted_and_the_stream_resumes_exactly
     loader.close()
 
 
+@pytest.mark.slow
 def test_the_composing_process_loads_no_tokenizer_where_the_workers_encode(corpus: str, small_tokenizer: str) -> None:
     """With the partitions in workers, this process never encodes: the pad values (read only where
     rows of a short tail batch are joined) and a server's backend check used to load the tokenizer
@@ -433,6 +449,7 @@ def test_the_composing_process_loads_no_tokenizer_where_the_workers_encode(corpu
     loader.close()
 
 
+@pytest.mark.slow
 def test_warm_start_makes_no_batch_twice(corpus: str, small_tokenizer: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """When a worker is ready, its partitions' threads here finish the batch they are making and stop;
     the worker starts after the last of them. The threads used to run on, prefetching, while the worker
@@ -465,6 +482,7 @@ def test_warm_start_makes_no_batch_twice(corpus: str, small_tokenizer: str, monk
     assert closed and all(made == out for made, out in closed), closed
 
 
+@pytest.mark.slow
 def test_a_worker_alive_but_stuck_in_its_pipeline_is_named_not_killed(
         corpus: str, small_tokenizer: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:

@@ -110,6 +110,7 @@ def test_a_factory_parent_is_rebuilt_after_an_error_and_after_close() -> None:
     assert len(built) == 3
 
 
+@pytest.mark.slow
 def test_a_thread_that_dies_without_a_reason_is_an_error_not_a_hang() -> None:
     class Dying(Prefetch):
         def _run(self, *args: Any) -> None:

@@ -79,6 +79,7 @@ def test_no_data_skips_the_sources_not_the_tokenizer(data: Path, gpt2_path: str,
     assert code == 1 and len(err) == 1 and "tokenizers/nope" in err[0]
 
 
+@pytest.mark.slow
 def test_a_chat_spec_reading_a_text_field_is_told_to_read_whole_records(tmp_path: Path,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
     threads = shared("chat", "oasst", "en_100_top_threads.messages.jsonl")
@@ -115,6 +116,7 @@ def test_another_stream_is_checked_and_named(data: Path, gpt2_path: str, capsys:
     assert code == 1 and len(err) == 1 and err[0].startswith(f"{spec}: stream validation: sources[0] (")
 
 
+@pytest.mark.slow
 def test_serve_with_a_wrong_field_exits_1_naming_it_before_listening(data: Path, gpt2_path: str) -> None:
     spec = _write(data, "serve.yaml", gpt2_path, sources=[{"path": "docs.jsonl", "text": "body"}])
     started = time.monotonic()
@@ -144,6 +146,7 @@ def test_token_ids_for_a_task_that_needs_text_is_one_line(tmp_path: Path, bert_p
     assert _check(capsys, str(clm))[0] == 0
 
 
+@pytest.mark.slow
 def test_serve_no_data_check_listens_and_the_client_meets_the_error(data: Path, gpt2_path: str) -> None:
     import feedline
     from feedline.errors import FeedlineError, TransportError

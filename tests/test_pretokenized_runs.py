@@ -77,6 +77,7 @@ def _batches_and_states(spec: dict) -> tuple[list[dict], list[dict]]:
 
 @pytest.mark.parametrize("layout", ["parquet", "arrow", "megatron", "flat", "llmc"])
 @pytest.mark.parametrize("strategy", ["pack", "concat"])
+@pytest.mark.slow
 def test_runs_give_the_batches_and_states_of_the_per_record_path(layout: str, strategy: str, sources: dict,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     spec = _spec(sources[layout], strategy, epochs=2)
@@ -95,6 +96,7 @@ def test_runs_give_the_batches_and_states_of_the_per_record_path(layout: str, st
 
 
 @pytest.mark.parametrize("layout", ["parquet", "megatron", "flat"])
+@pytest.mark.slow
 def test_runs_resume_exactly_at_every_step(layout: str, sources: dict) -> None:
     assert assert_resumes_exactly(_spec(sources[layout], "pack"), every=1, check=2) > 40
     assert assert_resumes_exactly(_spec(sources[layout], "concat", shuffle={"buffer": 16}), every=1, check=2) > 40
@@ -130,6 +132,7 @@ def test_a_block_with_a_null_row_takes_the_per_record_path(tmp_path: Path, docs:
     assert stream.tolist() == want[:len(stream)].tolist()
 
 
+@pytest.mark.slow
 def test_chunk_steps_is_read_chunk_on_the_sizes_ahead() -> None:
     """A chunk planned from a run's sizes (one take) holds the records read_chunk's doubling takes read."""
     rng = np.random.default_rng(1)

@@ -24,6 +24,8 @@ from feedline.errors import MissingDependency, RecordError, TaskError
 from feedline.testing import assert_batches_equal, assert_resumes_exactly, collect, make_corpus
 
 ray = pytest.importorskip("ray")
+# one xdist worker runs every Ray test (clusters on one machine find each other)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 TOKENIZERS = DATA / "tokenizers"

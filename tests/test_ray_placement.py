@@ -13,7 +13,8 @@ from feedline.testing import assert_batches_equal, assert_resumes_exactly, colle
 
 ray = pytest.importorskip("ray")
 
-pytestmark = pytest.mark.slow
+# one xdist worker runs every Ray test (clusters on one machine find each other), after the others
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,9 @@ from feedline._ray.train import STATE_FILE, load_state, save_state, shard_for_wo
 from feedline.errors import StateError
 from feedline.testing import assert_batches_equal, collect, make_corpus
 
+# one xdist worker runs every Ray test (clusters on one machine find each other)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
+
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 GPT2 = DATA / "tokenizers" / "gpt2" / "tokenizer.json"
 needs_data = pytest.mark.skipif(not GPT2.exists(), reason="shared test data (../shared/data) is absent")

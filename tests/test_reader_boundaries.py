@@ -63,6 +63,7 @@ def _jsonl(texts: list[str]) -> bytes:
 
 # ------------------------------------------------------------------ a line longer than a split
 @pytest.mark.parametrize("fmt", ["jsonl", "txt"])
+@pytest.mark.slow
 def test_a_line_longer_than_a_split_belongs_to_one_split(tmp_path: Path, fmt: str) -> None:
     """100 records, a 5 MiB line, 100 records with 1 MiB splits: 201 records, each once (was 600/601
     with 4 false ``truncated``), the same with the long line last, and exact resume everywhere."""
@@ -152,6 +153,7 @@ def test_zstd_corrupt_frame_in_the_middle_keeps_every_frame_before_it(tmp_path: 
 
 
 @pytest.mark.parametrize("codec", ["gz", "bz2", "xz"])
+@pytest.mark.slow
 def test_other_codecs_deliver_every_record_before_a_break(tmp_path: Path, codec: str) -> None:
     compress = {"gz": lambda b: gzip.compress(b, 1), "bz2": lambda b: bz2.compress(b, 1),
                 "xz": lambda b: lzma.compress(b, preset=0)}[codec]
@@ -179,6 +181,7 @@ def test_other_codecs_deliver_every_record_before_a_break(tmp_path: Path, codec:
 
 
 @pytest.mark.parametrize("codec", ["xz", "bz2"])
+@pytest.mark.slow
 def test_a_corrupt_block_is_a_truncated_rejection_after_the_records_before_it(tmp_path: Path, codec: str) -> None:
     """A corrupt byte run in the middle: LZMAError escaped the reader (the run stopped); now the
     records decoded before the damage come out and one ``truncated`` is counted."""

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import shared
 
 EXE = [sys.executable, "-m", "feedline"]
@@ -32,6 +34,7 @@ def one_line(r: subprocess.CompletedProcess[str], code: int = 2) -> str:
 
 
 # ------------------------------------------------------------------ item 14
+@pytest.mark.slow
 def test_span_with_a_tokenizer_without_sentinels_is_a_spec_error(tmp_path: Path) -> None:
     gpt2 = str(shared("tokenizers", "gpt2"))
     (tmp_path / "a.txt").write_text("some words to corrupt with spans\n" * 20)
@@ -43,11 +46,13 @@ def test_span_with_a_tokenizer_without_sentinels_is_a_spec_error(tmp_path: Path)
 
 
 # ------------------------------------------------------------------ item 15
+@pytest.mark.slow
 def test_demo_without_torch() -> None:
     err = one_line(child("", block=("torch",), args=("demo", "--steps", "2")))
     assert "torch" in err and "feedline[torch]" in err
 
 
+@pytest.mark.slow
 def test_http_source_without_aiohttp() -> None:
     code = ("import feedline\n"
             "list(feedline.records({'sources': ['http://127.0.0.1:9/corpus.jsonl']}))\n")
@@ -56,6 +61,7 @@ def test_http_source_without_aiohttp() -> None:
     assert "pip install fsspec 'aiohttp>=3.9'" in r.stderr
 
 
+@pytest.mark.slow
 def test_hub_tokenizer_without_network_fails_in_seconds(tmp_path: Path) -> None:
     local = str(shared("tokenizers", "gpt2"))
     # Importing transformers' tokenizer classes takes seconds on a busy machine: warm them with a
@@ -78,6 +84,7 @@ def test_hub_tokenizer_without_network_fails_in_seconds(tmp_path: Path) -> None:
     assert took < 10, f"took {took:.1f} s"
 
 
+@pytest.mark.slow
 def test_no_noise_from_loader_del_after_a_refused_spec(tmp_path: Path) -> None:
     code = ("import feedline\n"
             "try:\n"

@@ -28,6 +28,7 @@ def _spec(path: Path, on_error: str) -> dict:
             "task": {"kind": "chat", "max_length": 64}, "batching": {"strategy": "pad", "batch_size": 1}}
 
 
+@pytest.mark.slow
 def test_chat_rejections_are_logged_with_file_and_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = _chat_file(tmp_path)
     with caplog.at_level(logging.WARNING, logger="feedline"):
@@ -37,6 +38,7 @@ def test_chat_rejections_are_logged_with_file_and_line(tmp_path: Path, caplog: p
     assert "record (" not in caplog.text
 
 
+@pytest.mark.slow
 def test_chat_rejection_raises_with_file_and_line(tmp_path: Path) -> None:
     path = _chat_file(tmp_path)
     with pytest.raises(RecordError, match=f"{path}:3: no_assistant"):
@@ -44,6 +46,7 @@ def test_chat_rejection_raises_with_file_and_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("what", ["examples", "batches"])
+@pytest.mark.slow
 def test_export_counts_the_records_a_source_skipped(tmp_path: Path, small_tokenizer: str, what: str) -> None:
     import subprocess
     import sys

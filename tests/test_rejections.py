@@ -53,6 +53,7 @@ def test_small_corpus_rejections_show_at_the_first_batch(tmp_path: Path, small_t
     loader.close()
 
 
+@pytest.mark.slow
 def test_counts_never_lag_the_examples_and_survive_resume(tmp_path: Path, small_tokenizer: str) -> None:
     n = 700  # three task chunks of 256
     bad = {i for i in range(n) if i % 7 == 0 or 300 <= i < 320}
@@ -153,6 +154,7 @@ def test_records_of_a_wrong_field_is_an_error(tmp_path: Path) -> None:
         list(feedline.records({"sources": [{"path": path, "text": "content"}]}))
 
 
+@pytest.mark.slow
 def test_inspect_wrong_field_fails_with_one_line(tmp_path: Path, small_tokenizer: str) -> None:
     path = _jsonl(tmp_path / "a.jsonl", _docs(30, set()))
     spec = _spec(path, small_tokenizer, sources=[{"path": path, "text": "content"}])
@@ -163,6 +165,7 @@ def test_inspect_wrong_field_fails_with_one_line(tmp_path: Path, small_tokenizer
     assert "Exception ignored" not in r.stderr
 
 
+@pytest.mark.slow
 def test_chat_without_transformers_is_missing_dependency(tmp_path: Path) -> None:
     tok = Path(__file__).resolve().parents[2] / "shared" / "data" / "tokenizers" / "qwen2.5"
     if not tok.exists():

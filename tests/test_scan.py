@@ -44,6 +44,7 @@ def test_scan_tokens_with_a_real_tokenizer(spec_file: Path, capsys: pytest.Captu
     assert out["tokens"] == sum(len(raw.encode(t, add_special_tokens=False).ids) for t in ["one two", "three", "alpha beta", "gamma"])
 
 
+@pytest.mark.slow
 def test_scan_reads_the_spec_from_stdin_and_reports_bad_usage(spec_file: Path, tmp_path: Path) -> None:
     spec = json.dumps({"sources": [str(tmp_path / "a.jsonl")]})
     run = subprocess.run([sys.executable, "-m", "feedline", "scan", "-", "--json"], input=spec, text=True,

@@ -72,6 +72,7 @@ def consume_ranks(loaders: list[Any], steps: int | None = None) -> tuple[list[li
     return batches, states
 
 
+@pytest.mark.slow
 def test_one_client_gets_the_in_process_batches_and_states(env: dict, server: Any) -> None:
     _, address = server
     want, want_states = reference(env["spec"])
@@ -193,6 +194,7 @@ def test_a_client_refuses_a_server_of_another_protocol_version() -> None:
         ctx.term()
 
 
+@pytest.mark.slow
 def test_stats_command_and_prometheus_endpoint(server: Any) -> None:
     proc, address = server
     with feedline.Loader(address) as loader:
@@ -222,6 +224,7 @@ def test_stats_command_and_prometheus_endpoint(server: Any) -> None:
     assert 'feedline_batches_total{stream="train"}' in body and "feedline_tokens_per_s" in body
 
 
+@pytest.mark.slow
 def test_malformed_frames_leave_the_server_serving_with_flat_memory(env: dict, server: Any) -> None:
     proc, address = server
     ctx, sock = raw_socket(address)
@@ -270,6 +273,7 @@ def test_malformed_frames_leave_the_server_serving_with_flat_memory(env: dict, s
         ctx.term()
 
 
+@pytest.mark.slow
 def test_kill_9_then_restart_every_rank_resumes_exactly(env: dict) -> None:
     port = free_port()
     bind = f"tcp://127.0.0.1:{port}"
@@ -311,6 +315,7 @@ _SHARED_CLIENT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_shared_mode_redelivers_a_killed_clients_batches(env: dict, tmp_path: Path) -> None:
     want, _ = reference(env["spec"])
     n = len(want)
@@ -348,6 +353,7 @@ def test_shared_mode_redelivers_a_killed_clients_batches(env: dict, tmp_path: Pa
     assert sorted(map(str, got_keys)) == sorted(map(str, key[2:])), "each batch exactly once after the first two"
 
 
+@pytest.mark.slow
 def test_unauthenticated_client_gets_nothing(env: dict, tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     out = subprocess.run([sys.executable, "-m", "feedline", "keys", "generate", str(keys)],
@@ -372,6 +378,7 @@ def test_unauthenticated_client_gets_nothing(env: dict, tmp_path: Path) -> None:
             ctx.term()
 
 
+@pytest.mark.slow
 def test_open_bind_without_keys_is_refused(env: dict) -> None:
     out = subprocess.run([sys.executable, "-m", "feedline", "serve", env["path"], "--bind", "tcp://0.0.0.0:0"],
                          capture_output=True, text=True, timeout=60)
@@ -379,6 +386,7 @@ def test_open_bind_without_keys_is_refused(env: dict) -> None:
     assert "refusing to bind tcp://0.0.0.0:0 without encryption" in out.stderr and "--insecure" in out.stderr
 
 
+@pytest.mark.slow
 def test_sigterm_drains_and_exits_cleanly(env: dict) -> None:
     proc, address = start_server(env["path"], *FAST)
     try:
@@ -404,6 +412,7 @@ def test_refused_hello_raises_typed_errors_in_the_client(server: Any) -> None:
 
 
 @pytest.mark.parametrize("limit", [["--max-prefetch", "2"], ["--window", "2"]], ids=["max-prefetch", "window"])
+@pytest.mark.slow
 def test_a_prefetch_above_the_servers_limits_still_streams_to_the_end(env: dict, limit: list[str]) -> None:
     """The server sends at most ``max_prefetch`` unacked batches, and a ranked cursor produces at most
     ``window`` steps past the last ack; a client asking for more must ack within those limits.
@@ -432,6 +441,7 @@ def test_a_prefetch_above_the_servers_limits_still_streams_to_the_end(env: dict,
         stop(proc)
 
 
+@pytest.mark.slow
 def test_a_rank_waiting_on_a_stalled_stream_is_told_why(env: dict, monkeypatch: pytest.MonkeyPatch,
                                                         caplog: pytest.LogCaptureFixture) -> None:
     """Rank 0 of 2 alone: the window fills and rank 0 waits; its log says which rank holds it back."""
@@ -462,6 +472,7 @@ def test_a_rank_waiting_on_a_stalled_stream_is_told_why(env: dict, monkeypatch: 
         stop(proc)
 
 
+@pytest.mark.slow
 def test_a_client_without_a_server_says_so_then_times_out(monkeypatch: pytest.MonkeyPatch,
                                                           caplog: pytest.LogCaptureFixture) -> None:
     from feedline._service import client as client_module
@@ -475,6 +486,7 @@ def test_a_client_without_a_server_says_so_then_times_out(monkeypatch: pytest.Mo
                for r in caplog.records), [r.message for r in caplog.records]
 
 
+@pytest.mark.slow
 def test_serve_process_takes_the_server_with_it_when_the_parent_dies(env: dict, tmp_path: Path) -> None:
     """A parent that ends without unwinding (here ``os._exit``; SIGKILL alike) leaves no server behind."""
     import psutil

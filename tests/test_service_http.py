@@ -49,6 +49,7 @@ def server(env: dict[str, Any]) -> Any:
     stop(proc)
 
 
+@pytest.mark.slow
 def test_json_batches_are_the_in_process_batches_then_204(env: dict, server: Any) -> None:
     _, url = server
     ref = collect(feedline.Loader(env["spec"]))
@@ -111,6 +112,7 @@ def test_state_stats_healthz_and_unknown_stream(server: Any) -> None:
     assert status == 404 and "validation" in json.loads(body)["message"]
 
 
+@pytest.mark.slow
 def test_token_is_required_and_checked(env: dict, tmp_path: Path) -> None:
     token = "s3cret-token-0123456789"
     (tmp_path / "token").write_text(token + "\n")
@@ -147,6 +149,7 @@ def test_token_is_required_and_checked(env: dict, tmp_path: Path) -> None:
         stop(proc)
 
 
+@pytest.mark.slow
 def test_non_loopback_http_without_token_is_refused(env: dict) -> None:
     with pytest.raises(SpecError, match="--http-token-file"):
         HttpOptions(host="0.0.0.0", port=0)

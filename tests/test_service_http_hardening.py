@@ -49,6 +49,7 @@ def test_a_pause_longer_than_the_lease_repeats_no_batch(env: dict[str, Any]) -> 
     assert len(steps) >= 8 and stats["server"]["streams"]["train"]["shared"]["lease_expired"] == 0
 
 
+@pytest.mark.slow
 def test_a_given_back_batch_keeps_its_age_across_a_pause_longer_than_the_lease(env: dict[str, Any]) -> None:
     """Two GETs at once: the first one's client is slow and hangs up after the second was served, so its
     batch is given back when the feed's other credits are young. The feed still gives it back to the

@@ -63,6 +63,7 @@ def _drain(url: str, steps: list[int], lock: threading.Lock, query: str = "strea
             steps.append(doc["step"])
 
 
+@pytest.mark.slow
 def test_20_clients_that_reset_mid_response_lose_no_step(big: str) -> None:
     proc, url = start_http(big, "--http", "127.0.0.1:0")
     steps: list[int] = []
@@ -92,6 +93,7 @@ def test_20_clients_that_reset_mid_response_lose_no_step(big: str) -> None:
     assert stats["resent"] >= 20, stats
 
 
+@pytest.mark.slow
 def test_confirm_mode_resends_what_was_not_acked(big: str) -> None:
     """``confirm=1``: a step read in full but never acked is served again after its time (at least
     once); an acked one is not; a reset one is served again at once."""
@@ -119,6 +121,7 @@ def test_confirm_mode_resends_what_was_not_acked(big: str) -> None:
         stop_http(proc)
 
 
+@pytest.mark.slow
 def test_a_client_that_reads_everything_gets_each_step_once(big: str, tmp_path: Path) -> None:
     """The default mode on a kept-alive connection: the next request settles the previous response."""
     import http.client

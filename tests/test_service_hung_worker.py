@@ -23,6 +23,7 @@ from service_helpers import make_spec, start_server, stop, tokenizer_path, write
 pytestmark = pytest.mark.timeout(120)
 
 
+@pytest.mark.slow
 def test_a_client_waiting_on_a_stopped_worker_is_told_which_and_the_stream_goes_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     from feedline._service import client as client_module

@@ -42,6 +42,7 @@ def _first_error(loader: Any) -> BaseException:
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 def test_a_record_error_in_the_server_arrives_as_record_error(tmp_path: Path) -> None:
     spec = _bad_corpus(tmp_path)
     local = _first_error(feedline.Loader(spec))
@@ -212,6 +213,7 @@ def test_errors_and_gone_peers_without_sockets(wired: Any) -> None:
 
 
 @pytest.mark.parametrize("epochs,settled", [(None, True), (1, False)])
+@pytest.mark.slow
 def test_a_server_settles_the_auto_backend_before_it_listens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                               epochs: int | None, settled: bool) -> None:
     """``backend: auto``'s fastokens check runs in ``bind()``, so it never competes with the first clients'
@@ -280,6 +282,7 @@ def _live_batches() -> int:
     return sum(type(o) is Produced for o in gc.get_objects())   # type(): no __getattr__ of lazy modules
 
 
+@pytest.mark.slow
 def test_an_acked_batch_is_released_at_its_ack_not_at_its_lease_end(long_lease: Any) -> None:
     d, t = long_lease
     d.receive(b"a", _hello(mode="shared", prefetch=2), now=0.0)
@@ -294,6 +297,7 @@ def test_an_acked_batch_is_released_at_its_ack_not_at_its_lease_end(long_lease: 
     assert q.holding <= q.budget and len(q.leases) <= 2 * q.live + 64
 
 
+@pytest.mark.slow
 def test_a_stuck_shared_consumer_holds_its_batches_not_the_window(long_lease: Any) -> None:
     d, t = long_lease   # window 2, leases of 600 s that never run out here
     d.receive(b"stuck", _hello(mode="shared", prefetch=2), now=0.0)

@@ -20,6 +20,7 @@ LEASE = 12.0
 SLOW_S = 4.0   # the slow consumer's time per batch: 4 of them outlast the lease
 
 
+@pytest.mark.slow
 def test_a_slow_consumers_prefetched_batches_go_to_the_waiting_one(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, tokenizer_path(tmp_path), docs=30)
     path = write_spec(tmp_path / "train.json", spec)

@@ -45,6 +45,7 @@ def test_pile_zstd_shards_keep_meta_and_report_the_list_text() -> None:
     assert isinstance(first.data["meta"]["pile_set_name"], str)
 
 
+@pytest.mark.slow
 def test_kjv_gzip_lines() -> None:
     p = DATA / "prose" / "kjv_bible_verses.txt.gz"
     with gzip.open(p, "rb") as f:
@@ -52,6 +53,7 @@ def test_kjv_gzip_lines() -> None:
     assert len(_all({"sources": [str(p)]})) == expected
 
 
+@pytest.mark.slow
 def test_goemotions_tsv_without_header_matches_the_published_count() -> None:
     p = DATA / "classification" / "goemotions" / "train.tsv"
     recs = _all({"sources": [{"path": str(p), "columns": ["text", "labels", "id"], "header": False}]})
@@ -59,6 +61,7 @@ def test_goemotions_tsv_without_header_matches_the_published_count() -> None:
     assert sum(1 for r in recs if "," in str(r["labels"])) == 7102
 
 
+@pytest.mark.slow
 def test_banking77_quoted_multiline_rows_match_the_csv_module() -> None:
     p = DATA / "classification" / "banking77" / "train.tsv"
     with p.open(newline="", encoding="utf-8") as f:

@@ -72,6 +72,7 @@ def test_csv_quoted_field_over_the_size_limit_is_too_large(tmp_path: Path) -> No
 
 
 # ------------------------------------------------------------------ item 11: shrinking file
+@pytest.mark.slow
 def test_a_file_truncated_while_read_is_reported(tmp_path: Path) -> None:
     p = tmp_path / "big.jsonl"
     lines = [json.dumps({"text": f"record {i} " + "word " * 10}) + "\n" for i in range(40_000)]

@@ -90,6 +90,7 @@ def _corpus(n: int = 3000) -> bytes:
     return "".join(json.dumps({"text": f"remote document {i} " + "word " * (i % 40)}) + "\n" for i in range(n)).encode()
 
 
+@pytest.mark.slow
 def test_open_url_resumes_a_dropped_connection_with_a_range_request(server: str) -> None:
     body = _corpus()
     _Handler.files["/c.jsonl"] = body
@@ -100,6 +101,7 @@ def test_open_url_resumes_a_dropped_connection_with_a_range_request(server: str)
     assert _Handler.ranges_seen and _Handler.ranges_seen[0] != "bytes=0-"
 
 
+@pytest.mark.slow
 def test_seek_from_the_end_of_an_object_of_unknown_size_is_refused(server: str) -> None:
     """SEEK_END needs the size: with none reported it raises (it seeked from 0 and read the start)."""
     import io
@@ -117,6 +119,7 @@ def test_seek_from_the_end_of_an_object_of_unknown_size_is_refused(server: str) 
             f.raw.seek(0, 7)  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 def test_url_source_delivers_every_record_across_a_drop(server: str) -> None:
     body = _corpus()
     _Handler.files["/c.jsonl"] = body
@@ -125,6 +128,7 @@ def test_url_source_delivers_every_record_across_a_drop(server: str) -> None:
     assert [r["text"] for r in recs] == [json.loads(x)["text"] for x in body.splitlines()]
 
 
+@pytest.mark.slow
 def test_url_404_stops_the_run_unless_on_unreadable_skip(server: str) -> None:
     _Handler.files["/ok.jsonl"] = _corpus(10)
     spec = {"sources": [{"path": f"{server}/missing.jsonl"}, {"path": f"{server}/ok.jsonl"}]}
@@ -135,6 +139,7 @@ def test_url_404_stops_the_run_unless_on_unreadable_skip(server: str) -> None:
         list(records({**spec, "on_unreadable": "skip", "on_error": "raise"}))
 
 
+@pytest.mark.slow
 def test_open_url_gives_up_after_retries(server: str) -> None:
     _Handler.files["/c.jsonl"] = _corpus(100)
     with pytest.raises(SourceError, match="not found"):

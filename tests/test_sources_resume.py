@@ -46,10 +46,12 @@ def _spec(c: dict[str, str], **over: object) -> dict[str, object]:
     return spec
 
 
+@pytest.mark.slow
 def test_resume_with_shuffle_and_weighted_mixture_is_bit_exact(corpus: dict[str, str]) -> None:
     assert assert_resumes_exactly(_spec(corpus), every=7, check=3) >= 5
 
 
+@pytest.mark.slow
 def test_resume_with_cycle_stopping_and_two_epochs(corpus: dict[str, str]) -> None:
     spec = _spec(corpus, epochs=2, mix={"stopping": "cycle"}, shuffle={"buffer": 16})
     assert assert_resumes_exactly(spec, every=12, check=2, limit=70) >= 5

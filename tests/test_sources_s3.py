@@ -65,6 +65,7 @@ def _texts(spec: dict[str, object]) -> list[str]:
     return [r["text"] for r in feedline.records(spec)]
 
 
+@pytest.mark.slow
 def test_records_from_s3_equal_the_same_files_on_disk(s3: S3Fixture, tmp_path: Path) -> None:
     import zstandard
 
@@ -93,6 +94,7 @@ def test_a_prefix_of_10000_objects_is_listed_in_pages(s3: S3Fixture) -> None:
     assert len(lists) == 10  # 1,000 keys a page, one pass
 
 
+@pytest.mark.slow
 def test_dropped_connections_and_503s_are_retried_without_loss(s3: S3Fixture) -> None:
     body = _docs(2000, "flaky")
     url = _put(s3, "flaky/c.jsonl", body)
@@ -104,6 +106,7 @@ def test_dropped_connections_and_503s_are_retried_without_loss(s3: S3Fixture) ->
     assert len(s3.gets(key)) >= 5 and s3.fail[key] == s3.cut[key] == 0  # every fault was met, and survived
 
 
+@pytest.mark.slow
 def test_a_resume_starts_mid_object_with_a_ranged_request(s3: S3Fixture, small_tokenizer: str) -> None:
     url = _put(s3, "resume/big.jsonl", _docs(3000, "resume"))
     key = f"/{BUCKET}/resume/big.jsonl"
@@ -125,6 +128,7 @@ def test_a_resume_starts_mid_object_with_a_ranged_request(s3: S3Fixture, small_t
     assert pos in starts  # reading went on from the saved byte offset, not from the start of the object
 
 
+@pytest.mark.slow
 def test_a_server_that_ignores_range_is_named_on_resume(s3: S3Fixture, small_tokenizer: str) -> None:
     """A resume from an endpoint that answers every ranged GET with the whole object says the server
     ignored the range request (it said the file changed since the state was saved)."""
@@ -176,6 +180,7 @@ def test_credentials_come_from_the_standard_config_files(s3: S3Fixture, tmp_path
     assert len(_texts({"sources": [url]})) == 5
 
 
+@pytest.mark.slow
 def test_the_local_cache_serves_later_epochs_within_its_bound(s3: S3Fixture, tmp_path: Path) -> None:
     bodies = {f"cached/{i}.jsonl": _docs(400 + i, f"cache{i}") for i in range(3)}
     for k, b in bodies.items():
@@ -203,6 +208,7 @@ def test_the_cache_is_not_part_of_the_stream_identity() -> None:
     assert a.hash() == b.hash() and b.sources[0].cache is not None and b.sources[0].cache.max_bytes == 20 << 30
 
 
+@pytest.mark.slow
 def test_cache_on_files_it_never_copies_is_said_once_naming_the_source(
         s3: S3Fixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """cache: on local files or Parquet objects (read by ranged requests) copies nothing: one warning
@@ -232,6 +238,7 @@ def test_cache_on_files_it_never_copies_is_said_once_naming_the_source(
         feedline.Spec.load({"sources": [{"hf": "some/dataset", "cache": cache}]})
 
 
+@pytest.mark.slow
 def test_a_missing_bucket_is_named_with_what_to_check(s3: S3Fixture) -> None:
     """A bucket the server does not hold: its name, the endpoint asked, and the three things to check
     (it said only "cannot list (The specified bucket does not exist)")."""
@@ -242,6 +249,7 @@ def test_a_missing_bucket_is_named_with_what_to_check(s3: S3Fixture) -> None:
         assert all(w in str(e.value) for w in ("bucket's name", "AWS_ENDPOINT_URL_S3", "credentials"))
 
 
+@pytest.mark.slow
 def test_an_interrupted_copy_leaves_nothing(s3: S3Fixture, tmp_path: Path) -> None:
     from feedline._sources.cache import ObjectCache
     from feedline._sources.remote import open_url

@@ -79,6 +79,7 @@ def _temporaries(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.name.startswith("."))
 
 
+@pytest.mark.slow
 def test_a_cache_that_cannot_grow_a_file_steps_aside_and_loses_nothing(s3: S3Fixture, tmp_path: Path) -> None:
     """RLIMIT_FSIZE (EFBIG past 256 KiB, SIGXFSZ ignored) stands in for a full disk: objects of
     ~280 KB fail mid-copy. Before, each was cut there and logged as "truncated"."""
@@ -92,6 +93,7 @@ def test_a_cache_that_cannot_grow_a_file_steps_aside_and_loses_nothing(s3: S3Fix
     assert list((tmp_path / "cache").iterdir()) == []  # the failed copy was dropped, nothing else written
 
 
+@pytest.mark.slow
 def test_a_cache_folder_turned_read_only_mid_run_loses_nothing(s3: S3Fixture) -> None:
     """The folder is chmod 500 after 1,500 records, while the second object or one read ahead is copied (as
     root the child drops to nobody first, so the mode bites: EACCES). The next start, with the
@@ -119,6 +121,7 @@ def test_a_cache_folder_turned_read_only_mid_run_loses_nothing(s3: S3Fixture) ->
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_temporaries_of_killed_copies_are_swept_and_count_towards_max_bytes(s3: S3Fixture, tmp_path: Path) -> None:
     """Five children are SIGKILLed mid-copy (before: five temporaries, never removed, not counted).
     Each start removes the one left by the last; a live writer's temporary is never removed and
@@ -154,6 +157,7 @@ def test_temporaries_of_killed_copies_are_swept_and_count_towards_max_bytes(s3: 
     assert [p.stat().st_size for p in folder.iterdir()] == [small_size]  # with the dead one gone, it fits
 
 
+@pytest.mark.slow
 def test_a_full_disk_makes_the_cache_step_aside(s3: S3Fixture, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A real ENOSPC: the cache folder on a 512 KiB tmpfs, objects of ~280 KB (root only: mounting
     needs it; elsewhere the RLIMIT_FSIZE test above stands in)."""

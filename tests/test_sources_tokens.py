@@ -80,6 +80,7 @@ def _pack(source: dict, **over: object) -> dict:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.slow
 def test_each_layout_delivers_its_documents_in_order(layout: str, layouts: dict[str, dict]) -> None:
     case = layouts[layout]
     recs = list(records({"sources": [case["source"]], "task": {"kind": "clm"}}))
@@ -97,6 +98,7 @@ def test_detection(layouts: dict[str, dict]) -> None:
     assert detect_format(layouts["nanogpt"]["source"]["path"]) == "flat"
 
 
+@pytest.mark.slow
 def test_megatron_pack_equals_the_text_path(layouts: dict[str, dict]) -> None:
     """Megatron documents (GPT-2 ids + EOD) through clm/pack give the batches that the same C4 text
     gives through the GPT-2 tokenizer (clm appends EOS): bit for bit when the spec names the
@@ -120,6 +122,7 @@ def test_megatron_pack_equals_the_text_path(layouts: dict[str, dict]) -> None:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.slow
 def test_shuffled_stream_resumes_exactly(layout: str, layouts: dict[str, dict]) -> None:
     spec = _pack(layouts[layout]["source"], shuffle={"buffer": 32}, epochs=2)
     assert assert_resumes_exactly(spec, every=9, check=2) >= 5
@@ -138,6 +141,7 @@ def test_concat_reproduces_the_flat_token_stream(layouts: dict[str, dict]) -> No
     assert stream.size - rows.size < 2 * 256
 
 
+@pytest.mark.slow
 def test_mixture_with_a_text_source_resumes_exactly(layouts: dict[str, dict]) -> None:
     spec = {"sources": [{**layouts["parquet"]["source"], "weight": 2},
                         {"path": str(shared("prose", "botchan.txt")), "weight": 1}],

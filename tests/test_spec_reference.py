@@ -93,6 +93,7 @@ def test_unknown_key_gets_did_you_mean_and_the_whole_section() -> None:
         feedline.Spec.load(_spec(task={"kind": "mlm", "max_lenght": 8}))
 
 
+@pytest.mark.slow
 def test_cli_spec_schema_and_check(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "feedline", "spec", "--schema"], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout)["title"] == "feedline spec"
@@ -164,6 +165,7 @@ def test_states_of_the_earlier_hash_still_resume(tmp_path: Path, corpus: str, sm
     assert [b["input_ids"].tolist() for b in feedline.Loader(spec, state=state)] == rest
 
 
+@pytest.mark.slow
 def test_serve_process_reads_a_mappings_relative_paths_from_the_working_directory(
         tmp_path: Path, corpus: str, small_tokenizer: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     path = _write_run(tmp_path / "run", corpus, small_tokenizer)

@@ -100,6 +100,7 @@ def test_flags_are_generated_from_any_options_dataclass() -> None:
     assert "per second. (default: 2.5)" in parser.format_help()
 
 
+@pytest.mark.slow
 def test_serve_has_a_flag_for_every_simple_server_option_with_its_default() -> None:
     out = subprocess.run([sys.executable, "-m", "feedline", "serve", "--help"], capture_output=True, text=True, check=True).stdout
     parser = argparse.ArgumentParser()

@@ -45,6 +45,7 @@ def _spec(tmp: Path, transform: str, kind: str = "clm") -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_spec_check_does_not_run_a_transforms_module(tmp_path: Path) -> None:
     marker = _module(tmp_path, "shouts", "\ndef upper(record):\n    return {**record, 'text': record['text'].upper()}\n")
     r = _check(_spec(tmp_path, "shouts:upper"), tmp_path)
@@ -58,6 +59,7 @@ def test_spec_check_does_not_run_a_transforms_module(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_spec_check_does_not_run_parent_packages(tmp_path: Path) -> None:
     pkg = tmp_path / "team"
     pkg.mkdir()
@@ -68,6 +70,7 @@ def test_spec_check_does_not_run_parent_packages(tmp_path: Path) -> None:
     assert not init_marker.exists() and not mod_marker.exists()
 
 
+@pytest.mark.slow
 def test_spec_check_says_when_it_must_import(tmp_path: Path) -> None:
     """A name that only ``import *`` provides cannot be seen in the source: the module is imported,
     and a note on standard error says so (the one case here where its top level runs)."""
@@ -85,6 +88,7 @@ def test_spec_check_says_when_it_must_import(tmp_path: Path) -> None:
     assert plugin.exists()
 
 
+@pytest.mark.slow
 def test_loading_a_spec_does_import_its_transforms(tmp_path: Path) -> None:
     """What the docs warn of: outside --check, loading a spec runs the modules it names."""
     marker = _module(tmp_path, "loud", "\ndef upper(record):\n    return record\n")
@@ -94,6 +98,7 @@ def test_loading_a_spec_does_import_its_transforms(tmp_path: Path) -> None:
     assert marker.exists()
 
 
+@pytest.mark.slow
 def test_a_client_cannot_change_the_servers_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A hello carrying spec-like fields (a spec, transforms, a tokenizer), and HTTP requests carrying one
     in the query or a POST body, change nothing: same hash, same batches, and the module they name is

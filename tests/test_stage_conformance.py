@@ -110,6 +110,7 @@ TASKS = {
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))
+@pytest.mark.slow
 def test_task_map_with_every_task_resumes_at_every_step(name: str, tmp_path: Path) -> None:
     tok, task = TASKS[name]
     source = None
@@ -129,6 +130,7 @@ def test_task_map_with_every_task_resumes_at_every_step(name: str, tmp_path: Pat
 
 
 @pytest.mark.parametrize("strategy", ["pad", "bucket", "pack", "concat"])
+@pytest.mark.slow
 def test_every_batcher_and_the_stream_stages_resume_at_every_step(strategy: str, tmp_path: Path, small_tokenizer: str) -> None:
     p = _pipeline(tmp_path, {"kind": "clm", "max_length": 16}, small_tokenizer, strategy)
     assert assert_stage_resumes(p.batches(), check=2) >= 5

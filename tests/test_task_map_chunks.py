@@ -63,6 +63,7 @@ def _examples(tm: TaskMap, owner: list[Any], limit: int | None = None) -> list[A
     return out
 
 
+@pytest.mark.slow
 def test_chunks_are_bounded_by_size_and_examples_do_not_depend_on_chunking(wiki_spec: Spec,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Small chunks on several threads (the task declares parallel_calls) give the examples of one
@@ -85,6 +86,7 @@ def test_chunks_are_bounded_by_size_and_examples_do_not_depend_on_chunking(wiki_
     assert len(whole_log) < len(log)
 
 
+@pytest.mark.slow
 def test_a_resumed_stream_cuts_the_same_chunks_and_saves_the_same_states(wiki_spec: Spec) -> None:
     pipe = Pipeline(wiki_spec)
     it = iter(TaskMap(pipe.records(), pipe.task, chunk_bytes=30_000))

@@ -44,6 +44,7 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(edges[::2], edges[1::2], strict=True))
 
 
+@pytest.mark.slow
 def test_qwen_oasst_turn_by_turn() -> None:
     task = _task(max_length=None)
     rows = _oasst()
@@ -67,6 +68,7 @@ def test_qwen_oasst_turn_by_turn() -> None:
     assert ended_on_user == 39
 
 
+@pytest.mark.slow
 def test_generation_tags_match_apply_chat_template() -> None:
     gen = _task(max_length=None, chat_template=GENERATION_TEMPLATE)
     pre = _task(max_length=None, chat_template=GENERATION_TEMPLATE, loss_mask="prefix")

@@ -65,6 +65,7 @@ def _rows() -> list[dict[str, Any]]:
     return [json.loads(line) for line in oasst] + glaive
 
 
+@pytest.mark.slow
 def test_ids_equal_apply_chat_template_plus_the_documented_stop(glm4: str) -> None:
     """OASST 100 + glaive 300 (``unrendered: warn``: GLM-4 writes no tool calls nor schemas)."""
     task = _task(glm4, unrendered="warn")

@@ -33,6 +33,7 @@ def _batches(spec: dict[str, Any]) -> tuple[list[dict[str, np.ndarray]], dict[st
     return list(loader), loader.stats()["rejected"]
 
 
+@pytest.mark.slow
 def test_a_chat_source_without_text_reads_the_conversations_as_text_null_does() -> None:
     omitted, rejected = _batches(_spec({"path": _oasst()}))
     assert rejected == {}
@@ -76,6 +77,7 @@ def test_an_explicit_text_field_still_applies_to_chat_records(tmp_path: Path) ->
     assert sum(len(b["input_ids"]) for b in batches) == 4  # the 4 records that have the field
 
 
+@pytest.mark.slow
 def test_spec_check_passes_a_chat_spec_without_text_and_says_what_to_write_for_a_wrong_one(tmp_path: Path) -> None:
     """``feedline spec --check`` in a real process: the spec that rejected 100 of 100 OASST threads."""
     import subprocess

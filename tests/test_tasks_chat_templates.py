@@ -176,6 +176,7 @@ def _check_turns(task: Chat, family: str, msgs: list[dict[str, Any]], ids: np.nd
 
 @pytest.mark.parametrize("dataset", ["oasst", "glaive", "sharegpt"])
 @pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.slow
 def test_conformance_per_family(family: str, dataset: str, glm4_dir: str) -> None:
     """0 conversations kept with content the render lacks, every kept reply trains a stop, rejections by reason."""
     rows = _rows(dataset)
@@ -210,6 +211,7 @@ def _plain_render(task: Chat, msgs: list[dict[str, Any]], tools: Any) -> str:
         return task._render(string_arguments(msgs), tools)[0]
 
 
+@pytest.mark.slow
 def test_mistral_drops_the_system_prompt_of_a_conversation_ending_with_a_reply() -> None:
     rows = _rows("oasst")[:5]
     outs = _task("mistral-v3", system="Answer in French.").process([Record((0, 0, i), 0, r) for i, r in enumerate(rows)])
@@ -217,6 +219,7 @@ def test_mistral_drops_the_system_prompt_of_a_conversation_ending_with_a_reply()
 
 
 @pytest.mark.parametrize("family", ["llama3-r1-distill", "glm4"])
+@pytest.mark.slow
 def test_unrendered_warn_keeps_conversations_and_says_once_which_field(family: str, glm4_dir: str,
                                                                        caplog: pytest.LogCaptureFixture) -> None:
     rows = _rows("glaive")[:60]
@@ -236,6 +239,7 @@ def test_unrendered_warn_keeps_conversations_and_says_once_which_field(family: s
             assert _body(task.tok.decode(ids[s:e]), fam) is not None
 
 
+@pytest.mark.slow
 def test_qwen35_trains_reasoning_where_the_template_renders_it() -> None:
     """Qwen3.5 renders reasoning only for turns after the last user query: a conversation with
     reasoning before it is rejected, or kept with ``unrendered: warn``, reasoning trained exactly where rendered."""

@@ -28,6 +28,7 @@ def _goemotions_spec(path: Path, **task: object) -> dict:
             "batching": {"strategy": "pad", "batch_size": 64, "remainder": "keep"}}
 
 
+@pytest.mark.slow
 def test_goemotions_multi_hot_labels_match_the_rows(tmp_path: Path) -> None:
     dev = shared("classification", "goemotions", "dev.tsv")
     with open(dev, encoding="utf-8", newline="") as f:

@@ -44,6 +44,7 @@ def _run_sentences(task, docs: list[str]):
     return [ex for out in task.process(recs) for ex in out]
 
 
+@pytest.mark.slow
 def test_masking_rate_split_and_specials_on_real_text(docs: list[str]) -> None:
     task = _task(MaskedLM, max_length=512)
     plain = _task(MaskedLM, max_length=512, mlm_probability=0.0)
@@ -95,6 +96,7 @@ def test_pieces_are_framed_and_cover_the_document(docs: list[str]) -> None:
     assert len(_run(trunc, docs[:3])) == 3
 
 
+@pytest.mark.slow
 def test_whole_word_masking_masks_whole_words_and_keeps_the_split(docs: list[str]) -> None:
     task = _task(MaskedLM, max_length=512, whole_word_mask=True)
     texts = docs[:60]
@@ -142,6 +144,7 @@ def test_bad_options_raise() -> None:
 
 
 # ---------------------------------------------------------------------------------------- SOP
+@pytest.mark.slow
 def test_sop_swap_layout_token_types_and_labels(docs: list[str]) -> None:
     keep = _task(SentenceOrder, max_length=128, mlm_probability=0.0, swap_probability=0.0)
     swap = _task(SentenceOrder, max_length=128, mlm_probability=0.0, swap_probability=1.0)
@@ -169,6 +172,7 @@ def test_sop_swap_layout_token_types_and_labels(docs: list[str]) -> None:
     assert pairs > 40
 
 
+@pytest.mark.slow
 def test_sop_swap_rate_and_mlm_on_top(docs: list[str]) -> None:
     task = _task(SentenceOrder, max_length=128)
     exs = _run_sentences(task, docs[300:330])
@@ -220,6 +224,7 @@ def _per_row_reference(task, plain, docs: list[str], epoch: int = 0, pair: str |
     {"max_length": 32, "mlm_probability": 0.5, "mask_replace_prob": 0.2, "random_replace_prob": 0.7},
     {"max_length": 64, "text_pair": "b"},
 ])
+@pytest.mark.slow
 def test_chunked_masking_equals_masking_each_row(docs: list[str], opts: dict) -> None:
     task = _task(MaskedLM, seed=11, **opts)
     plain = _task(MaskedLM, seed=11, **{**opts, "mlm_probability": 0.0})

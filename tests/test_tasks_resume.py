@@ -72,6 +72,7 @@ def plugin_path(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.slow
 def test_resumes_exactly_and_thread_count_does_not_matter(name: str, tmp_path: Path, plugin_path: None) -> None:
     spec = _spec(tmp_path, name)
     assert assert_resumes_exactly(spec, every=3, check=2) >= 3

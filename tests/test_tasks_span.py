@@ -43,6 +43,7 @@ def _docs() -> list[str]:
 
 
 @pytest.mark.parametrize("max_length", [128, 512, 1024])
+@pytest.mark.slow
 def test_per_document_rows(max_length: int) -> None:
     tok = load_tokenizer(str(shared("tokenizers", "t5")))
     opts = build(SpanCorruption.Options, {"max_length": max_length, "concat_documents": False}, "task")
@@ -143,6 +144,7 @@ def test_concatenated_rows_are_full_on_short_documents(max_length: int, tmp_path
 
 
 @pytest.mark.parametrize(("max_length", "docs"), [(128, 120), (32, 24)])
+@pytest.mark.slow
 def test_concatenated_rows_resume_exactly(max_length: int, docs: int, tmp_path: Path) -> None:
     """Rows of many short documents (128), and long documents cut over many rows (32)."""
     from feedline.testing import make_corpus

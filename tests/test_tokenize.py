@@ -12,6 +12,7 @@ from feedline import TokenizerError, load_tokenizer
 from feedline._tools.train_tokenizer import train_tokenizer
 
 
+@pytest.mark.slow
 def test_gpt2_matches_the_reference_encoding() -> None:
     tok = load_tokenizer(str(shared("tokenizers", "gpt2", "tokenizer.json")))
     assert tok.encode("Hello world! <|endoftext|>").tolist() == [15496, 995, 0, 220, 50256]
@@ -69,6 +70,7 @@ def test_word_count_tsv_input(tmp_path) -> None:
         train_tokenizer([str(tmp_path / "bad.tsv")], str(tmp_path / "t2"), kind="bpe", vocab_size=300)
 
 
+@pytest.mark.slow
 def test_clear_errors_for_missing_or_offline_tokenizers(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(TokenizerError, match="no such tokenizer file"):
         load_tokenizer(str(tmp_path / "missing" / "tokenizer.json"))

@@ -24,6 +24,7 @@ def _prose(chars: int) -> str:
 
 @pytest.mark.parametrize("name, cut", [("gpt2", True), ("bert-base-uncased", True), ("llama3-r1-distill", True),
                                        ("qwen2.5", True), ("t5", True), ("mistral-v3", False)])
+@pytest.mark.slow
 def test_a_long_text_in_pieces_gives_the_ids_of_the_whole(name: str, cut: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Byte-level BPE (GPT-2, Llama 3, Qwen), WordPiece (BERT) and Unigram (T5) are cut; Mistral's
     (a normalizer prepends '▁' to every text) passes no check and is encoded whole. With and without

@@ -30,6 +30,7 @@ def _pair(rel: str) -> tuple[object, object, str]:
     return load_tokenizer(path), spm.SentencePieceProcessor(model_file=path), path
 
 
+@pytest.mark.slow
 def test_bpe_model_with_byte_fallback_encodes_like_sentencepiece() -> None:
     tok, sp, _ = _pair("mistral-v3/tokenizer.model")
     assert tok.encode("Hello world, naïve café!").tolist() == [23325, 2294, 29493, 2647, 29688, 1101, 29113, 29576]
@@ -41,6 +42,7 @@ def test_bpe_model_with_byte_fallback_encodes_like_sentencepiece() -> None:
     assert any(sp.id_to_piece(i).startswith("<0x") for ids in ref for i in ids)  # byte fallback was exercised
 
 
+@pytest.mark.slow
 def test_unigram_model_encodes_like_sentencepiece_up_to_lattice_ties() -> None:
     tok, sp, _ = _pair("t5/spiece.model")
     scores = [s for _, s, _ in read_model(shared("tokenizers", "t5", "spiece.model").read_bytes()).pieces]
@@ -76,6 +78,7 @@ def test_control_pieces_are_special_tokens_in_text() -> None:
     assert set(tok.all_special_ids.tolist()) >= {0, 1, 2, 3, 4}
 
 
+@pytest.mark.slow
 def test_proto_reader_agrees_with_the_protobuf_schema() -> None:
     pb2 = pytest.importorskip("sentencepiece.sentencepiece_model_pb2")
     for rel in ("mistral-v3/tokenizer.model", "t5/spiece.model"):
@@ -91,6 +94,7 @@ def test_proto_reader_agrees_with_the_protobuf_schema() -> None:
                                              ns.remove_extra_whitespaces, ns.escape_whitespaces)
 
 
+@pytest.mark.slow
 def test_converted_tokenizer_pickles_and_decodes() -> None:
     tok, sp, _ = _pair("mistral-v3/tokenizer.model")
     text = "Héllo  wörld 🤖 \t tabs"

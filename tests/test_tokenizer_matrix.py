@@ -103,6 +103,7 @@ def _tokenizer(row: Row) -> Any:
 
 
 @pytest.mark.parametrize("row", ROWS, ids=IDS)
+@pytest.mark.slow
 def test_clm_ids_equal_the_reference(row: Row) -> None:
     ref, tok, texts = _reference(row), _tokenizer(row), list(_texts())
     expected = ref.encode(texts)
@@ -116,6 +117,7 @@ def test_clm_ids_equal_the_reference(row: Row) -> None:
 
 
 @pytest.mark.parametrize("row", ROWS, ids=IDS)
+@pytest.mark.slow
 def test_framing_with_special_tokens_equals_the_reference(row: Row) -> None:
     """``add_special_tokens=True`` (classify, infer) frames as the family's reference does."""
     texts = list(_texts())[:20]
@@ -124,6 +126,7 @@ def test_framing_with_special_tokens_equals_the_reference(row: Row) -> None:
 
 
 @pytest.mark.parametrize("row", ROWS, ids=IDS)
+@pytest.mark.slow
 def test_packed_rows_hold_the_reference_ids(row: Row, tmp_path: Path) -> None:
     ref, texts = _reference(row), list(_texts())
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")

@@ -56,6 +56,7 @@ def chat_file(tmp_path: Path) -> Path:
 
 
 # ------------------------------------------------------------------ item 16
+@pytest.mark.slow
 def test_pack_refuses_to_write_over_its_input(chat_file: Path) -> None:
     before = digest(chat_file)
     err = one_line_error(cli("pack", "-i", str(chat_file), "-o", str(chat_file), "-t", "no-such-tok", "-m", "64",
@@ -89,6 +90,7 @@ def test_export_needs_overwrite_and_then_removes_stale_shards(tmp_path: Path, co
     assert (out / "notes.txt").read_text() == "mine" and "examples-00000.jsonl" in visible(out)
 
 
+@pytest.mark.slow
 def test_export_to_an_existing_file_is_one_line(tmp_path: Path, corpus: str, small_tokenizer: str) -> None:
     target = tmp_path / "out.arrow"
     target.write_bytes(b"keep")
@@ -96,6 +98,7 @@ def test_export_to_an_existing_file_is_one_line(tmp_path: Path, corpus: str, sma
     assert "existing file" in err and target.read_bytes() == b"keep"
 
 
+@pytest.mark.slow
 def test_killed_export_leaves_nothing_final_and_a_rerun_cleans_up(tmp_path: Path, corpus: str, small_tokenizer: str) -> None:
     out = tmp_path / "out"
     spec = json.dumps(clm(corpus, small_tokenizer))
@@ -121,6 +124,7 @@ def test_killed_export_leaves_nothing_final_and_a_rerun_cleans_up(tmp_path: Path
     assert sorted(p.name for p in out.iterdir()) == sorted([s["path"] for s in m["shards"]] + ["manifest.json"])
 
 
+@pytest.mark.slow
 def test_shard_rerun_with_another_count_does_not_double_the_records(tmp_path: Path, corpus: str) -> None:
     out = tmp_path / "shards"
     first = shard([corpus], str(out), num_shards=4, seed=1)

@@ -82,6 +82,7 @@ def test_wraps_a_built_loader_and_uses_its_rank(spec: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("prefetch", [0, 3])
+@pytest.mark.slow
 def test_resume_through_torchloader_is_exact(spec: dict[str, Any], prefetch: int) -> None:
     ref = collect(feedline.Loader(spec))
     n = len(ref)
@@ -201,6 +202,7 @@ def test_feedline_torch_does_not_shadow_torch_inside_the_package() -> None:
     assert feedline.torch.TorchLoader is adapter.TorchLoader  # the public shim
 
 
+@pytest.mark.slow
 def test_remote_ranks_from_the_environment_equal_in_process(spec: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """Two torchrun-style ranks reading one ``feedline serve``: same slices as in-process, exact state."""
     import importlib.util

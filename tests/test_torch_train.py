@@ -39,6 +39,7 @@ def text_source(corpus: str) -> tuple[dict[str, Any], str]:
     return {"path": corpus}, "generated corpus"
 
 
+@pytest.mark.slow
 def test_tiny_model_loss_falls_over_100_steps(corpus: str, small_tokenizer: str) -> None:
     from feedline._demo.models import TinyGPT
 
@@ -100,6 +101,7 @@ def load_rank(out: Path, rank: int) -> tuple[dict[str, Any], list[dict[str, np.n
     return info, batches
 
 
+@pytest.mark.slow
 def test_torchrun_two_ranks_get_their_slices_and_stop_together(tmp_path: Path, corpus: str, small_tokenizer: str) -> None:
     spec = {"sources": [{"path": corpus}], "tokenizer": small_tokenizer, "seed": 1, "shuffle": {"buffer": 20},
             "task": {"kind": "clm", "max_length": 40}, "batching": {"strategy": "pad", "batch_size": 6}}
@@ -130,6 +132,7 @@ def test_torchrun_two_ranks_get_their_slices_and_stop_together(tmp_path: Path, c
 
 
 @pytest.mark.parametrize("dataloader", ["trainer", "passthrough"])
+@pytest.mark.slow
 def test_hf_trainer_runs_10_steps_from_torchloader(tmp_path: Path, corpus: str, small_tokenizer: str, dataloader: str) -> None:
     """As given (the Trainer's own DataLoader) and through ``get_train_dataloader`` returning ``loader.dataloader()``."""
     pytest.importorskip("transformers")

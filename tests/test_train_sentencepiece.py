@@ -27,6 +27,7 @@ def botchan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_unigram_from_text_has_the_t5_layout_and_encodes(botchan: Path, tmp_path: Path) -> None:
     model = train_sentencepiece([str(botchan)], str(tmp_path / "u"), kind="unigram", vocab_size=1200, sentinels=10,
                                 tokenizer_json=True)
@@ -59,6 +60,7 @@ def test_bpe_from_word_counts_has_the_llama_layout(botchan: Path, tmp_path: Path
     assert sp.decode(ids) == SENTENCE and 0 not in ids
 
 
+@pytest.mark.slow
 def test_bad_inputs_are_refused(botchan: Path, tmp_path: Path) -> None:
     bad = tmp_path / "bad.tsv"
     bad.write_text("word\t3\nno count here\n")
@@ -74,6 +76,7 @@ def test_bad_inputs_are_refused(botchan: Path, tmp_path: Path) -> None:
     assert r.returncode == 2 and "use --format tokenizers" in r.stderr
 
 
+@pytest.mark.slow
 def test_cli_trains_a_sentencepiece_model(botchan: Path, tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "feedline", "train-tokenizer", str(botchan), "-o", str(tmp_path / "c"),
                         "--format", "sentencepiece", "--kind", "bpe", "--vocab-size", "600"],
@@ -83,6 +86,7 @@ def test_cli_trains_a_sentencepiece_model(botchan: Path, tmp_path: Path) -> None
     assert sp.decode(sp.encode(SENTENCE)) == SENTENCE
 
 
+@pytest.mark.slow
 def test_a_vocabulary_the_corpus_cannot_fill_is_reported(botchan: Path, tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "feedline", "train-tokenizer", str(botchan), "-o", str(tmp_path / "s"),
                         "--format", "sentencepiece", "--kind", "bpe", "--vocab-size", "32000"],

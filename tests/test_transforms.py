@@ -41,12 +41,14 @@ def test_transforms_filter_and_map_in_spec_order() -> None:
 
 
 @pytest.mark.parametrize("shuffle", [None, 64])
+@pytest.mark.slow
 def test_the_transform_stage_resumes_exactly_at_every_step(shuffle: int | None) -> None:
     s = spec(shuffle=shuffle, epochs=2)
     # every state, before the first record and after each, restores to the same continuation
     assert assert_stage_resumes(Pipeline(s).records(), every=7, check=3) > 50
 
 
+@pytest.mark.slow
 def test_loader_resumes_at_random_steps_and_counts_filtered(gpt2_path: str) -> None:
     s = spec(tokenizer=gpt2_path, shuffle=40, workers=2, task={"kind": "clm", "max_length": 64},
              batching={"strategy": "pad", "batch_size": 8})
@@ -126,6 +128,7 @@ def _stream(s: dict) -> tuple[list[list[int]], dict]:
         return [b["input_ids"].tolist() for b in loader], loader.stats()
 
 
+@pytest.mark.slow
 def test_a_text_a_map_empties_or_grows_is_counted_as_the_same_record_on_disk(gpt2_path: str, tmp_path: Path) -> None:
     """A map emptying ~10 % of texts gave EOS-only rows and rejected {}. Now the records it empties or
     makes too large are counted (and rejected) as the same records written to disk are."""
@@ -179,6 +182,7 @@ def test_a_changed_filter_is_refused_on_restore_of_the_shuffle_buffer() -> None:
     other.close()
 
 
+@pytest.mark.slow
 def test_import_paths_travel_to_a_served_process(gpt2_path: str, tmp_path: Path) -> None:
     from feedline._cli.commands.stats import fetch_stats
     from feedline.service import serve_process
@@ -195,6 +199,7 @@ def test_import_paths_travel_to_a_served_process(gpt2_path: str, tmp_path: Path)
         assert fetch_stats(address)["streams"]["train"]["filtered"] == filtered
 
 
+@pytest.mark.slow
 def test_partitions_in_processes_run_import_paths_and_resume_exactly(gpt2_path: str) -> None:
     s = spec(tokenizer=gpt2_path, shuffle=30, partitions=2, task={"kind": "clm", "max_length": 64},
              batching={"strategy": "pad", "batch_size": 8})

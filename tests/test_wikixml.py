@@ -36,6 +36,7 @@ def test_the_residue_patterns_are_the_listed_ones() -> None:
     assert set(RESIDUE_PATTERNS) == CHECKED
 
 
+@pytest.mark.slow
 def test_no_markup_residue_in_106_real_articles(articles: list[dict]) -> None:
     assert len(articles) == 106
     residue = {k: 0 for k in CHECKED}
@@ -84,6 +85,7 @@ def _warm_pool(workers: int) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_parse_processes_give_the_same_records(articles: list[dict], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FEEDLINE_PARSE_WORKERS", "2")
     _warm_pool(2)
@@ -100,11 +102,13 @@ def test_parse_processes_give_the_same_records(articles: list[dict], monkeypatch
     assert parser.pooled >= 4 and [it[3]["title"] for it in items] == [r["title"] for r in articles[:len(items)]]
 
 
+@pytest.mark.slow
 def test_in_thread_parsing(articles: list[dict], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FEEDLINE_PARSE_WORKERS", "0")
     assert list(feedline.records({"sources": [DUMP]})) == articles
 
 
+@pytest.mark.slow
 def test_resumes_exactly_with_parse_processes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import bz2
 

@@ -45,6 +45,7 @@ def _same(enc: WordCacheEncoder, hf: HfEncoder, texts: list[str], special: bool 
         assert flat[bounds[i]:bounds[i + 1]].tolist() == w.tolist(), repr(texts[i][:80])
 
 
+@pytest.mark.slow
 def test_bert_ids_are_those_of_tokenizers_on_real_prose_and_edge_text(bert_path: str) -> None:
     tok = load_tokenizer(bert_path)
     enc, hf = WordCacheEncoder(tok.backend), HfEncoder(tok.backend)
@@ -90,6 +91,7 @@ def test_an_added_token_across_words_sends_its_texts_to_tokenizers_whole(tmp_pat
     ("t5", "normalizer Precompiled"),
     ("qwen2.5", "pre-tokenizer Split"),  # NFC is allowed; the Split regex may cross whitespace
 ])
+@pytest.mark.slow
 def test_refusal_names_what_stands_in_the_way(name: str, why: str | None) -> None:
     path = shared("tokenizers", name, "tokenizer.json")
     got = wordcache_refusal(path.read_text(encoding="utf-8"))
@@ -165,6 +167,7 @@ def test_a_tokenizer_it_cannot_take_falls_back_or_is_refused(tmp_path: Path) -> 
         with_backend(tok, "wordcache")
 
 
+@pytest.mark.slow
 def test_mlm_batches_on_real_prose_are_those_of_hf_and_resume_exactly(bert_path: str, tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "prose.jsonl"
@@ -184,6 +187,7 @@ def test_mlm_batches_on_real_prose_are_those_of_hf_and_resume_exactly(bert_path:
     assert_batches_equal(want, head + tail, where="bert mlm: wordcache (resumed at 7) vs hf")
 
 
+@pytest.mark.slow
 def test_the_cache_stays_bounded(bert_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(wordcache, "CACHE_WORDS", 500)
     tok = load_tokenizer(bert_path)
@@ -226,6 +230,7 @@ def test_the_verification_corpus_holds_the_characters_the_cache_must_not_split_a
     assert all(c in joined for c in wordcache.SPLIT_ONLY_IN_PYTHON)
 
 
+@pytest.mark.slow
 def test_streams_share_one_cache_from_several_threads(bert_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every stream of a process encodes through the one verified cache: threads filling and
     restarting it at once still get tokenizers' ids."""
