@@ -145,3 +145,10 @@ def test_the_state_file_refuses_more_than_its_bound(tmp_path: Path, monkeypatch:
     (tmp_path / "big.json").write_text(" " * 1001)
     with pytest.raises(SpecError, match="larger than"):
         statefile.StateFile(tmp_path / "big.json", {"train": "0123"}).load()
+
+
+def test_a_fifo_given_as_the_spec_is_one_line_not_a_hang(tmp_path: Path) -> None:
+    """open() of a FIFO blocks until a writer comes: spec --check hung on one, in silence."""
+    fifo = tmp_path / "spec.yaml"
+    os.mkfifo(fifo)
+    _one_line_error(_run("spec", "--check", str(fifo)), r"spec.yaml: not a regular file \(a pipe or device\)")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 from typing import Any
 
@@ -49,6 +50,10 @@ def read_spec_text(path: str | os.PathLike[str]) -> str:
             data = raw.read(MAX_BYTES + 1) if raw is not None else \
                 sys.stdin.read(MAX_BYTES + 1).encode("utf-8", "surrogateescape")
         else:
+            mode = os.stat(p).st_mode   # a FIFO or device would block open() or never end
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise SpecError(f"{p}: not a regular file (a pipe or device); give a spec file, or - for "
+                                "standard input")
             with open(p, "rb") as f:
                 data = f.read(MAX_BYTES + 1)
     except FileNotFoundError:
