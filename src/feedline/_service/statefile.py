@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from feedline._core.bounded import NotRegularFile, read_bounded, utf8_error
 from feedline._service.protocol import state_as_json
 from feedline._state import check_state, parse_state_json
 from feedline.errors import SpecError, StateError
@@ -96,43 +96,26 @@ class StateFile:
     def _read(self) -> str | None:
         """The file's text (``None``: it does not exist): a regular file of at most :data:`MAX_BYTES`, as UTF-8.
 
-        It is opened without blocking and checked before a byte is read, so a FIFO, a device
-        (a link to ``/dev/zero``) or a folder is refused at once instead of hanging or filling memory.
+        A FIFO, a device (a link to ``/dev/zero``) or a folder is refused before a byte is read
+        (:func:`~feedline._core.bounded.read_bounded`) instead of hanging or filling memory.
         """
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+            data = read_bounded(self.path, MAX_BYTES)
         except FileNotFoundError:
             return None
+        except NotRegularFile as e:
+            raise SpecError(f"{self.path}: the --state file is {e.what}; give a regular file (or a path "
+                            "that does not exist yet: the server creates it)") from None
         except OSError as e:
             raise SpecError(f"{self.path}: cannot read the --state file ({e.strerror})") from None
-        try:
-            kind = os.fstat(fd).st_mode
-            if not stat.S_ISREG(kind):
-                what = "a folder" if stat.S_ISDIR(kind) else "a FIFO" if stat.S_ISFIFO(kind) else \
-                    "a device" if stat.S_ISCHR(kind) or stat.S_ISBLK(kind) else "not a regular file"
-                raise SpecError(f"{self.path}: the --state file is {what}; give a regular file (or a path "
-                                "that does not exist yet: the server creates it)")
-            chunks, size = [], 0
-            while size <= MAX_BYTES:
-                chunk = os.read(fd, min(1 << 20, MAX_BYTES + 1 - size))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-            data = b"".join(chunks)
-        except OSError as e:
-            raise SpecError(f"{self.path}: cannot read the --state file ({e.strerror})") from None
-        finally:
-            os.close(fd)
         if len(data) > MAX_BYTES:
             raise SpecError(f"{self.path}: larger than {MAX_BYTES:,} bytes, so not a --state file the server "
                             "wrote; give another path, or delete the file to start the streams over")
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise SpecError(f"{self.path}: not a feedline state file (byte 0x{data[e.start]:02x} at offset "
-                            f"{e.start} is not UTF-8 text); give another path, or delete the file to start "
-                            "the streams over") from None
+            raise SpecError(f"{self.path}: not a feedline state file ({utf8_error(data, e)[1]} is not UTF-8 "
+                            "text); give another path, or delete the file to start the streams over") from None
 
     def save(self, wires: Mapping[str, bytes | str]) -> None:
         """Record these streams' states (as batch headers carry them) and rewrite the file atomically."""

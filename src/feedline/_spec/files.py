@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import sys
 from typing import Any
 
 import yaml
 
+from feedline._core.bounded import NotRegularFile, read_bounded, utf8_error
 from feedline.errors import SpecError
 
 __all__ = ["MAX_BYTES", "MAX_CHARS", "MAX_DEPTH", "MAX_VALUES", "parse_spec_text", "read_spec_file",
@@ -50,16 +50,14 @@ def read_spec_text(path: str | os.PathLike[str]) -> str:
             data = raw.read(MAX_BYTES + 1) if raw is not None else \
                 sys.stdin.read(MAX_BYTES + 1).encode("utf-8", "surrogateescape")
         else:
-            mode = os.stat(p).st_mode   # a FIFO or device would block open() or never end
-            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                raise SpecError(f"{p}: not a regular file (a pipe or device); give a spec file, or - for "
-                                "standard input")
-            with open(p, "rb") as f:
-                data = f.read(MAX_BYTES + 1)
+            data = read_bounded(p, MAX_BYTES)
     except FileNotFoundError:
         raise SpecError(f"{p}: spec file not found") from None
-    except IsADirectoryError:
-        raise SpecError(f"{p}: is a directory, not a spec file") from None
+    except NotRegularFile as e:
+        if e.what == "a folder":
+            raise SpecError(f"{p}: is a directory, not a spec file") from None
+        raise SpecError(f"{p}: not a regular file (a pipe or device); give a spec file, or - for "
+                        "standard input") from None
     except OSError as e:
         raise SpecError(f"{p}: cannot read spec file ({e.strerror})") from None
     if len(data) > MAX_BYTES:
@@ -68,9 +66,8 @@ def read_spec_text(path: str | os.PathLike[str]) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise SpecError(f"{p}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
-                        "save the spec as UTF-8") from None
+        line, byte = utf8_error(data, e)
+        raise SpecError(f"{p}:{line}: not UTF-8 text ({byte}); save the spec as UTF-8") from None
 
 
 def parse_spec_text(text: str, name: str) -> dict[str, Any]:
