@@ -129,22 +129,22 @@ def test_partitions_take_turns_making_whole_steps_and_only_the_last_is_short(
 
 
 def test_a_partition_asked_first_makes_step_one_alone(corpus: str, small_tokenizer: str) -> None:
-    """Partition 0 is the only one started before step 1 (the first step waits for one pipeline,
-    not K built and sharing the cores); the others start at the next ask."""
-    from feedline._partitions.placement import ThreadPlacement
-    from feedline._pipeline import PartitionStreams
+    """Partition 0 is the only one opened before step 1 (the first step waits for one pipeline,
+    not K built and sharing the cores); the others start at the next ask. The composing stage
+    says this once, for every placement (here threads: a Prefetch per partition)."""
+    from feedline._core.prefetch import Prefetch
 
     s = Spec.load(spec(corpus, small_tokenizer, 3))
-    runner = ThreadPlacement(PartitionStreams(s), 3, s.parallel)
+    it = iter(Pipeline(s).batches())
     try:
-        assert all(st._thread is None for st in runner._stages)
-        first = runner.next(0)
-        assert first is not None and all(st._thread is None for st in runner._stages[1:])
-        assert runner.next(1) is not None and all(st._thread is not None for st in runner._stages)
+        first = next(it)
+        assert it.stages[0] is not None and it.stages[1:] == [None, None]
+        next(it)
+        assert all(isinstance(st, Prefetch) and st._thread is not None for st in it.stages)
         want = collect(GlobalStreamRows(Pipeline(s, partition=0)))[0]
-        assert_batches_equal([want], [first[0]], "partition 0's first batch")
+        assert_batches_equal([want], [first], "partition 0's first batch")
     finally:
-        runner.close()
+        it.close()
 
 
 class GlobalStreamRows:

@@ -34,7 +34,7 @@ def until_workers_serve(loader: Any, limit: int = 4000) -> list[dict[str, Any]]:
     """Batches of a warm-started processes loader until every partition is served by its worker."""
     got = [dict(next(loader))]
     placement = runner(loader)
-    while placement._mode != ["worker"] * placement.k:
+    while placement.serving() != ["worker"] * placement.k:
         assert len(got) < limit, "the workers never took over from the threads"
         got.append(dict(next(loader)))
     return got
@@ -122,7 +122,7 @@ def test_warm_start_auto_waits_for_the_workers_without_a_core_for_each(corpus: s
     placement = runner(loader)
     assert placement.warm is (usable_cores() >= 4)
     if not placement.warm:   # every batch from a worker, none from a thread here
-        assert all(stage is None for stage in placement._local)
+        assert all(stream.owner is None for stream in placement.streams.values())
     loader.close()
 
 

@@ -125,3 +125,26 @@ def test_an_error_in_an_actor_shows_the_users_frame(cluster: Any, corpus: str, s
     cause = got.value.__cause__
     assert type(cause).__name__ == "RemoteTraceback", repr(cause)
     assert f'File "{tmp_path / "ray_user_maps.py"}", line 3, in explode' in str(cause), str(cause)
+
+
+def test_an_actor_stream_resumes_alone_like_a_thread_stage(cluster: Any, corpus: str, small_tokenizer: str) -> None:
+    """Partition 1 as an actor stream (issue 34 item 1): resumed from any of its states, the
+    batches and states of the same partition on a thread here."""
+    from feedline import Spec
+    from feedline._partitions.placement import ThreadPlacement
+    from feedline._pipeline import PartitionStreams
+    from feedline._ray.placement import ActorStream, RayPlacement
+    from feedline.testing import assert_stage_resumes
+
+    s = Spec.load(spec(corpus, small_tokenizer, "ray"))
+    ray_placement = RayPlacement(PartitionStreams(s), 3, s.parallel)
+    try:
+        assert isinstance(ray_placement.open(1, None), ActorStream)
+        assert assert_stage_resumes(lambda: ray_placement.open(1, None), check=2, every=4) >= 2
+        here = ThreadPlacement(PartitionStreams(s), 3, s.parallel).open(1, None)
+        want = [(b, dict(st)) for b, st in here]
+        got = list(ray_placement.open(1, None))
+        assert_batches_equal([b for b, _ in want], [b for b, _ in got], "partition 1: thread vs actor")
+        assert [st for _, st in want] == [st for _, st in got]
+    finally:
+        ray_placement.close()

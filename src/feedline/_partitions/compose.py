@@ -27,7 +27,9 @@ State (the stage's own; under the global stream's ``pipeline``)::
 step, rebuilt on restore by re-running that one batch. A state of another ``K`` is refused, and so
 is one without ``turn`` (written when a step took ``batch_size / K`` rows of every partition: another
 stream). Where partitions run (threads, processes, Ray actors) is the :class:`Placement`'s
-business and never changes a batch or a state.
+business and never changes a batch or a state: each partition is a stage it opens from the
+partition's state (:meth:`Placement.open`); a restore closes the stages and each reopens from its
+state at its first ask, and a carried batch is replayed by the placement.
 
 One partition (``partitions: 1``) placed in a process or an actor (``parallel: {placement:
 processes}``) is the plain pipeline moved there: each step is its batch, and the state is the
@@ -52,7 +54,7 @@ from feedline._batching.base import Batch
 from feedline._batching.compact import CompactBatch
 from feedline._core.dataset import Dataset, DatasetIterator, State
 from feedline._core.deferred import materialize
-from feedline._partitions.placement import Make, Placement, placement_class
+from feedline._partitions.placement import Make, PartitionStage, Placement, placement_class
 from feedline._partitions.rows import join_rows, row_count, take_rows
 from feedline._spec import ParallelSpec
 from feedline._state import refuse_row_dealt
@@ -113,15 +115,17 @@ class _Pads(Mapping[str, Any]):
 
 
 class ComposedIterator(DatasetIterator[Batch]):
-    """Cursor over :class:`Composed` (see the module docstring for the rule and the state)."""
+    """Cursor over :class:`Composed` (see the module docstring for the rule and the state): the
+    turn-taking and the carried rows over ``K`` partition stages (:meth:`Placement.open`)."""
 
     NAME = "partitions"
     STATE_KEYS = ("partitions", "ended", "turn", "carry")
 
     def __init__(self, ds: Composed) -> None:
         self.ds = ds
-        self.runner: Placement = placement_class(ds.placement)(ds.make, ds.k, ds.options)   # starts at its first next
+        self.runner: Placement = placement_class(ds.placement)(ds.make, ds.k, ds.options)
         self._decided = False   # laid-out or compact partition batches: settled by the first request
+        self.stages: list[PartitionStage | None] = [None] * ds.k   # opened at their first ask
         self.states: list[State | None] = [None] * ds.k  # each partition's state after its last batch taken
         self.given = False   # a step was composed (from this stream's start or the state restored)
         self.ended = [False] * ds.k
@@ -130,10 +134,12 @@ class ComposedIterator(DatasetIterator[Batch]):
         self._carried: list[Batch | CompactBatch] = []    # those batches
         self._pads = _Pads(ds)
         self._start: State | None = None
+        self._out = False   # a batch was taken since the start or the last restore
+        self._all = False   # every partition opened and started
 
     def _settle(self, compact: bool) -> None:
         """At the first request: compact partition batches if it asks for them and the factory can
-        (the placement, not started yet, is replaced by one over the compact factory)."""
+        (the placement, with no stage opened yet, is replaced by one over the compact factory)."""
         if self._decided:
             return
         self._decided = True
@@ -141,9 +147,32 @@ class ComposedIterator(DatasetIterator[Batch]):
         if compact and compacted is not None:
             self.runner.close()
             self.runner = placement_class(self.ds.placement)(compacted(), self.ds.k, self.ds.options)
-            if any(s is not None for s in self.states):
-                self.runner.set_states([None if s is None else dict(s) for s in self.states])
             self._carried = [self.runner.replay(p, before) for p, before, _ in self.carry]
+
+    def _stage(self, p: int) -> PartitionStage:
+        """Partition ``p``'s stage. The partition asked first makes step 1 alone (on few cores, K - 1
+        more pipelines starting would slow it); at the next ask every other one starts, so none
+        waits for its turn to start. Placements and restores follow this one rule."""
+        if self._out and not self._all:
+            self._all = True
+            for q in range(self.ds.k):
+                if not self.ended[q]:
+                    self._open(q).start()
+        return self._open(p)
+
+    def _open(self, p: int) -> PartitionStage:
+        stage = self.stages[p]
+        if stage is None:
+            state = self.states[p]
+            stage = self.stages[p] = self.runner.open(p, None if state is None else materialize(state))
+        return stage
+
+    def _close_stages(self) -> None:
+        for p, stage in enumerate(self.stages):
+            self.stages[p] = None
+            if stage is not None:
+                stage.close()
+        self._out = self._all = False
 
     def __next__(self) -> Batch:
         self._settle(False)
@@ -200,15 +229,19 @@ class ComposedIterator(DatasetIterator[Batch]):
             self.turn = (p + 1) % k
             if self.ended[p]:
                 continue
-            got = self.runner.next(p)
-            if got is None:
+            stage = self._stage(p)
+            try:
+                batch, state = next(stage)
+            except StopIteration:
+                self._out = True
                 self._pads.warm()   # the tail is near: rows may be joined from now on
-                self.ended[p] = True
-                end = self.runner.end_state(p) if k > 1 else None   # K = 1: the plain pipeline's states
+                self.ended[p], self.stages[p] = True, None
+                end = stage.end_state if k > 1 else None   # K = 1: the plain pipeline's states
+                stage.close()
                 if end is not None:   # its rejections after its last batch (or with none) count too
                     self.states[p] = end
                 continue
-            batch, state = got
+            self._out = True
             before, self.states[p] = self.states[p], state
             n = row_count(batch)
             if n == need:
@@ -255,7 +288,7 @@ class ComposedIterator(DatasetIterator[Batch]):
         if len(ended) != k or not 0 <= turn < k or any(not 0 <= c[0] < k for c in carry):
             raise StateError(f"partitions: malformed state (ended {own['ended']!r:.60}, turn {turn}, carry partitions "
                              f"{[c[0] for c in carry]}) for partitions: {k}")
-        self.runner.set_states([None if s is None else dict(s) for s in states])
+        self._close_stages()   # each reopened from its state at its first ask
         self.states, self.ended, self.turn = list(states), ended, turn
         self.given = any(s is not None for s in states)
         self.carry = carry
@@ -263,13 +296,14 @@ class ComposedIterator(DatasetIterator[Batch]):
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         if self.ds.k == 1:  # the pipeline's own state: its one partition starts there (a step holds no carry)
-            self.runner.set_states([dict(state)])
+            self._close_stages()
             self.states, self.ended, self.carry, self._carried = [dict(state)], [False], [], []
             return
         refuse_row_dealt(state)
         self.restore({k: state[k] for k in self.STATE_KEYS})
 
     def release(self) -> None:
+        self._close_stages()
         self.runner.close()
 
 

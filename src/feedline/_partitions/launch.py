@@ -1,13 +1,14 @@
-"""One partition worker process as the parent sees it: started in the background, its pipe, the inbox it feeds.
+"""One partition worker process as the parent sees it: started in the background, its pipe, the stage receiving its messages.
 
 A :class:`WorkerProcess` starts its process on a thread of its own, so that starting ``N`` workers
 never waits for one after another (a spawned child reads its arguments only once it has imported
 what unpickling them needs, and the parent's ``start`` blocks until then), and the same thread
-then receives the worker's messages into ``inbox`` (one queue for all the workers of a placement,
-each message as ``(worker, message)``, so the parent waits on one queue whichever worker speaks
-next); ``("dead",)`` is the last message when the worker's pipe closes (it died, or it was stopped).
-The thread notes when the worker was last heard from (:attr:`WorkerProcess.heard`; its heartbeats,
-``("alive",)``, go no further), which is how the placement tells a silent worker from a slow one.
+then receives the worker's messages: it is a :class:`~feedline._core.prefetch.Prefetch` stage over
+them (the package's one thread-and-queue stage), whose ``wake`` tells the pool that a worker spoke
+(:meth:`WorkerProcess.take` never waits); ``("dead",)`` is the last message when the worker's pipe
+closes (it died, or it was stopped). The thread notes when the worker was last heard from
+(:attr:`WorkerProcess.heard`; its heartbeats, ``("alive",)``, go no further), which is how the
+placement tells a silent worker from a slow one.
 
 Workers are started with ``forkserver`` where the platform has it, with the heavy third-party
 modules preloaded (:data:`PRELOAD`: a fork of a server that already imported numpy, pyarrow and
@@ -25,13 +26,14 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
-import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from typing import Any
 
+from feedline._core.prefetch import Prefetch
 from feedline._partitions.frames import FrameReader
 from feedline._partitions.worker import run_worker
 from feedline.errors import FeedlineError, SpecError
@@ -40,6 +42,8 @@ __all__ = ["DEAD", "MAIN_GUARD", "PRELOAD", "WorkerProcess", "context", "importi
 
 DEAD = "dead"
 ALIVE = "alive"
+#: Messages of one worker received and not yet taken, at most (its batches are fewer: credit bounds them).
+RECEIVED = 1024
 #: Modules the fork server imports before it forks workers, those of them this process has imported.
 PRELOAD = ("numpy", "pyarrow", "pyarrow.parquet", "tokenizers", "fastokens", "zstandard", "orjson", "msgpack",
            "yaml", "sentencepiece")
@@ -76,11 +80,43 @@ def pickled(make: Any) -> bytes:
                         "and a script that starts a Loader at import time needs `if __name__ == '__main__':`") from e
 
 
+class _Messages:
+    """A worker's messages, as its receiving stage reads them: the process is started at the first
+    read, and heartbeats are noted (:attr:`WorkerProcess.heard`) and skipped."""
+
+    def __init__(self, worker: WorkerProcess) -> None:
+        self.worker = worker
+
+    def __iter__(self) -> _Messages:
+        return self
+
+    def __next__(self) -> tuple[Any, ...]:
+        w = self.worker
+        if not w.started.is_set():
+            try:
+                w.process.start()
+            finally:
+                w.child.close()
+                w.started.set()
+        while True:
+            msg = w.reader.recv()   # EOF/OSError: raised to the pool, which counts the worker dead
+            w.heard, w.spoke = time.monotonic(), True
+            if msg[0] != ALIVE:
+                return msg  # type: ignore[no-any-return]
+
+    def get_state(self) -> dict[str, Any]:
+        return {}   # (a stream of messages is not resumed)
+
+    def close(self) -> None:
+        self.worker.reader.close()
+
+
 class WorkerProcess:
-    """Worker ``index`` serving partitions ``owned``, started at once in the background."""
+    """Worker ``index`` serving partitions ``owned``, started at once in the background; ``wake``
+    is called when it has said something into an empty queue (see :meth:`take`)."""
 
     def __init__(self, ctx: BaseContext, index: int, make: bytes, owned: list[int], prefetch: int, threads: int,
-                 inbox: queue.Queue[tuple[WorkerProcess, Any]], beat: float = 1.0) -> None:
+                 wake: Callable[[], None], beat: float = 1.0) -> None:
         if importing_main():  # a worker running the script's top level: stop here, not one level deeper
             raise FeedlineError(f"a feedline worker process was asked to start workers of its own: {MAIN_GUARD}")
         self.owned = owned
@@ -88,33 +124,22 @@ class WorkerProcess:
         self.heard = time.monotonic()   # when the worker last said anything (its start, before it did)
         self.spoke = False              # it said something (its heartbeat runs)
         self.named = 0.0                # the silence a warning named last (the placement's)
-        self.conn, child = ctx.Pipe(duplex=True)
+        self.conn, self.child = ctx.Pipe(duplex=True)
         self.reader = FrameReader(self.conn)   # what the worker sends (this end sends on the Connection)
-        self.process = ctx.Process(target=run_worker, args=(child, make, owned, prefetch, threads, beat),  # type: ignore[attr-defined]
+        self.process = ctx.Process(target=run_worker, args=(self.child, make, owned, prefetch, threads, beat),  # type: ignore[attr-defined]
                                    name=f"feedline-partitions-{index}", daemon=True)
-        self.inbox = inbox
         self.lock = threading.Lock()
-        self._child = child
         self.started = threading.Event()  # start() returned (or failed)
-        self.receiver = threading.Thread(target=self._run, name=f"feedline-partitions-recv-{index}", daemon=True)
-        self.receiver.start()
+        self.messages = Prefetch(_Messages(self), RECEIVED, wake=wake, name=f"feedline-partitions-recv-{index}")
+        self.messages.start()
 
-    def _run(self) -> None:
+    def take(self) -> tuple[Any, ...] | None:
+        """The worker's next message, if one came (``("dead",)`` once its pipe closed); never waits."""
         try:
-            try:
-                self.process.start()
-            finally:
-                self._child.close()
-                self.started.set()
-            while True:
-                msg = self.reader.recv()
-                self.heard, self.spoke = time.monotonic(), True
-                if msg[0] != ALIVE:
-                    self.inbox.put((self, msg))
-        except Exception:  # EOF/OSError: the worker is gone (or never started: counted as a death)
-            self.inbox.put((self, (DEAD,)))
-        finally:
-            self.reader.close()
+            got = self.messages.poll()
+        except BaseException:  # EOF/OSError: the worker is gone (or never started: counted as a death)
+            return (DEAD,)
+        return None if got is None else got[0]  # type: ignore[no-any-return]
 
     @property
     def exitcode(self) -> int | None:
@@ -145,5 +170,5 @@ class WorkerProcess:
                 self.process.kill()
                 self.process.join(timeout=5)
         self.conn.close()
-        self.reader.close()
-        self.receiver.join(timeout=5)
+        self.reader.close()   # its receiving thread leaves recv() with EOFError
+        self.messages.close()

@@ -1,12 +1,24 @@
-"""Where partitions run: the :class:`Placement` interface, the registry by name, and ``threads``.
+"""Where partitions run: a placement opens each partition as a *stage*, and ``threads`` is the first.
 
-A placement runs ``K`` partition streams (each a recipe of batches, built by a picklable factory
-``make(p)``) and hands the composing stage each partition's next batch with the state after it.
-Placement is never identity: every placement hands out the same batches and states, because each
-partition is the same deterministic stream wherever it runs. Placements register by name
-(:func:`register_placement`): ``threads`` is this module's own; the package root installs
-``processes`` (:mod:`feedline._partitions.processes`) and ``ray`` (with the Ray helpers), the way
-it installs the task and batcher registries.
+A placement is one factory: :meth:`Placement.open` ``(p, state)`` returns partition ``p``'s
+stream of batches positioned at ``state`` (``None``: its start) as a :class:`PartitionStage`, an
+iterator with the stage protocol, the one :class:`~feedline._core.prefetch.Prefetch` has:
+
+- ``next(stage)``: the partition's next batch with the state after it, ``(batch, state)``;
+  ``StopIteration`` at its end, after which ``stage.end_state`` is its state there (what it
+  rejected after its last batch counts), ``None`` where it is not known;
+- ``get_state()`` / ``set_state(state)``: the state after the last batch taken (the stream's
+  start before any) / the next batch is the one after ``state``;
+- ``start()``: begin making batches now rather than at the first ``next``; ``close()``.
+
+Where it runs is the stage's business: ``threads`` is a ``Prefetch`` over the partition's
+pipeline; ``processes`` a worker-stream stage (:mod:`feedline._partitions.streams`), under a
+handover stage while a warm start runs it here; ``ray`` an actor-stream stage
+(:mod:`feedline._ray.placement`). Each stage is tested alone with
+:func:`~feedline.testing.assert_stage_resumes`. Placement is never identity: every stage hands
+out the same batches and states, because each partition is the same deterministic stream
+wherever it runs. Placements register by name (:func:`register_placement`): ``threads`` is this
+module's own; the package root installs ``processes`` and ``ray``.
 
     >>> import feedline; sorted(PLACEMENTS)            # doctest: +SKIP
     ['processes', 'ray', 'threads']
@@ -14,19 +26,20 @@ it installs the task and batcher registries.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
 
 from feedline._batching.base import Batch
 from feedline._batching.compact import CompactBatch
 from feedline._core.dataset import Dataset, DatasetIterator, State
+from feedline._core.deferred import materialize
 from feedline._core.options import close_match
 from feedline._core.prefetch import Prefetch
 from feedline._spec import ParallelSpec
 from feedline.errors import SpecError
 
-__all__ = ["PLACEMENTS", "Make", "Part", "Placement", "ThreadPlacement", "placement_class", "register_placement"]
+__all__ = ["PLACEMENTS", "Make", "Part", "PartitionStage", "Placement", "ThreadPlacement", "placement_class",
+           "register_placement"]
 
 #: A partition's batch: laid out, or compact where the consumer lays batches out itself.
 Part = Batch | CompactBatch
@@ -35,74 +48,48 @@ Part = Batch | CompactBatch
 Make = Callable[[int], Dataset[Part]]
 
 
-class Placement(ABC):
-    """Runs partitions ``0..k-1`` of ``make``; see the module docstring.
+class PartitionStage(Iterator[tuple[Part, State]], Protocol):
+    """A partition's stream wherever it runs (see the module docstring)."""
 
-    ``states`` hold each partition's position (``None``: its start); :meth:`next` returns the
-    partition's next batch and the state after it (``None`` at its end).
-    """
+    end_state: State | None
+
+    def get_state(self) -> State: ...
+
+    def set_state(self, state: Mapping[str, Any]) -> None: ...
+
+    def start(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Placement:
+    """Opens partitions ``0..k-1`` of ``make`` as stages (see the module docstring); :meth:`close`
+    stops what the placement shares between its stages (worker processes)."""
 
     def __init__(self, make: Make, k: int, options: ParallelSpec) -> None:
         self.make, self.k, self.options = make, k, options
 
-    @abstractmethod
-    def next(self, p: int) -> tuple[Part, State] | None:
-        """Partition ``p``'s next batch and its state after it; ``None`` when it has ended."""
-
-    def end_state(self, p: int) -> State | None:
-        """Partition ``p``'s state at its end, once :meth:`next` returned ``None`` (``None``: not
-        known). It counts what the partition read after its last batch (rejections), which the
-        composing stage keeps as the partition's state from then on."""
-        return None
-
-    @abstractmethod
-    def set_states(self, states: list[State | None]) -> None:
-        """Position every partition at its state (``None``: its start); nothing prefetched survives."""
-
-    @abstractmethod
-    def close(self) -> None:
-        """Stop everything this placement started. Idempotent; using it again restarts."""
+    def open(self, p: int, state: State | None) -> PartitionStage:
+        """Partition ``p``'s stage, positioned at ``state`` (``None``: its start); not started."""
+        raise NotImplementedError
 
     def replay(self, p: int, state: State | None) -> Part:
         """Partition ``p``'s batch after ``state`` (a restore's carried rows); here, by default."""
         return replay(self.make, p, state)
 
+    def close(self) -> None:
+        """Stop what the stages share. Idempotent; opening a stage again restarts it."""
+
 
 class ThreadPlacement(Placement):
-    """Each partition on its own thread in this process (a :class:`Prefetch` over its stream)."""
+    """Each partition on its own thread in this process: a :class:`Prefetch` over its pipeline."""
 
-    def __init__(self, make: Make, k: int, options: ParallelSpec) -> None:
-        super().__init__(make, k, options)
-        self._stages = [self._stage(p) for p in range(k)]
-        self._started = False   # every partition started
-        self._out = False       # step 1 (or the first step after a restore) handed out
-
-    def _stage(self, p: int) -> Prefetch:
-        return Prefetch(lambda: iter(self.make(p)), self.options.prefetch, name=f"feedline-partition-{p}")
-
-    def next(self, p: int) -> tuple[Part, State] | None:
-        if self._out and not self._started:  # the first ask (or the first after a restore) started the
-            self._started = True  # partition asked alone: step 1 waited for it, not for K pipelines built
-            for stage in self._stages:  # and sharing the cores; at the next ask the others start, not
-                stage.start()  # when their turn comes
-        self._out = True
-        return next(self._stages[p], None)
-
-    def end_state(self, p: int) -> State | None:
-        return self._stages[p].end_state
-
-    def set_states(self, states: list[State | None]) -> None:
-        self._started = self._out = False
-        for p, (stage, state) in enumerate(zip(self._stages, states, strict=True)):
-            if state is None:
-                stage.close()
-                self._stages[p] = self._stage(p)
-            else:
-                stage.set_state(state)
-
-    def close(self) -> None:
-        for stage in self._stages:
-            stage.close()
+    def open(self, p: int, state: State | None) -> Prefetch:
+        make = self.make
+        stage = Prefetch(lambda: iter(make(p)), self.options.prefetch, name=f"feedline-partition-{p}")
+        if state is not None:
+            stage.set_state(materialize(state))
+        return stage
 
 
 PLACEMENTS: dict[str, Callable[[Make, int, ParallelSpec], Placement]] = {"threads": ThreadPlacement}

@@ -1,9 +1,9 @@
-"""A placement's worker processes: started when first asked for, every message in one inbox, silent ones named.
+"""A placement's worker processes: started when first asked for, their messages taken in turn, silent ones named.
 
 Worker ``w`` of ``N`` serves partitions ``w, w + N, ...`` (:class:`~feedline._partitions.launch.WorkerProcess`:
-its process started in the background, a thread receiving its messages into :attr:`WorkerPool.inbox`).
-:meth:`WorkerPool.wait` hands the placement the next message of a worker still in the pool (those
-of a worker stopped since are dropped), and while it waits it watches the workers' heartbeats: a
+its process started in the background, a stage receiving its messages, which sets :attr:`WorkerPool.woken`
+when one comes). :meth:`WorkerPool.wait` hands the placement the next message of a worker in the
+pool (taken from each in turn; a worker stopped since is no longer asked), and while it waits it watches the workers' heartbeats: a
 worker silent for a quarter of ``parallel.hang_timeout`` (at most 30 s) is named in a warning with
 its partitions and pid, and one silent for all of it is killed, so its pipe closes and the placement
 restarts it like one that died. Workers exit with the pool (:meth:`WorkerPool.close`), and with a
@@ -14,7 +14,7 @@ as long is named as well (the worker lives, its pipeline is slow or stuck: it is
 from __future__ import annotations
 
 import logging
-import queue
+import threading
 import time
 import weakref
 from collections.abc import Iterator
@@ -46,7 +46,8 @@ class WorkerPool:
         weakref.finalize(self, _kill_all, self.procs)  # a pool dropped without close() stops its workers
         self.make_bytes: bytes | None = None   # the pickled factory every worker runs (set before the first get)
         self.restarts = [0] * size
-        self.inbox: queue.Queue[tuple[WorkerProcess, Any]] = queue.Queue()  # every worker's messages
+        self.woken = threading.Event()   # a worker said something (set by its receiving stage)
+        self._first = 0   # the worker asked first for its next message (each in turn)
         self.beat = min(1.0, options.hang_timeout / 8)   # the workers' heartbeat, and how often silence is checked
 
     def owner(self, p: int) -> int:
@@ -60,7 +61,7 @@ class WorkerPool:
             owned = list(range(w, self.k, self.size))
             threads = max(1, usable_cores() // self.size)
             worker = self.procs[w] = WorkerProcess(context(), w, self.make_bytes, owned, self.options.prefetch,
-                                                   threads, self.inbox, self.beat)
+                                                   threads, self.woken.set, self.beat)
         return worker
 
     def wait(self, p: int | None = None) -> tuple[int, tuple[Any, ...]]:
@@ -69,9 +70,11 @@ class WorkerPool:
         is named too, once per wait: its worker lives, but its pipeline is slow or stuck)."""
         since, named = time.monotonic(), False
         while True:
-            try:
-                worker, msg = self.inbox.get(timeout=self.beat)
-            except queue.Empty:
+            self.woken.clear()   # (a message after this sets it again: none is missed)
+            got = self._take()
+            if got is None:
+                if self.woken.wait(timeout=self.beat):
+                    continue
                 self.watch()
                 waited = time.monotonic() - since
                 if p is not None and not named and waited >= min(self.options.hang_timeout / 4, 30.0):
@@ -82,20 +85,27 @@ class WorkerPool:
                     notices.post((id(self), "wait", p), note)
                     log.warning("feedline: %s", note)
                 continue
-            w = self.owner(worker.owned[0])
-            if self.procs[w] is worker:  # else from a worker stopped since (restarted, closed)
-                notices.clear((id(self), w))
-                if p is not None:
-                    notices.clear((id(self), "wait", p))
+            w, msg = got
+            notices.clear((id(self), w))
+            if p is not None:
+                notices.clear((id(self), "wait", p))
+            return w, msg
+
+    def _take(self) -> tuple[int, tuple[Any, ...]] | None:
+        """A message already received from a worker in the pool, asking each in turn (never waits)."""
+        for i in range(self.size):
+            w = (self._first + i) % self.size
+            worker = self.procs[w]
+            msg = worker.take() if worker is not None else None
+            if msg is not None:
+                self._first = (w + 1) % self.size
                 return w, msg
+        return None
 
     def pending(self) -> Iterator[tuple[int, tuple[Any, ...]]]:
         """The messages already received, as :meth:`wait` gives them (never waits)."""
-        while self.inbox.qsize():
-            worker, msg = self.inbox.get_nowait()
-            w = self.owner(worker.owned[0])
-            if self.procs[w] is worker:
-                yield w, msg
+        while (got := self._take()) is not None:
+            yield got
 
     def watch(self) -> None:
         """Name a worker silent for a quarter of ``hang_timeout`` (at most 30 s); kill one silent for

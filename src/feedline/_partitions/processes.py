@@ -32,14 +32,17 @@ with the worker's traceback as its cause (:mod:`feedline._partitions.remote`); a
 user code fails the stream the same way, without restarts. A worker that falls silent (stopped,
 hung holding the interpreter: a live one says so every second) is named in a warning after a
 quarter of ``parallel.hang_timeout`` (at most 30 s) and killed after all of it, then restarted
-from its partitions' states like one that died. The processes themselves, their inbox and that
-watch are the :class:`~feedline._partitions.pool.WorkerPool`'s; this class keeps the partitions.
+from its partitions' states like one that died. The processes themselves, their messages and that
+watch are the :class:`~feedline._partitions.pool.WorkerPool`'s; each partition is a stage of its own
+(:mod:`feedline._partitions.streams`: a worker stream, under a handover while a warm start runs it
+here), and this class opens them and routes each worker's messages to them.
 Workers exit when the parent dies, even by SIGKILL, and ignore Ctrl-C (the parent stops them).
 """
 
 from __future__ import annotations
 
-from collections import deque
+import itertools
+from collections.abc import Callable
 from typing import Any
 
 from feedline._core.cores import usable_cores
@@ -47,9 +50,10 @@ from feedline._core.dataset import State
 from feedline._core.deferred import materialize
 from feedline._core.prefetch import Prefetch
 from feedline._partitions.launch import DEAD, pickled
-from feedline._partitions.placement import Make, Part, Placement
+from feedline._partitions.placement import Make, PartitionStage, Placement
 from feedline._partitions.pool import WorkerPool
 from feedline._partitions.remote import with_remote
+from feedline._partitions.streams import Handover, WorkerStream
 from feedline._spec import ParallelSpec
 
 __all__ = ["MAX_RESTARTS", "ProcessPlacement"]
@@ -57,10 +61,6 @@ __all__ = ["MAX_RESTARTS", "ProcessPlacement"]
 
 #: Deaths of one worker process that are restarted before the stream fails.
 MAX_RESTARTS = 3
-_END = object()
-# Where a partition's batches come from: a thread here (its worker not ready yet), a thread here
-# handing out what it made before it stopped (its worker then starts after them), the worker.
-_LOCAL, _FINISHING, _WORKER = "local", "finishing", "worker"
 
 
 def warm_start(setting: bool | str, workers: int) -> bool:
@@ -81,12 +81,16 @@ def warm_start(setting: bool | str, workers: int) -> bool:
     return usable_cores() >= workers + 2
 
 
-def _local(make: Make, p: int, prefetch: int, state: State | None) -> Prefetch:
-    """Partition ``p`` on a thread here, from ``state`` (detached: a handover never waits for it)."""
-    stage = Prefetch(lambda: iter(make(p)), prefetch, name=f"feedline-partition-{p}", detach=True)
-    if state is not None:
-        stage.set_state(materialize(state))
-    return stage
+def _local(make: Make, p: int, prefetch: int) -> Callable[[State | None], Prefetch]:
+    """Partition ``p`` on a thread here, from a state (detached: a handover never waits for it)."""
+
+    def open_here(state: State | None) -> Prefetch:
+        stage = Prefetch(lambda: iter(make(p)), prefetch, name=f"feedline-partition-{p}", detach=True)
+        if state is not None:
+            stage.set_state(materialize(state))
+        return stage
+
+    return open_here
 
 
 class ProcessPlacement(Placement):
@@ -97,35 +101,65 @@ class ProcessPlacement(Placement):
         self.workers = min(k, options.processes or usable_cores())
         self.warm = warm_start(options.warm_start, self.workers)
         self.pool = WorkerPool(k, self.workers, options)   # (stops its workers when collected, if never closed)
-        self._queues: list[deque[Any]] = [deque() for _ in range(k)]
-        self._local: list[Prefetch | None] = [None] * k
-        self._out = False   # a batch was handed out (warm start: until step 1 is out, only its partition runs)
-        self._gen = -1
         self.restarts = self.pool.restarts   # each worker's restarts so far (deaths and silences)
         self.pids = self.pool.pids           # the worker processes running now (for tests and monitoring)
-        self._credit_every = max(1, options.prefetch // 2)
-        self._reset([None] * k)
+        self.streams: dict[int, WorkerStream] = {}   # each partition's stream now (its worker's messages go there)
+        self._gens = itertools.count()
 
-    def _reset(self, states: list[State | None]) -> None:
-        """Every partition at ``states``, nothing of the last start kept (a new generation)."""
-        self._gen += 1
-        self._taken = list(states)   # each partition's state after the last batch handed out
-        self._ended = [False] * self.k
-        self._end: list[State | None] = [None] * self.k   # each partition's state at its end (see end_state)
-        self._failed: list[BaseException | None] = [None] * self.k  # a partition's error, raised again when asked
-        self._owed = [0] * self.k   # batches taken since the partition's worker was last given credit
-        self._mode = [_LOCAL] * self.k  # without warm_start, a partition waits for its worker
-        self._started = False  # the threads here started (at the first ask after a start or restore)
-        for p in range(self.k):
-            self._close_local(p)
-            self._queues[p].clear()
+    def open(self, p: int, state: State | None) -> PartitionStage:
+        if self.pool.make_bytes is None:
+            self.pool.make_bytes = pickled(self.make)  # a spec that cannot go raises here, before anything starts
+        remote = WorkerStream(self, p, state)
+        if not self.warm:
+            return remote
+        return Handover(_local(self.make, p, self.options.prefetch), remote)
 
-    # ----------------------------------------------------------------- workers
-    def _wait(self, p: int | None = None) -> None:
+    def serving(self) -> list[str]:
+        """Where each partition's batches come from now: ``worker`` or ``local`` (for tests and monitoring)."""
+        return ["worker" if (s := self.streams.get(p)) is not None and s.begun
+                and (s.owner is None or s.owner.mode == "remote") else "local" for p in range(self.k)]
+
+    # ----------------------------------------------------------------- the streams' calls
+    def generation(self) -> int:
+        return next(self._gens)
+
+    def attach(self, stream: WorkerStream) -> None:
+        """``stream`` receives its partition's messages; its worker starts (without warm start, every worker)."""
+        self.streams[stream.p] = stream
+        for w in range(self.workers) if not self.warm else [self.pool.owner(stream.p)]:
+            self.pool.get(w)
+
+    def attached(self, stream: WorkerStream) -> bool:
+        return self.streams.get(stream.p) is stream
+
+    def detach(self, stream: WorkerStream) -> None:
+        if self.attached(stream):
+            del self.streams[stream.p]
+
+    def worker_ready(self, p: int) -> bool:
+        worker = self.pool.procs[self.pool.owner(p)]
+        return worker is not None and worker.ready
+
+    def send(self, p: int, msg: tuple[Any, ...]) -> None:
+        self.pool.get(self.pool.owner(p)).send(msg)
+
+    def start_state(self, p: int) -> State:
+        """Partition ``p``'s state at its start, read here."""
+        it = iter(self.make(p))
+        try:
+            return it.get_state()
+        finally:
+            it.close()
+
+    @staticmethod
+    def remote_error(msg: tuple[Any, ...]) -> BaseException:
+        return with_remote(msg[3], msg[4])
+
+    def wait(self, p: int | None = None) -> None:
         """Handle the next message of any worker (waits for one, watching for silent workers and for partition ``p``)."""
         self._handle(*self.pool.wait(p))
 
-    def _drain(self) -> None:
+    def drain(self) -> None:
         """Handle every message already received from any worker (never waits)."""
         for w, msg in self.pool.pending():
             self._handle(w, msg)
@@ -133,12 +167,17 @@ class ProcessPlacement(Placement):
     def _handle(self, w: int, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
         if kind == DEAD:
-            self._restart(w)
-            return
-        if kind == "ready":
-            self._ready(w)
-            return
-        if kind == "many":  # several messages the worker had ready at once: all kept, then any error raised
+            worker = self.pool.died(w, MAX_RESTARTS)
+            for p in worker.owned:
+                if p in self.streams:
+                    self.streams[p].on_lost()
+            self.pool.get(w)   # restarted: its streams begin again when it is ready
+        elif kind == "ready":
+            self.pool.get(w).ready = True
+            for p in self.pool.get(w).owned:
+                if p in self.streams:
+                    self.streams[p].on_ready()
+        elif kind == "many":  # several messages the worker had ready at once: all kept, then any error raised
             failure = None
             for one in msg[1]:
                 try:
@@ -147,146 +186,11 @@ class ProcessPlacement(Placement):
                     failure = failure or e
             if failure is not None:
                 raise failure
-            return
-        if msg[1] != self._gen:
-            return  # from before the last restore
-        p = msg[2]
-        if self._ended[p]:
-            return
-        if kind == "batch":
-            self._queues[p].append((msg[3], msg[4]))
-        elif kind == "end":
-            self._queues[p].append((_END, msg[3]))
         else:
-            self._failed[p] = with_remote(msg[3], msg[4])
-            raise self._failed[p]
-
-    def _ready(self, w: int) -> None:
-        worker = self.pool.get(w)
-        worker.ready = True
-        start = {}
-        for p in worker.owned:
-            local = self._local[p]
-            if self._ended[p]:
-                continue
-            if local is not None and local.running:   # it finishes first: the worker starts after its last batch
-                local.finish()
-                self._mode[p] = _FINISHING
-                continue
-            self._close_local(p)
-            self._mode[p], self._owed[p] = _WORKER, 0   # a start gives the worker its whole credit again
-            start[p] = materialize(self._taken[p])
-        worker.send(("start", self._gen, start))
-
-    def _restart(self, w: int) -> None:
-        worker = self.pool.died(w, MAX_RESTARTS)
-        for p in worker.owned:  # what it sent and was not taken is made again, here until the new worker is ready
-            self._queues[p].clear()
-            if self._mode[p] == _FINISHING:   # a thread finishing for the dead worker: a fresh one goes on
-                self._close_local(p)
-            self._mode[p], self._owed[p] = _LOCAL, 0
-            if self.warm and not self._ended[p]:
-                self._local_stage(p).start()
-        self.pool.get(w)
-
-    # ----------------------------------------------------------------- local threads
-    def _local_stage(self, p: int) -> Prefetch:
-        stage = self._local[p]
-        if stage is None:
-            stage = self._local[p] = _local(self.make, p, self.options.prefetch, self._taken[p])
-        return stage
-
-    def _close_local(self, p: int) -> None:
-        stage, self._local[p] = self._local[p], None
-        if stage is not None:
-            stage.close()
-
-    # ----------------------------------------------------------------- placement
-    def next(self, p: int) -> tuple[Part, State] | None:
-        if self._ended[p]:
-            return None
-        failed = self._failed[p]
-        if failed is not None:  # its worker stopped the partition: asking again must not wait forever
-            raise failed
-        if self.pool.make_bytes is None:
-            self.pool.make_bytes = pickled(self.make)  # a spec that cannot go raises here, before anything starts
-        if not self.warm:
-            for v in range(self.workers):
-                self.pool.get(v)
-        elif self._out and not self._started:
-            self._start_rest()
-        return self._next(p)
-
-    def _start_rest(self) -> None:
-        """Warm start, at the first ask after step 1 is out (made by the partition asked first alone:
-        on few cores, K - 1 more pipelines and K processes starting would slow it): every other
-        partition here and the workers, so none waits for its turn to start."""
-        self._started = True
-        for q in range(self.k):
-            if self._mode[q] != _WORKER and not self._ended[q]:
-                self._local_stage(q).start()
-        for v in range(self.workers):
-            self.pool.get(v)
-
-    def _next(self, p: int) -> tuple[Part, State] | None:
-        self._drain()  # hears "ready"s, batches, deaths
-        w = self.pool.owner(p)
-        while True:
-            if not self.warm:
-                while not self.pool.get(w).ready:
-                    self._wait()
-            if self._mode[p] != _WORKER:
-                return self._next_local(p)
-            while not self._queues[p] and self._mode[p] == _WORKER:
-                self._wait(p)
-            if self._mode[p] == _WORKER:
-                break  # else its worker died meanwhile: restarted, and here (warm start) until it is ready
-        batch, state = self._queues[p].popleft()
-        self._out = True
-        if batch is _END:
-            self._ended[p], self._end[p] = True, state
-            return None
-        self._taken[p] = state
-        self._owed[p] += 1
-        if self._owed[p] >= self._credit_every:  # credit in bulk: fewer messages, the worker stays ahead
-            self.pool.get(w).send(("credit", self._gen, p, self._owed[p]))
-            self._owed[p] = 0
-        return batch, state
-
-    def _next_local(self, p: int) -> tuple[Part, State] | None:
-        try:
-            got = next(self._local_stage(p), None)
-        except BaseException as e:
-            self._failed[p] = e
-            self._close_local(p)
-            raise
-        self._out = True
-        if got is None:
-            stage = self._local_stage(p)
-            self._close_local(p)
-            if stage.finished:   # every batch it made was handed out: its worker starts after the last
-                self._mode[p], self._owed[p] = _WORKER, 0
-                self.pool.get(self.pool.owner(p)).send(("start", self._gen, {p: materialize(self._taken[p])}))
-                return self._next(p)
-            self._ended[p] = True
-            self._end[p] = stage.end_state
-            return None
-        self._taken[p] = got[1]
-        return got
-
-    def end_state(self, p: int) -> State | None:
-        return self._end[p]
-
-    def set_states(self, states: list[State | None]) -> None:
-        self._reset(states)
-        for worker in self.pool.procs:
-            if worker is not None and worker.ready:
-                for p in worker.owned:
-                    self._mode[p] = _WORKER
-                worker.send(("start", self._gen, {p: states[p] for p in worker.owned}))
+            stream = self.streams.get(msg[2])
+            if stream is not None and stream.gen == msg[1]:  # else of an earlier start of the partition
+                stream.receive(msg)
 
     def close(self) -> None:
         self.pool.close()
-        for p in range(self.k):
-            self._close_local(p)
-            self._queues[p].clear()
+        self.streams.clear()

@@ -12,7 +12,8 @@ batch the parent takes or drops). Messages, all tuples over one duplex pipe (the
                       | ("error", gen, p, exception, its formatted traceback: :mod:`.remote`)
                       | ("many", [several of the three before, in order]) | ("alive",)
 
-``gen`` numbers the parent's restores: anything of an older one is dropped on arrival. From its
+``gen`` numbers the parent's starts of a partition (its stream's generation): anything of an
+older one is dropped on arrival. From its
 first moment the worker says ``("alive",)`` every ``beat`` seconds on a thread of its own, so a
 worker that falls silent (stopped, or hung with the interpreter held) is told from one whose
 pipeline is slow (``parallel.hang_timeout``). The worker
@@ -25,7 +26,6 @@ from __future__ import annotations
 import functools
 import os
 import pickle
-import queue
 import signal
 import threading
 import time
@@ -60,12 +60,23 @@ def _beat(send: Callable[[Any], None], every: float) -> None:
         return  # the pipe is closed: the worker is stopping
 
 
-def _read(conn: Connection, events: queue.Queue[Any]) -> None:
-    try:
-        while True:
-            events.put(conn.recv())
-    except (EOFError, OSError):
-        events.put(("stop",))  # the parent closed the pipe
+class _Commands:
+    """The parent's messages, as the worker's receiving stage reads them (EOF: the parent closed the pipe)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def __iter__(self) -> _Commands:
+        return self
+
+    def __next__(self) -> Any:
+        return self.conn.recv()
+
+    def get_state(self) -> dict[str, Any]:
+        return {}   # (a stream of messages is not resumed)
+
+    def close(self) -> None:
+        pass
 
 
 def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: int, threads: int,
@@ -73,8 +84,9 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
     """Serve partitions ``owned`` over ``conn`` until told to stop or the parent goes away.
 
     Each started partition runs on a thread of its own (a :class:`Prefetch` ``prefetch`` batches
-    deep), so the partitions of one worker start together and overlap their waits; this thread
-    sends what they made as credit allows, woken by the pipe's reader and by the stages.
+    deep), so the partitions of one worker start together and overlap their waits, and the pipe is
+    read by one more (a :class:`Prefetch` over the parent's messages); this thread sends what the
+    partitions made as credit allows, woken by either.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, name="feedline-parent-watch", daemon=True).start()
@@ -95,62 +107,71 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
             warm()
         except Exception:  # the partition's own start reports it, as the parent's would
             pass
-    events: queue.Queue[Any] = queue.Queue()
-    threading.Thread(target=_read, args=(conn, events), name="feedline-worker-reader", daemon=True).start()
-    wake = functools.partial(events.put, ("wake",))
+    woken = threading.Event()   # the parent spoke, or a partition made a batch into an empty queue
+    commands = Prefetch(_Commands(conn), 1024, wake=woken.set, name="feedline-worker-reader")
+    commands.start()
     stages: dict[int, Prefetch] = {}
     credit = dict.fromkeys(owned, 0)
-    gen = 0
+    gens = dict.fromkeys(owned, -1)   # each partition's start, as the parent numbered it
     try:
         send(("ready",))
         while True:
-            msg = events.get()
-            if msg[0] == "stop":
-                return
+            woken.wait()
+            woken.clear()   # (a batch or a message after this sets it again: none is missed)
             out: list[tuple[Any, ...]] = []
-            if msg[0] == "credit" and msg[1] == gen:
-                credit[msg[2]] += msg[3]
-            elif msg[0] == "start":
-                _, gen, states = msg
-                for p, state in states.items():
-                    old = stages.pop(p, None)
-                    if old is not None:
-                        old.close()
-                    credit[p] = prefetch
-                    stage = Prefetch(functools.partial(_open, make, p), prefetch, wake=wake,
-                                     name=f"feedline-partition-{p}")
-                    try:   # building the pipeline may fail (a missing file, a bad spec): the parent raises it
-                        if state is not None:
-                            stage.set_state(state)
-                        stage.start()
-                    except BaseException as e:   # SystemExit from user code too: reported, never a death
-                        stage.close()
-                        out.append(("error", gen, p, *portable(e)))
-                        continue
-                    stages[p] = stage
+            while True:
+                try:
+                    got = commands.poll()
+                except Exception:   # EOF: the parent closed the pipe (anything else: it restarts this worker)
+                    return
+                if got is None:
+                    break
+                msg = got[0]
+                if msg[0] == "stop":
+                    return
+                if msg[0] == "credit" and msg[1] == gens[msg[2]]:
+                    credit[msg[2]] += msg[3]
+                elif msg[0] == "start":
+                    for p, state in msg[2].items():
+                        gens[p] = msg[1]
+                        old = stages.pop(p, None)
+                        if old is not None:
+                            old.close()
+                        credit[p] = prefetch
+                        stage = Prefetch(functools.partial(_open, make, p), prefetch, wake=woken.set,
+                                         name=f"feedline-partition-{p}")
+                        try:   # building the pipeline may fail (a missing file, a bad spec): the parent raises it
+                            if state is not None:
+                                stage.set_state(state)
+                            stage.start()
+                        except BaseException as e:   # SystemExit from user code too: reported, never a death
+                            stage.close()
+                            out.append(("error", msg[1], p, *portable(e)))
+                            continue
+                        stages[p] = stage
             for p in list(stages):  # everything ready that credit allows (a wake is heard once per empty queue)
                 while credit[p] > 0 and p in stages:
                     try:
                         got = stages[p].poll()
                     except StopIteration:
                         stage = stages.pop(p)
-                        out.append(("end", gen, p, materialize(stage.end_state)))
+                        out.append(("end", gens[p], p, materialize(stage.end_state)))
                         stage.close()
                         break
                     except BaseException as e:   # SystemExit from user code too: reported, never a death
-                        out.append(("error", gen, p, *portable(e)))
+                        out.append(("error", gens[p], p, *portable(e)))
                         stages.pop(p).close()
                         break
                     if got is None:
                         break
                     batch, state = got
-                    out.append(("batch", gen, p, batch, state))   # a snapshot: pickled as the state, in one pass
+                    out.append(("batch", gens[p], p, batch, state))   # a snapshot: pickled as the state, in one pass
                     credit[p] -= 1
             if out:  # one message for all that was ready: one pipe write, one wake-up of the parent
                 send(out[0] if len(out) == 1 else ("many", out))
     except (EOFError, OSError, BrokenPipeError):
         return  # the parent closed the pipe
-    finally:
+    finally:   # (the reading stage's thread, a daemon inside recv(), ends with the process)
         for stage in stages.values():
             stage.close()
         with lock:

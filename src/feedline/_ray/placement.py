@@ -9,11 +9,14 @@ back in order) and each partition's state after the last batch it took. An actor
 on exactly; after :data:`MAX_RESTARTS` losses of one partition the stream fails with a
 :class:`FeedlineError`. Errors raised by a partition's pipeline are raised in the driver as they
 were, with the actor's traceback as their cause. The actors are killed when the stream closes.
+Each partition is an :class:`ActorStream`, a stage of the shape of the processes placement's
+worker stream (:meth:`RayPlacement.open`).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -25,7 +28,7 @@ from feedline._ray.runtime import connect
 from feedline._spec import EngineSpec, ParallelSpec
 from feedline.errors import FeedlineError
 
-__all__ = ["MAX_RESTARTS", "PartitionActor", "RayPlacement"]
+__all__ = ["MAX_RESTARTS", "ActorStream", "PartitionActor", "RayPlacement"]
 
 #: Losses of one partition's actor that are recovered before the stream fails.
 MAX_RESTARTS = 3
@@ -50,10 +53,98 @@ class PartitionActor:
                 return None, None
         return batch, self.it.get_state()
 
+    def state(self) -> State:
+        """The stream's state now (its start, before any batch)."""
+        return self.it.get_state()
+
     def node(self) -> str:
         import ray
 
         return str(ray.get_runtime_context().get_node_id())
+
+
+class ActorStream:
+    """Partition ``p`` as a Ray actor, from ``state``: a stage of the same shape as a worker stream.
+
+    The actor is started from the state after the last batch handed out (at :meth:`start` or the
+    first ``next``); up to ``parallel.prefetch`` calls are in flight; a lost actor is started again
+    from that state (counted in the placement's ``restarts``)."""
+
+    def __init__(self, placement: RayPlacement, p: int, state: State | None) -> None:
+        self.placement, self.p = placement, p
+        self.actor: Any = None
+        self.pending: deque[Any] = deque()
+        self.taken = state
+        self.ended = False
+        self.end_state: State | None = None
+
+    def start(self) -> None:
+        if self.actor is None and not self.ended:
+            self.actor = self.placement.spawn(self.p, self.taken)
+            self.pending.clear()
+            self._fill()
+
+    def _fill(self) -> None:
+        while len(self.pending) < self.placement.options.prefetch:
+            self.pending.append(self.actor.next.remote())
+
+    def __iter__(self) -> ActorStream:
+        return self
+
+    def __next__(self) -> tuple[Part, State]:
+        if self.ended:
+            raise StopIteration
+        pl = self.placement
+        while True:
+            self.start()
+            self._fill()
+            try:
+                got = pl.ray.get(self.pending.popleft())
+            except pl.lost as e:
+                pl.lose(self.p, e)
+                self._kill()
+                continue
+            except pl.ray.exceptions.RayTaskError as e:  # the pipeline's own error, raised as it was,
+                cause = e.cause  # with the actor's traceback as its cause (feedline._partitions.remote)
+                if not isinstance(cause, BaseException):
+                    raise e.as_instanceof_cause() from None
+                tb = vars(e).get("traceback_str") or str(e)  # (Ray's dual instance holds it only in its str)
+                error = with_remote(cause, str(tb))
+                raise error from error.__cause__   # (not in the context of Ray's wrapper)
+            break
+        batch, state = got
+        if batch is None:
+            self.ended, self.end_state = True, state
+            self._kill()
+            raise StopIteration
+        self.taken = state
+        return {k: v if v.flags.writeable else np.array(v) for k, v in batch.items()}, state
+
+    def get_state(self) -> State:
+        if self.taken is None:
+            self.taken = self.placement.start_state(self.p)
+        return dict(self.taken)
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        self._kill()
+        self.taken, self.ended, self.end_state = dict(state), False, None
+
+    def _kill(self) -> None:
+        actor, self.actor = self.actor, None
+        self.pending.clear()
+        if actor is not None:
+            try:
+                self.placement.ray.kill(actor)
+            except Exception:  # already gone with its node
+                pass
+
+    def close(self) -> None:
+        self._kill()
+
+    def node(self) -> str:
+        """The node its actor runs on (starting it)."""
+        self.start()
+        return str(self.placement.ray.get(self.actor.node.remote()))
 
 
 class RayPlacement(Placement):
@@ -64,86 +155,37 @@ class RayPlacement(Placement):
         self.ray = connect(EngineSpec(kind="ray", address=options.address))
         self._remote = self.ray.remote(PartitionActor)
         errors = self.ray.exceptions  # what a lost actor or node raises (an error of the pipeline is RayTaskError)
-        self._lost = (errors.RayActorError, errors.ActorDiedError, errors.ActorUnavailableError, errors.WorkerCrashedError)
-        self._actors: list[Any] = [None] * k
-        self._pending: list[deque[Any]] = [deque() for _ in range(k)]
-        self._taken: list[State | None] = [None] * k
-        self._ended = [False] * k
-        self._end: list[State | None] = [None] * k   # each partition's state at its end
+        self.lost = (errors.RayActorError, errors.ActorDiedError, errors.ActorUnavailableError, errors.WorkerCrashedError)
         self.restarts = [0] * k
+        self.streams: dict[int, ActorStream] = {}   # the latest stream opened for each partition
 
-    def actor(self, p: int) -> Any:
-        """Partition ``p``'s actor, started from its state when there is none."""
-        if self._actors[p] is None:
-            self._actors[p] = self._remote.options(num_cpus=self.options.num_cpus, max_restarts=0,
-                                                   scheduling_strategy="SPREAD").remote(self.make, p, self._taken[p])
-            self._pending[p].clear()
-        return self._actors[p]
+    def open(self, p: int, state: State | None) -> ActorStream:
+        stream = self.streams[p] = ActorStream(self, p, state)
+        return stream
 
-    def next(self, p: int) -> tuple[Part, State] | None:
-        if self._ended[p]:
-            return None
-        for q in range(self.k):  # every actor starts building its pipeline now, not when first asked
-            if self._actors[q] is None and not self._ended[q]:
-                self.actor(q)
-                self._fill(q)
-        while True:
-            self.actor(p)
-            self._fill(p)
-            try:
-                got = self.ray.get(self._pending[p].popleft())
-            except self._lost as e:
-                self._lose(p, e)
-                continue
-            except self.ray.exceptions.RayTaskError as e:  # the pipeline's own error, raised as it was,
-                cause = e.cause  # with the actor's traceback as its cause (feedline._partitions.remote)
-                if not isinstance(cause, BaseException):
-                    raise e.as_instanceof_cause() from None
-                tb = vars(e).get("traceback_str") or str(e)  # (Ray's dual instance holds it only in its str)
-                error = with_remote(cause, str(tb))
-                raise error from error.__cause__   # (not in the context of Ray's wrapper)
-            break
-        batch, state = got
-        if batch is None:
-            self._ended[p], self._end[p] = True, state
-            return None
-        self._taken[p] = state
-        return {k: v if v.flags.writeable else np.array(v) for k, v in batch.items()}, state
+    def spawn(self, p: int, state: State | None) -> Any:
+        """Partition ``p``'s actor, started from ``state``."""
+        return self._remote.options(num_cpus=self.options.num_cpus, max_restarts=0,
+                                    scheduling_strategy="SPREAD").remote(self.make, p, state)
 
-    def _fill(self, p: int) -> None:
-        actor, pending = self._actors[p], self._pending[p]
-        while len(pending) < self.options.prefetch:
-            pending.append(actor.next.remote())
-
-    def _lose(self, p: int, error: BaseException) -> None:
+    def lose(self, p: int, error: BaseException) -> None:
         self.restarts[p] += 1
-        self._kill(p)
         if self.restarts[p] > MAX_RESTARTS:
             raise FeedlineError(f"the Ray actor of partition {p} was lost {self.restarts[p]} times (last: "
                                 f"{type(error).__name__}: {str(error)[:200]}); check the cluster's health") from error
 
-    def _kill(self, p: int) -> None:
-        actor, self._actors[p] = self._actors[p], None
-        self._pending[p].clear()
-        if actor is not None:
-            try:
-                self.ray.kill(actor)
-            except Exception:  # already gone with its node
-                pass
-
-    def set_states(self, states: list[State | None]) -> None:
-        for p in range(self.k):
-            self._kill(p)
-        self._taken = list(states)
-        self._ended = [False] * self.k
-        self._end = [None] * self.k
-
-    def end_state(self, p: int) -> State | None:
-        return self._end[p]
+    def start_state(self, p: int) -> State:
+        """Partition ``p``'s state at its start, from a short-lived actor."""
+        actor = self.spawn(p, None)
+        try:
+            return dict(self.ray.get(actor.state.remote()))
+        finally:
+            self.ray.kill(actor)
 
     def close(self) -> None:
-        for p in range(self.k):
-            self._kill(p)
+        for stream in self.streams.values():
+            stream.close()
+        self.streams.clear()
 
     def replay(self, p: int, state: State | None) -> Part:
         """The batch after ``state`` from a short-lived actor (the driver may not hold the corpus)."""
@@ -157,5 +199,5 @@ class RayPlacement(Placement):
         return {k: np.array(v) for k, v in got[0].items()}
 
     def nodes(self) -> list[str]:
-        """The node each partition's actor runs on (starting the actors; for tests and monitoring)."""
-        return [str(n) for n in self.ray.get([self.actor(p).node.remote() for p in range(self.k)])]
+        """The node each open partition's actor runs on (for tests and monitoring)."""
+        return [stream.node() for stream in self.streams.values() if not stream.ended]

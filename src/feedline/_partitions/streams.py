@@ -1,0 +1,258 @@
+"""A partition in a worker process as a stage: :class:`WorkerStream`, and :class:`Handover` for warm start.
+
+:class:`WorkerStream` is partition ``p`` of a :class:`~feedline._partitions.processes.ProcessPlacement`
+(its :class:`Router`: it routes the workers' messages to the partitions' streams): started from its state (``("start", gen, {p: state})``),
+it receives its batches with the states after them into a queue of its own, returns credit to the
+worker ``prefetch // 2`` batches at a time (at most ``parallel.prefetch`` batches on their way, and
+as many made ahead in the worker), and keeps the state after the last batch it handed out. Its
+generation (``gen``, new at every open and ``set_state``) tells its messages from those of an
+earlier start of the partition, which are dropped. When its worker dies the stream begins again
+from that state once the new worker is ready, so the stream goes on exactly.
+
+:class:`Handover` is warm start: the partition on a thread here (a :class:`Prefetch` over its
+pipeline) until its worker says it is ready; then the thread is asked to finish
+(:meth:`Prefetch.finish`: the batches it made are still handed out) and the worker starts from the
+state after the last of them, so no batch is made twice. When the worker dies, the partition runs
+here again until the new one is ready.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from feedline._core.dataset import State
+from feedline._core.deferred import materialize
+from feedline._core.prefetch import Prefetch
+from feedline._partitions.placement import Part
+from feedline._spec import ParallelSpec
+
+__all__ = ["Handover", "Router", "WorkerStream"]
+
+END = object()   # a queued end: (END, the state at the end)
+
+
+class Router(Protocol):
+    """What a worker stream asks of its placement (:class:`~feedline._partitions.processes.ProcessPlacement`)."""
+
+    options: ParallelSpec
+
+    def generation(self) -> int: ...   # a number no start of any partition had
+    def attach(self, stream: WorkerStream) -> None: ...   # its partition's messages go to it; its worker starts
+    def attached(self, stream: WorkerStream) -> bool: ...
+    def detach(self, stream: WorkerStream) -> None: ...
+    def worker_ready(self, p: int) -> bool: ...
+    def send(self, p: int, msg: tuple[Any, ...]) -> None: ...   # to partition p's worker
+    def start_state(self, p: int) -> State: ...
+    def remote_error(self, msg: tuple[Any, ...]) -> BaseException: ...
+    def wait(self, p: int | None = None) -> None: ...   # handle the next message of any worker
+    def drain(self) -> None: ...   # handle those already received
+
+
+class _Handback(Exception):
+    """A handed-over stream's worker died: its handover runs the partition here again."""
+
+
+class WorkerStream:
+    """Partition ``p`` in its worker process, from ``state`` (see the module docstring)."""
+
+    def __init__(self, router: Router, p: int, state: State | None) -> None:
+        self.router, self.p = router, p
+        self.owner: Handover | None = None   # a warm start's handover: it begins the stream, not a ready worker
+        self.credit_every = max(1, router.options.prefetch // 2)
+        self._reset(state)
+
+    def _reset(self, state: State | None) -> None:
+        self.gen = self.router.generation()
+        self.taken = state   # the state after the last batch handed out (the opening state before any)
+        self.queue: deque[tuple[Any, State]] = deque()
+        self.owed = 0        # batches taken since the worker was last given credit
+        self.begun = False   # the worker was told to start the partition (this generation, this worker)
+        self.ended = False
+        self.end_state: State | None = None
+        self.failed: BaseException | None = None   # raised again when asked (never waited for)
+
+    # ----------------------------------------------------------------- the router's calls
+    def receive(self, msg: tuple[Any, ...]) -> None:
+        """A message of this generation: ``batch``, ``end`` or ``error``."""
+        if msg[0] == "batch":
+            self.queue.append((msg[3], msg[4]))
+        elif msg[0] == "end":
+            self.queue.append((END, msg[3]))
+        else:
+            self.failed = self.router.remote_error(msg)
+            raise self.failed
+
+    def on_ready(self) -> None:
+        """Its worker is ready."""
+        if self.owner is not None:
+            self.owner.ready()
+        elif not self.begun and not self.ended:
+            self.begin()
+
+    def on_lost(self) -> None:
+        """Its worker died: what it sent and was not taken is made again, by the next worker."""
+        self.queue.clear()
+        self.begun, self.owed = False, 0
+        if self.owner is not None:
+            self.owner.lost()
+
+    def worker_ready(self) -> bool:
+        return self.router.worker_ready(self.p)
+
+    def begin(self) -> None:
+        """Start the partition in its worker from the state after the last batch handed out."""
+        self.begun, self.owed = True, 0   # a start gives the worker its whole credit again
+        self.router.send(self.p, ("start", self.gen, {self.p: materialize(self.taken)}))
+
+    # ----------------------------------------------------------------- stage
+    def start(self) -> None:
+        """Start its worker (registered with the router: its messages come here)."""
+        self.router.attach(self)
+        if self.worker_ready():
+            self.on_ready()
+
+    def __iter__(self) -> WorkerStream:
+        return self
+
+    def __next__(self) -> tuple[Part, State]:
+        if self.ended:
+            raise StopIteration
+        if self.failed is not None:   # its worker stopped the partition: asking again must not wait forever
+            raise self.failed
+        if not self.router.attached(self):
+            self.start()
+        self.router.drain()   # hears "ready"s, batches, deaths
+        while not self.queue:
+            if not self.begun:
+                if self.owner is not None:
+                    raise _Handback
+                if self.worker_ready():
+                    self.begin()
+            self.router.wait(self.p)
+        batch, state = self.queue.popleft()
+        if batch is END:
+            self.ended, self.end_state = True, state
+            raise StopIteration
+        self.taken = state
+        self.owed += 1
+        if self.owed >= self.credit_every:  # credit in bulk: fewer messages, the worker stays ahead
+            self.router.send(self.p, ("credit", self.gen, self.p, self.owed))
+            self.owed = 0
+        return batch, state
+
+    def get_state(self) -> State:
+        if self.taken is None:
+            self.taken = self.router.start_state(self.p)
+        return materialize(self.taken)  # type: ignore[no-any-return]
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        begun = self.begun
+        self._reset(dict(state))
+        if begun and self.owner is None:   # the worker restarts the partition there (a handover decides itself)
+            self.begin()
+
+    def close(self) -> None:
+        self.router.detach(self)
+        self.queue.clear()
+
+
+class Handover:
+    """Warm start: partition ``p`` on a thread here until ``remote``'s worker is ready, then there."""
+
+    def __init__(self, local: Callable[[State | None], Prefetch], remote: WorkerStream) -> None:
+        self._make_local, self.remote = local, remote
+        remote.owner = self
+        self.local: Prefetch | None = None
+        self.mode = "local"      # local | finishing (the thread hands out what it made) | remote
+        self.end_state: State | None = None
+        self.failed: BaseException | None = None
+
+    def _local(self) -> Prefetch:
+        if self.local is None:
+            self.local = self._make_local(self.remote.taken)
+        return self.local
+
+    def _close_local(self) -> None:
+        local, self.local = self.local, None
+        if local is not None:
+            local.close()
+
+    def ready(self) -> None:
+        """The worker is ready: the thread finishes first, or the worker takes over at once."""
+        if self.mode != "local":
+            return
+        if self.local is not None and self.local.running:
+            self.local.finish()
+            self.mode = "finishing"
+        else:
+            self._take_over()
+
+    def _take_over(self) -> None:
+        self._close_local()
+        self.mode = "remote"
+        self.remote.begin()
+
+    def lost(self) -> None:
+        """The worker died: here again (a fresh thread from the last state handed out) until the next one is ready."""
+        if self.mode == "local" or self.remote.ended:
+            return
+        self._close_local()
+        self.mode = "local"
+        self._local().start()
+
+    def start(self) -> None:
+        if self.mode != "remote":
+            self._local().start()
+        self.remote.start()
+
+    def __iter__(self) -> Handover:
+        return self
+
+    def __next__(self) -> tuple[Part, State]:
+        if self.failed is not None:
+            raise self.failed
+        while True:
+            if self.remote.router.attached(self.remote):
+                self.remote.router.drain()
+                if self.mode == "local" and self.remote.worker_ready():   # (ready before this stage was restored)
+                    self.ready()
+            if self.mode == "remote":
+                try:
+                    got = next(self.remote)
+                except _Handback:
+                    continue
+                except StopIteration:
+                    self.end_state = self.remote.end_state
+                    raise
+                return got
+            local = self._local()
+            try:
+                got = next(local)
+            except StopIteration:
+                self._close_local()
+                if local.finished:   # every batch it made was handed out: its worker starts after the last
+                    self.remote.taken = local.get_state()
+                    self._take_over()
+                    continue
+                self.remote.ended, self.end_state = True, local.end_state
+                raise
+            except BaseException as e:
+                self.failed = e
+                self._close_local()
+                raise
+            self.remote.taken = got[1]
+            return got
+
+    def get_state(self) -> State:
+        return self.remote.get_state()
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        self._close_local()
+        self.mode, self.end_state, self.failed = "local", None, None
+        self.remote.set_state(state)
+
+    def close(self) -> None:
+        self._close_local()
+        self.remote.close()

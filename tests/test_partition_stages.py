@@ -1,0 +1,99 @@
+"""Each partition stage alone (issue 34 item 1): a placement opens partition p from its state as a
+stage (next -> (batch, state), get_state/set_state/start/close, end_state), and every one of them
+resumes exactly from any of its states and gives partition p's batches and states as threads do."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from feedline import Spec
+from feedline._core.prefetch import Prefetch
+from feedline._partitions.placement import ThreadPlacement
+from feedline._partitions.processes import ProcessPlacement
+from feedline._partitions.streams import Handover, WorkerStream
+from feedline._pipeline import PartitionStreams
+from feedline.testing import assert_batches_equal, assert_stage_resumes
+
+
+def placement(corpus: str, tok: str, kind: type, **parallel: Any) -> Any:
+    s = Spec.load({"sources": [corpus], "tokenizer": tok, "task": {"kind": "clm", "max_length": 48},
+                   "batching": {"strategy": "pack", "batch_size": 5, "window": 16, "first_window": 4},
+                   "shuffle": {"buffer": 16}, "partitions": 2,
+                   "parallel": {"placement": "processes", "prefetch": 2, "processes": 2, **parallel}})
+    return kind(PartitionStreams(s), 2, s.parallel)
+
+
+def drain(stage: Any) -> tuple[list[Any], list[Any], Any]:
+    batches, states = [], []
+    try:
+        for batch, state in stage:
+            batches.append(batch)
+            states.append(dict(state))
+        return batches, states, stage.end_state
+    finally:
+        stage.close()
+
+
+def test_a_thread_stage_is_a_prefetch_over_the_partitions_pipeline(corpus: str, small_tokenizer: str) -> None:
+    threads = placement(corpus, small_tokenizer, ThreadPlacement)
+    assert isinstance(threads.open(1, None), Prefetch)
+    assert assert_stage_resumes(lambda: threads.open(1, None), check=2, every=3) >= 3
+
+
+@pytest.mark.slow
+def test_a_worker_stream_resumes_alone_and_gives_the_threads_batches(corpus: str, small_tokenizer: str) -> None:
+    """Every restore opens a new generation of the partition in the same worker; what the worker
+    made for the old one is dropped on arrival."""
+    threads = placement(corpus, small_tokenizer, ThreadPlacement)
+    procs = placement(corpus, small_tokenizer, ProcessPlacement, warm_start=False)
+    try:
+        assert isinstance(procs.open(1, None), WorkerStream)
+        assert assert_stage_resumes(lambda: procs.open(1, None), check=2, every=3) >= 3
+        want, want_states, want_end = drain(threads.open(1, None))
+        middle = want_states[2]
+        got, got_states, got_end = drain(procs.open(1, middle))   # opened from a state, as a restore does
+        assert_batches_equal(want[3:], got, "a worker stream from the threads' state after batch 3")
+        assert got_states == want_states[3:] and got_end == want_end and len(procs.pids()) == 2
+    finally:
+        procs.close()
+
+
+@pytest.mark.slow
+def test_a_handover_is_local_until_its_worker_is_ready_then_exact(corpus: str, small_tokenizer: str) -> None:
+    threads = placement(corpus, small_tokenizer, ThreadPlacement)
+    warm = placement(corpus, small_tokenizer, ProcessPlacement, warm_start=True)
+    try:
+        want, want_states, _ = drain(threads.open(0, None))
+        stage = warm.open(0, None)
+        assert isinstance(stage, Handover)
+        first = next(stage)   # here: the worker is not even started before start()
+        assert stage.mode == "local" and warm.pids() == []
+        stage.start()
+        deadline = time.monotonic() + 120
+        while not stage.remote.worker_ready():
+            assert time.monotonic() < deadline, "the worker never said it was ready"
+            warm.drain()
+            time.sleep(0.05)
+        local, here = stage.local, 1
+        got, got_states = [], []
+        for batch, state in stage:
+            here += stage.mode != "remote"
+            got.append(batch)
+            got_states.append(dict(state))
+        stage.close()
+        assert stage.mode == "remote" and local is not None and local.finished   # the thread finished, then the worker
+        assert local.pulled == here < len(want), (local.pulled, here)   # it made exactly what it handed out
+        assert_batches_equal(want, [first[0], *got], "a handover: a thread here, then its worker")
+        assert [dict(first[1]), *got_states] == want_states
+
+        def started() -> Handover:   # restored while its worker is ready: the worker takes over at once
+            stage = warm.open(0, None)
+            stage.start()
+            return stage
+
+        assert assert_stage_resumes(started, check=2, every=3) >= 3
+    finally:
+        warm.close()
