@@ -166,6 +166,18 @@ def test_stop_auto_keeps_the_template_end_of_turn_and_eos_adds_nothing_more() ->
         assert _trained(task, task.process([Record((0, 0, 0), 0, _TWO_TURNS)])[0]) == ["Hello.<|im_end|>\n", "See you.<|im_end|>\n"]
 
 
+def test_stop_eos_adds_the_eos_after_an_end_of_turn_text_that_is_no_stop_token() -> None:
+    """ChatML on the GPT-2 vocabulary: ``<|im_end|>`` is ordinary text there, not a stop token. ``auto``
+    accepts it as the reply's end; ``eos`` trains the tokenizer's EOS after it (docs/tasks.md, **Stop**)."""
+    gpt2 = str(shared("tokenizers", "gpt2"))
+    auto = _task(_chatml(), tokenizer=gpt2)
+    assert _trained(auto, auto.process([Record((0, 0, 0), 0, _TWO_TURNS)])[0]) == ["Hello.<|im_end|>\n", "See you.<|im_end|>\n"]
+    eos = _task(_chatml(), tokenizer=gpt2, stop="eos")
+    out = eos.process([Record((0, 0, 0), 0, _TWO_TURNS)])[0]
+    assert _trained(eos, out) == ["Hello.<|im_end|>\n<|endoftext|>", "See you.<|im_end|>\n<|endoftext|>"]
+    assert int((out[0].fields["labels"] == eos.tok.eos_id).sum()) == 2   # the EOS id itself is trained, once a reply
+
+
 @pytest.mark.slow
 def test_glm4_trains_the_next_role_header_and_ends_the_last_reply_with_eos(glm4_dir: str) -> None:
     task = _task(tokenizer=glm4_dir)

@@ -206,8 +206,9 @@ class Chat(Task):
         if opts.stop == "template":
             return (*prep, [])
         text, spans, ends, msgs, tools = prep
+        eot = self._template_eot if opts.stop == "auto" else ""   # eos: only a stop token ends a reply
         try:
-            text, spans, ends, inserts = place_stops(text, spans, ends, stops=self._stop_texts, eot=self._template_eot)
+            text, spans, ends, inserts = place_stops(text, spans, ends, stops=self._stop_texts, eot=eot)
         except ValueError:
             raise TaskError(f"chat: a reply ends with no end-of-turn text and tokenizer {self.tok.name!r} has no "
                             "EOS (added) token nor generation_config.json eos_token_id to end it with; add an "
