@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from feedline._batching.base import Batch, Batcher, FillStats
+from feedline._batching.concatrun import run_rows
 from feedline._batching.cuts import Pieces, cut_rows
 from feedline._batching.pack import _block_of, row_length
 from feedline._batching.rows import Attention, collate_flat
@@ -91,10 +92,11 @@ class ConcatIterator(DatasetIterator[Batch]):
         self.max_length = row_length(self.opts, ds.ctx.task.max_length, "concat")
         self.carry: tuple[ExampleBlock, int] | None = None  # the document being cut (one example), where its rest starts
         self.stats = FillStats()
-        self._peek = getattr(self.parent, "peek_block", None)
+        self._peek = getattr(self.parent, "peek_run", None) or getattr(self.parent, "peek_block", None)
         self._blk: ExampleBlock | None = None  # the parent's examples as last peeked
         self._ends = np.zeros(0, np.int64)  # their cumulative lengths
         self._empty = False  # whether one of them is empty
+        self._contig = False  # whether they lie back to back in their fields
         self._used = 0  # how many of them rows took (consumed from the parent when the batch is made)
 
     def _block(self) -> ExampleBlock | None:
@@ -112,6 +114,7 @@ class ConcatIterator(DatasetIterator[Batch]):
         blk = got if isinstance(got, ExampleBlock) else _block_of(got[:_LISTED])
         self._blk, self._ends, self._used = blk, np.cumsum(blk.lengths), 0
         self._empty = not blk.lengths.all()
+        self._contig = len(blk) < 2 or bool(np.array_equal(blk.starts[1:], blk.starts[:-1] + blk.lengths[:-1]))
         return blk
 
     def _settle(self, keep: bool = False) -> None:
@@ -201,7 +204,39 @@ class ConcatIterator(DatasetIterator[Batch]):
         docs.append(cut.docs)
         return cut.rows
 
+    def _run_batch(self) -> Batch | None:
+        """The whole batch as a slice of the current block where it holds it (:func:`~.concatrun.run_rows`):
+        the batch, stats, carry and examples taken of the per-row path; ``None`` where that path must cut it."""
+        if self._peek is None:
+            return None
+        blk = self._blk
+        if blk is None or self._used >= len(blk):
+            if self.carry is not None:
+                return None
+            blk = self._block()
+        if blk is None or self._empty or not self._contig:
+            return None
+        rows, width, o = self.ds.ctx.batch_size, self.max_length, self.opts
+        cut = run_rows(blk, self._ends, self._used, self.carry, rows, width, o.max_docs_per_row)
+        if cut is None:
+            return None
+        last = self._used + cut.taken - 1
+        self.carry = None if cut.rest is None else (blk.slice(last, last + 1), cut.rest)
+        self._used += cut.taken
+        n = rows * width
+        st = self.stats
+        st.documents, st.split_documents = st.documents + cut.taken, st.split_documents + cut.split
+        st.rows, st.tokens, st.slots = st.rows + rows, st.tokens + n, st.slots + n
+        values = {name: arr[cut.first:cut.first + n] for name, arr in blk.fields.items()}
+        self._settle(keep=True)
+        return collate_flat(cut.docs, cut.lengths, values, width, o.max_docs_per_row, self.ds.ctx.task.pad_values,
+                            like=blk.fields, reset_positions=o.reset_positions, mask_first=o.mask_first_token,
+                            attention=o.attention)
+
     def __next__(self) -> Batch:
+        whole = self._run_batch()
+        if whole is not None:
+            return whole
         pieces, docs, rows = Pieces(), list[np.ndarray](), 0
         while rows < self.ds.ctx.batch_size:
             made = self._rows(pieces, docs, self.ds.ctx.batch_size - rows)

@@ -95,6 +95,8 @@ class ExampleBlock:
         lengths: ``[n]`` each example's number of tokens.
         fields: per token field, one flat array holding every example's tokens.
         rejected: ``(record index, Rejection)`` of the records that gave no example, in order.
+        base: ``(run, at)`` when these examples are ``run[at:at + n]`` of a block processed for
+            several chunks at once (the task map's runs; :meth:`slice` keeps it).
     """
 
     refs: np.ndarray
@@ -103,6 +105,7 @@ class ExampleBlock:
     lengths: np.ndarray
     fields: dict[str, np.ndarray]
     rejected: list[tuple[int, Rejection]] = field(default_factory=list)
+    base: tuple[ExampleBlock, int] | None = None
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -122,8 +125,9 @@ class ExampleBlock:
 
     def slice(self, start: int, stop: int) -> ExampleBlock:
         """Examples ``[start, stop)`` (views; the rejections stay with the whole block)."""
+        base = None if self.base is None else (self.base[0], self.base[1] + start)
         return ExampleBlock(self.refs[start:stop], self.record[start:stop], self.starts[start:stop],
-                            self.lengths[start:stop], self.fields)
+                            self.lengths[start:stop], self.fields, base=base)
 
     def examples_before(self, record: int) -> int:
         """How many examples come from records before ``record``."""

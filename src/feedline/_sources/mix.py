@@ -145,6 +145,18 @@ class MixtureIterator(DatasetIterator[Record]):
             return None
         return self.its[0].chunk_plan(most, budget)
 
+    def run_sizes(self, most: int) -> Any:
+        """One source passed straight through: the sizes of its current run's next records."""
+        if len(self.its) > 1 or self.mix.stopping == "cycle" or not self.active[0]:
+            return None
+        return self.its[0].run_sizes(most)
+
+    def run_states(self, counts: Sequence[int]) -> list[State]:
+        """The states after taking each of ``counts`` records (within what :meth:`run_sizes` gave)."""
+        flags = {"active": list(self.active), "done": list(self.done)}
+        return [{"step": self.step + k, **flags, "counts": [self.counts[0] + k], "sources": [s]}
+                for k, s in zip(counts, self.its[0].run_states(counts), strict=True)]
+
     def get_state(self) -> State:
         return {"step": self.step, "active": list(self.active), "done": list(self.done),
                 "counts": list(self.counts), "sources": [it.get_state() for it in self.its]}

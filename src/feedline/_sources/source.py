@@ -34,7 +34,7 @@ from feedline._sources.cache import ObjectCache
 from feedline._sources.deal import deal, fingerprint, moved_share
 from feedline._sources.files import expand, is_url, use_cache
 from feedline._sources.reader import Item, Reader, Split, detect_format, reader_class
-from feedline._sources.taking import chunk_plan, take_batched
+from feedline._sources.taking import chunk_plan, run_sizes, run_states, take_batched
 from feedline._spec import SourceSpec
 from feedline.errors import RecordError, SourceError, StateError
 
@@ -322,6 +322,14 @@ class FileSourceIterator(DatasetIterator[Record]):
     def chunk_plan(self, most: int, budget: int) -> int | None:
         """The records :func:`~feedline._tasks.sizing.read_chunk` would take, where the current run's sizes tell."""
         return chunk_plan(self, most, budget)
+
+    def run_sizes(self, most: int) -> Any:
+        """Sizes of the next records the current run holds (:func:`~feedline._sources.taking.run_sizes`)."""
+        return run_sizes(self, most)
+
+    def run_states(self, counts: Sequence[int]) -> list[State]:
+        """States after taking each of ``counts`` records of the run (:func:`~feedline._sources.taking.run_states`)."""
+        return run_states(self, counts)
 
     def _take_batched(self, n: int, parts: list[Sequence[Record]], items: Iterator[Any], epoch: int, file: int) -> int:
         return take_batched(self, n, parts, items, epoch, file)

@@ -13,13 +13,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from feedline._core.documents import ID_BYTES, TokenItems, TokenRecords, chunk_steps
 from feedline._core.record import Record, Rejection
 
 # ``it`` below is the calling ``FileSourceIterator`` (typed ``Any``: naming it here would make an import cycle)
 FileSourceIterator = Any
 
-__all__ = ["chunk_plan", "take_batched"]
+__all__ = ["chunk_plan", "run_sizes", "run_states", "take_batched"]
 
 
 def chunk_plan(it: FileSourceIterator, most: int, budget: int) -> int | None:
@@ -29,6 +31,30 @@ def chunk_plan(it: FileSourceIterator, most: int, budget: int) -> int | None:
     if it._items is None or not isinstance(pend, TokenItems):
         return None
     return chunk_steps(pend.lengths[it._at:it._at + most] * ID_BYTES, most, budget)
+
+
+def run_sizes(it: FileSourceIterator, most: int) -> np.ndarray | None:
+    """The sizes (as a chunk counts them) of up to ``most`` next records, those the current run holds;
+    ``None`` outside a run."""
+    pend = it._pending
+    if it._items is None or not isinstance(pend, TokenItems):
+        return None
+    return pend.lengths[it._at:it._at + most] * ID_BYTES  # type: ignore[no-any-return]
+
+
+def run_states(it: FileSourceIterator, counts: Sequence[int]) -> list[dict[str, Any]]:
+    """The cursor's state after taking each of ``counts`` more records (each at most what
+    :func:`run_sizes` gave), without taking them: a run moves only the position and line."""
+    pend, at = it._pending, it._at
+    base = it.get_state()
+    out = []
+    for k in counts:
+        if not k:
+            out.append(base)
+            continue
+        out.append({**base, "pos": int(pend.next[at + k - 1]), "line": int(pend.line[at + k - 1]),
+                    "rejected": dict(base["rejected"])})
+    return out
 
 
 def take_batched(it: FileSourceIterator, n: int, parts: list[Sequence[Record]], items: Iterator[Any], epoch: int,

@@ -51,6 +51,7 @@ from feedline._core.documents import TokenRecords
 from feedline._core.record import Example, ExampleRef, Key, Record, Rejection
 from feedline._core.report import Rejections, add_counts, nothing_delivered, sum_rejected
 from feedline._tasks.base import Task, TaskOutput
+from feedline._tasks.runahead import read_run, run_end
 from feedline._tasks.sizing import CHUNK_BYTES, INFLIGHT_BYTES, read_chunk, records_size
 from feedline._tasks.threads import thread_count, useful_threads
 from feedline.errors import SourceError, StateError
@@ -221,6 +222,8 @@ class TaskMapIterator(DatasetIterator[Example]):
         self.chunk = min(FIRST_CHUNK, ds.chunk)  # the next chunk's most records (ramps up to ds.chunk)
         self.exact: int | None = None  # the next chunk's records, exactly (a restore re-reads its chunk)
         self.current_size = self.chunk  # the size of the chunk current_state points into
+        # chunks of a pre-tokenized run are read and processed together (runahead.py) where they stay in this thread
+        self._runs = isinstance(self.runner, ThreadRunner) and bool(ds.task.inline_runs)
 
     def _submit(self) -> None:
         """Read chunks until ``runner.ahead`` chunks or the byte budget are in flight, or the parent
@@ -231,6 +234,8 @@ class TaskMapIterator(DatasetIterator[Example]):
         while not self.exhausted and len(self.inflight) < ahead and (
                 budget is None or not self.inflight or self.inflight_size < budget):
             state = self._next_start if self._next_start is not None else self.parent.get_state()
+            if self.exact is None and self._runs and read_run(self, state):
+                continue
             if self.exact is not None:
                 want, self.exact = self.exact, None
                 recs = self.parent.take(want)
@@ -315,11 +320,30 @@ class TaskMapIterator(DatasetIterator[Example]):
         cur = self.current
         return cur.slice(self.skip, len(cur)) if isinstance(cur, ExampleBlock) else cur[self.skip:]
 
+    def peek_run(self) -> ExampleBlock | list[Example] | None:
+        """:meth:`peek_block`, continued over the queued chunks processed with the current one as one
+        run (:mod:`~feedline._tasks.runahead`): their examples as one block of views."""
+        if not self._ready():
+            return None
+        cur = self.current
+        if not isinstance(cur, ExampleBlock) or cur.base is None:
+            return cur.slice(self.skip, len(cur)) if isinstance(cur, ExampleBlock) else cur[self.skip:]
+        return cur.base[0].slice(cur.base[1] + self.skip, run_end(self))
+
     def consume(self, n: int) -> None:
-        """Take the first ``n`` examples of :meth:`peek_block`."""
-        if not 0 <= n <= len(self.current) - self.skip:
-            raise ValueError(f"consume({n}): {len(self.current) - self.skip} examples are left in the chunk")
-        self.skip += n
+        """Take the first ``n`` examples of :meth:`peek_block` (or :meth:`peek_run`, across its chunks):
+        the state is then as after ``n`` calls of ``next``."""
+        cur = self.current
+        left = len(cur) - self.skip
+        if n > left and isinstance(cur, ExampleBlock) and cur.base is not None:
+            left = run_end(self) - cur.base[1] - self.skip
+        if not 0 <= n <= left:
+            raise ValueError(f"consume({n}): {left} examples are left in the chunk")
+        while n:
+            self._ready()
+            k = min(n, len(self.current) - self.skip)
+            self.skip += k
+            n -= k
 
     def get_state(self) -> State:
         if self.current_state is None:

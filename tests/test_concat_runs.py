@@ -1,0 +1,134 @@
+"""Pre-tokenized concat a batch at a time: the task map reads several chunks of a run at once
+(tasks/runahead.py) and concat cuts a whole batch as one slice of the run (batching/concatrun.py).
+Batches, states and statistics are those of the chunk-by-chunk, row-by-row path, over random
+document lengths, two epochs, rows closed at max_docs_per_row and documents split by clm; resume
+is exact at every step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import feedline._batching.concat as concat_mod
+import feedline._tasks.map as map_mod
+from feedline import Loader
+from feedline._batching.concatrun import run_rows
+from feedline._batching.cuts import cut_rows
+from feedline._core.block import ExampleBlock
+from feedline._tasks.map import TaskMapIterator
+from feedline.testing import assert_batches_equal, assert_resumes_exactly, collect
+
+EOS = 50256
+
+
+def _flat(path: Path, seed: int, n_docs: int, long_share: float) -> list[int]:
+    """A flat uint16 file of ``n_docs`` random documents (random ids, EOS last): mostly 1-120 tokens, a
+    share of 100-400 (split by clm's max_length); returns their lengths."""
+    rng = np.random.default_rng(seed)
+    lengths = np.where(rng.random(n_docs) < long_share, rng.integers(100, 400, n_docs), rng.integers(1, 120, n_docs))
+    ids = rng.integers(0, EOS, int(lengths.sum()), dtype=np.uint16)
+    ends = np.cumsum(lengths)
+    ids[ends - 1] = EOS
+    ids.tofile(path)
+    return lengths.tolist()
+
+
+def _spec(path: Path, *, docs: int, max_length: int = 96, batch: int = 4, epochs: int = 2, split: int = 1 << 17) -> dict:
+    return {"sources": [{"path": str(path), "format": "flat", "split_bytes": split, "tokens": {"dtype": "uint16", "eos": EOS}}],
+            "task": {"kind": "clm", "max_length": max_length}, "epochs": epochs, "seed": 3,
+            "batching": {"strategy": "concat", "batch_size": batch, "max_docs_per_row": docs}}
+
+
+def _row_by_row(m: pytest.MonkeyPatch) -> None:
+    """The path before runs: a chunk read and processed at a time, a batch cut row by row from it."""
+    m.setattr(map_mod, "read_run", lambda it, state: False)
+    m.delattr(TaskMapIterator, "peek_run")
+    m.setattr(concat_mod.ConcatIterator, "_run_batch", lambda self: None)
+
+
+def _count_runs(m: pytest.MonkeyPatch) -> dict[str, int]:
+    seen = {"runs": 0, "whole": 0}
+    read_run, cut = map_mod.read_run, concat_mod.run_rows
+
+    def counted_read(it: Any, state: Any) -> bool:
+        got = read_run(it, state)
+        seen["runs"] += got
+        return got
+
+    def counted_cut(*a: Any) -> Any:
+        got = cut(*a)
+        seen["whole"] += got is not None
+        return got
+
+    m.setattr(map_mod, "read_run", counted_read)
+    m.setattr(concat_mod, "run_rows", counted_cut)
+    return seen
+
+
+@pytest.mark.parametrize(("seed", "docs", "long_share", "max_length", "batch"), [
+    (0, 64, 0.0, 96, 4), (1, 3, 0.05, 96, 4), (2, 6, 0.2, 64, 3), (3, 64, 0.5, 128, 2), (4, 2, 0.0, 32, 5)])
+def test_runs_give_the_batches_states_and_stats_of_the_row_by_row_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                       seed: int, docs: int, long_share: float,
+                                                                       max_length: int, batch: int) -> None:
+    _flat(tmp_path / "t.bin", seed, 3000, long_share)
+    spec = _spec(tmp_path / "t.bin", docs=docs, max_length=max_length, batch=batch)
+    with monkeypatch.context() as m:
+        seen = _count_runs(m)
+        with Loader(spec) as ld:
+            got, states = collect(ld, with_states=True)
+    assert seen["runs"] >= 1 and seen["whole"] > 10, seen  # both ran (batches with a row over the cap fall back)
+    with monkeypatch.context() as m:
+        _row_by_row(m)
+        with Loader(spec) as ld:
+            want, want_states = collect(ld, with_states=True)
+    assert len(got) > 50
+    assert_batches_equal(got, want, f"seed {seed}")
+    assert [json.dumps(s, sort_keys=True) for s in states] == [json.dumps(s, sort_keys=True) for s in want_states]  # stats too
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_runs_resume_exactly_at_every_step(tmp_path: Path, seed: int) -> None:
+    _flat(tmp_path / "t.bin", seed, 600, 0.1)
+    assert assert_resumes_exactly(_spec(tmp_path / "t.bin", docs=8, max_length=64, epochs=2), every=1, check=2) > 40
+
+
+def test_today_states_resume_into_the_run_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """States saved by the row-by-row path, resumed with runs, continue exactly as that path does."""
+    _flat(tmp_path / "t.bin", 7, 800, 0.1)
+    spec = _spec(tmp_path / "t.bin", docs=8, max_length=64)
+    with monkeypatch.context() as m:
+        _row_by_row(m)
+        with Loader(spec) as ld:
+            want, states = collect(ld, with_states=True)
+    for at in range(0, len(states) - 1, 7):
+        with Loader(spec, state=states[at]) as ld:
+            got = collect(ld, limit=5)
+        assert_batches_equal(got, want[at + 1:at + 6], f"resumed at {at}")
+
+
+def _ragged(rng: np.random.Generator) -> np.ndarray:
+    return np.where(rng.random(400) < 0.1, rng.integers(20, 90, 400), rng.integers(1, 12, 400))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_run_rows_is_cut_rows_on_a_contiguous_block(seed: int) -> None:
+    """Without a carry, the whole-batch cut equals cut_rows' rows (pieces, per-row counts, split documents,
+    the rest), or declines exactly where cut_rows would make fewer rows (a row over the cap)."""
+    rng = np.random.default_rng(seed)
+    lengths = _ragged(rng)
+    ends = np.cumsum(lengths)
+    blk = ExampleBlock(np.zeros((len(lengths), 5), np.int64), np.arange(len(lengths)), ends - lengths, lengths,
+                       {"input_ids": np.arange(int(ends[-1]))})
+    rows, width, cap = int(rng.integers(1, 6)), int(rng.integers(8, 40)), int(rng.integers(2, 9))
+    got, want = run_rows(blk, ends, 0, None, rows, width, cap), cut_rows(ends, rows, width, cap)
+    if want is None or want.rows < rows:
+        assert got is None
+        return
+    assert got is not None
+    assert got.docs.tolist() == want.docs.tolist()
+    assert got.lengths.tolist() == (want.stop - want.start).tolist()
+    assert (got.taken, got.split, got.rest, got.first) == (want.used, int(want.split.sum()), want.rest, 0)
