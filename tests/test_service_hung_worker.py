@@ -65,3 +65,68 @@ def test_a_client_waiting_on_a_stopped_worker_is_told_which_and_the_stream_goes_
     finally:
         stop(proc)
     assert len(got) == 43
+
+
+@pytest.mark.slow
+def test_a_client_of_another_stream_is_never_told_of_the_stopped_worker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Two streams in one server: ``slow`` runs worker processes, one is stopped; its client is told
+    which (the notice exists), while every pong a ``train`` client gets in that time names nothing of it."""
+    import zmq
+
+    from feedline._service import client as client_module
+    from feedline._service.protocol import PROTOCOL_VERSION, pack, unpack_header
+
+    monkeypatch.setattr(client_module, "WAIT_WARN_S", 1.0)
+    monkeypatch.setattr(client_module, "WAIT_WARN_EVERY_S", 1.0)
+    spec: dict[str, Any] = make_spec(tmp_path, tokenizer_path(tmp_path), docs=200)
+    spec["streams"] = {"slow": {"partitions": 2, "parallel": {"placement": "processes", "processes": 2, "prefetch": 1,
+                                                               "warm_start": False, "hang_timeout": 8}}}
+    proc, address = start_server(write_spec(tmp_path / "spec.json", spec), "--heartbeat", "0.2", "--window", "2",
+                                 "--max-prefetch", "1")
+    ctx = zmq.Context()
+    other = ctx.socket(zmq.DEALER)   # a client of 'train' that holds its credit and pings, as a waiting client does
+    other.setsockopt(zmq.LINGER, 0)
+    pongs: list[str | None] = []
+    try:
+        other.connect(address)
+        other.send(pack("hello", v=PROTOCOL_VERSION, stream="train", rank=0, world_size=1, prefetch=1))
+        assert other.poll(30_000), "no welcome"
+        assert unpack_header(other.recv())["op"] == "welcome"
+        loader = feedline.Loader(address, 0, 1, stream="slow", reconnect=30.0)
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        workers = [p for p in psutil.Process(proc.pid).children(recursive=True) if "python" in p.name().lower()]
+        assert len(workers) >= 2, workers
+        victim = workers[-1].pid
+        os.kill(victim, signal.SIGSTOP)
+        try:
+            with caplog.at_level("WARNING", logger="feedline.service"):
+                done = threading.Event()
+
+                def drain() -> None:   # the stopped worker's partition must come round
+                    for _ in range(40):
+                        next(it)
+                    done.set()
+
+                threading.Thread(target=drain, daemon=True).start()
+                while not done.wait(0.2):
+                    other.send(pack("ping"))
+                    while other.poll(0):
+                        h = unpack_header(other.recv())
+                        if h["op"] == "pong":
+                            pongs.append(h.get("stall"))
+                    assert len(pongs) < 300, "the 'slow' stream did not go on after the worker was restarted"
+        finally:
+            if psutil.pid_exists(victim):
+                os.kill(victim, signal.SIGKILL)
+        told = [r.getMessage() for r in caplog.records if "the server says" in r.getMessage()]
+        assert any(f"(pid {victim})" in m and "has said nothing" in m for m in told), caplog.text  # the notice was there
+        assert len(pongs) >= 10
+        assert [p for p in pongs if p is not None] == []   # ... and never told to the other stream's client
+        loader.close()
+    finally:
+        other.close()
+        ctx.term()
+        stop(proc)

@@ -135,7 +135,8 @@ class Dispatcher:
             client.last_seen = now
         if op == "ping" and client is not None:
             # a stalled stream (a full window, a silent worker) says why, so a waiting client can tell its user
-            why = client.delivery.stall_reason or notices.current()
+            # (its own stream's notices only: another stream's silent worker is not why this one waits)
+            why = client.delivery.stall_reason or notices.current(client.stream)
             self.transport.send(ident, [pack("pong", stall=why) if why else pack("pong")])
         elif op == "stats":
             self.transport.send(ident, [pack("stats", stats=self.stats())])

@@ -1,6 +1,6 @@
 """A background thread that runs one global stream and hands out its steps, sliced per rank.
 
-    producer = Producer(pipeline, world_size=4, start=state, wake=server.wake)
+    producer = Producer(pipeline, world_size=4, start=state, depth=2, wake=server.wake, stream="train")
     producer.start()
     item = producer.poll()     # Produced | End | an exception | None (nothing ready yet)
 
@@ -8,7 +8,9 @@ A :class:`~feedline._core.prefetch.Prefetch` stage runs :class:`~feedline._pipel
 from a start state; on its thread each global batch is cut into the ranks' slices once
 (:func:`~feedline._batching.planner.rank_slices`) and the resume state after the step is
 serialised once (:func:`~.protocol.pack_state`, straight from the step's snapshot: the state is
-never deep-copied on the way). A ``pack`` batch stays compact
+never deep-copied on the way). Each step is computed inside :func:`~feedline._core.notices.scope`
+of the producer's ``stream``, so what its stages post (a silent worker) is told to that stream's
+clients only. A ``pack`` batch stays compact
 (:class:`~feedline._batching.compact.CompactBatch`): the clients lay it out. Production runs at
 most ``depth`` steps ahead of whoever drains it. ``wake`` is called after every put so the
 server's event loop never has to spin.
@@ -27,6 +29,7 @@ import numpy as np
 from feedline._batching.base import Batch, real_tokens
 from feedline._batching.compact import CompactBatch
 from feedline._batching.planner import rank_slices
+from feedline._core import notices
 from feedline._core.dataset import State
 from feedline._core.prefetch import Prefetch
 from feedline._pipeline import GlobalStream, GlobalStreamIterator, Pipeline
@@ -66,12 +69,12 @@ class Producer:
 
     def __init__(self, pipeline: Pipeline, *, world_size: int, start: Mapping[str, Any] | None, depth: int,
                  wake: Callable[[], None], initial: Mapping[str, Any] | None = None,
-                 name: str = "feedline-producer") -> None:
+                 stream: str, name: str = "feedline-producer") -> None:
         self.pipeline = pipeline
         self.world_size = world_size
         self.start_state = dict(start) if start is not None else None
         self.spec_hash = pipeline.spec.hash()
-        self._stage = Prefetch(lambda: _CompactSteps(iter(GlobalStream(pipeline, world_size))), max(1, depth),
+        self._stage = Prefetch(lambda: _CompactSteps(iter(GlobalStream(pipeline, world_size)), stream), max(1, depth),
                                map=self._produce, wake=wake, name=name, detach=True)
         if start is not None:
             self._stage.set_state(start)
@@ -122,13 +125,16 @@ class Producer:
 
 class _CompactSteps:
     """The global stream as the producer runs it: :meth:`~feedline._pipeline.GlobalStreamIterator.next_compact`
-    steps (compact batches where the batcher can, the state as a snapshot), the stream's state otherwise."""
+    steps (compact batches where the batcher can, the state as a snapshot), the stream's state otherwise;
+    a step's notices concern ``stream``."""
 
-    def __init__(self, it: GlobalStreamIterator) -> None:
+    def __init__(self, it: GlobalStreamIterator, stream: str) -> None:
         self.it = it
+        self.stream = stream
 
     def __next__(self) -> tuple[int, Batch | CompactBatch, State]:
-        return self.it.next_compact()
+        with notices.scope(self.stream):
+            return self.it.next_compact()
 
     def get_state(self) -> State:
         return self.it.get_state()

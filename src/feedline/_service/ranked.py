@@ -75,7 +75,8 @@ class RankedCursor:
 
     def _start(self, start: Mapping[str, Any] | None) -> Producer:
         producer = Producer(self.pipeline, world_size=self.world_size, start=start, depth=2, wake=self._wake,
-                            initial=self._initial, name=f"feedline-{self.stream}-w{self.world_size}")
+                            initial=self._initial, name=f"feedline-{self.stream}-w{self.world_size}",
+                            stream=self.stream)
         self.start_state = producer.initial_state()
         self.low = int(self.start_state["step"]) + 1  # first step in (or next into) the buffer
         self.produced = self.low - 1                  # last step moved into the buffer

@@ -80,7 +80,7 @@ class SharedQueue:
         self.window = window
         self.lease = lease
         self.producer = Producer(pipeline, world_size=1, start=start, depth=2, wake=wake, initial=initial,
-                                 name=f"feedline-{stream}-shared")
+                                 name=f"feedline-{stream}-shared", stream=stream)
         first = self.producer.initial_state()
         self.watermark = int(first["step"])
         self.watermark_wire = pack_state(make_state(self.spec_hash, first, 1))
