@@ -16,8 +16,9 @@ import pytest
 import feedline._batching.concat as concat_mod
 import feedline._tasks.map as map_mod
 from feedline import Loader
-from feedline._batching.concatrun import run_rows
+from feedline._batching.concatrun import lay_rows, run_rows
 from feedline._batching.cuts import cut_rows
+from feedline._batching.rows import collate_flat
 from feedline._core.block import ExampleBlock
 from feedline._tasks.map import TaskMapIterator
 from feedline.testing import assert_batches_equal, assert_resumes_exactly, collect
@@ -37,10 +38,11 @@ def _flat(path: Path, seed: int, n_docs: int, long_share: float) -> list[int]:
     return lengths.tolist()
 
 
-def _spec(path: Path, *, docs: int, max_length: int = 96, batch: int = 4, epochs: int = 2, split: int = 1 << 17) -> dict:
+def _spec(path: Path, *, docs: int, max_length: int = 96, batch: int = 4, epochs: int = 2, split: int = 1 << 17,
+          **batching: Any) -> dict:
     return {"sources": [{"path": str(path), "format": "flat", "split_bytes": split, "tokens": {"dtype": "uint16", "eos": EOS}}],
             "task": {"kind": "clm", "max_length": max_length}, "epochs": epochs, "seed": 3,
-            "batching": {"strategy": "concat", "batch_size": batch, "max_docs_per_row": docs}}
+            "batching": {"strategy": "concat", "batch_size": batch, "max_docs_per_row": docs, **batching}}
 
 
 def _row_by_row(m: pytest.MonkeyPatch) -> None:
@@ -69,13 +71,16 @@ def _count_runs(m: pytest.MonkeyPatch) -> dict[str, int]:
     return seen
 
 
-@pytest.mark.parametrize(("seed", "docs", "long_share", "max_length", "batch"), [
-    (0, 64, 0.0, 96, 4), (1, 3, 0.05, 96, 4), (2, 6, 0.2, 64, 3), (3, 64, 0.5, 128, 2), (4, 2, 0.0, 32, 5)])
+LAYOUTS = [{}, {"attention": "block_causal", "reset_positions": False}, {"mask_first_token": False}]
+
+
+@pytest.mark.parametrize(("seed", "docs", "long_share", "max_length", "batch", "layout"), [
+    (0, 64, 0.0, 96, 4, 0), (1, 3, 0.05, 96, 4, 1), (2, 6, 0.2, 64, 3, 0), (3, 64, 0.5, 128, 2, 2), (4, 2, 0.0, 32, 5, 0)])
 def test_runs_give_the_batches_states_and_stats_of_the_row_by_row_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                        seed: int, docs: int, long_share: float,
-                                                                       max_length: int, batch: int) -> None:
+                                                                       max_length: int, batch: int, layout: int) -> None:
     _flat(tmp_path / "t.bin", seed, 3000, long_share)
-    spec = _spec(tmp_path / "t.bin", docs=docs, max_length=max_length, batch=batch)
+    spec = _spec(tmp_path / "t.bin", docs=docs, max_length=max_length, batch=batch, **LAYOUTS[layout])
     with monkeypatch.context() as m:
         seen = _count_runs(m)
         with Loader(spec) as ld:
@@ -132,3 +137,27 @@ def test_run_rows_is_cut_rows_on_a_contiguous_block(seed: int) -> None:
     assert got.docs.tolist() == want.docs.tolist()
     assert got.lengths.tolist() == (want.stop - want.start).tolist()
     assert (got.taken, got.split, got.rest, got.first) == (want.used, int(want.split.sum()), want.rest, 0)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_lay_rows_is_collate_flat_on_full_rows(seed: int) -> None:
+    """The whole batch's layout equals the general one: fields, dtypes, key order."""
+    rng = np.random.default_rng(seed)
+    lengths = _ragged(rng)
+    ends = np.cumsum(lengths)
+    dtype = (np.int32, np.int64, np.uint16)[seed % 3]
+    ids = rng.integers(0, 5000, int(ends[-1])).astype(dtype)
+    fields = {"input_ids": ids, "labels": ids}
+    blk = ExampleBlock(np.zeros((len(lengths), 5), np.int64), np.arange(len(lengths)), ends - lengths, lengths, fields)
+    rows, width, cap = int(rng.integers(1, 6)), int(rng.integers(8, 40)), 64
+    start = int(rng.integers(1, 20))
+    carry = (blk.slice(start - 1, start), int(rng.integers(0, lengths[start - 1])))
+    cut = run_rows(blk, ends, start, carry, rows, width, cap)
+    assert cut is not None
+    values = {k: v[cut.first:cut.first + rows * width] for k, v in fields.items()}
+    for reset, mask in ((True, True), (False, True), (True, False)):
+        got = lay_rows(cut, values, fields, width, cap, reset_positions=reset, mask_first=mask)
+        want = collate_flat(cut.docs, cut.lengths, values, width, cap, {}, like=fields, reset_positions=reset,
+                            mask_first=mask, attention="padding")
+        assert list(got) == list(want)
+        assert_batches_equal([got], [want], f"seed {seed}")

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from feedline._batching.base import Batch, Batcher, FillStats
-from feedline._batching.concatrun import run_rows
+from feedline._batching.concatrun import lay_rows, run_rows
 from feedline._batching.cuts import Pieces, cut_rows
 from feedline._batching.pack import _block_of, row_length
 from feedline._batching.rows import Attention, collate_flat
@@ -98,6 +98,7 @@ class ConcatIterator(DatasetIterator[Batch]):
         self._empty = False  # whether one of them is empty
         self._contig = False  # whether they lie back to back in their fields
         self._used = 0  # how many of them rows took (consumed from the parent when the batch is made)
+        self._taken = 0  # how many of them were consumed from the parent
 
     def _block(self) -> ExampleBlock | None:
         """The block the next example comes from; ``None`` at the end of the stream."""
@@ -112,7 +113,7 @@ class ConcatIterator(DatasetIterator[Batch]):
         if got is None:
             return None
         blk = got if isinstance(got, ExampleBlock) else _block_of(got[:_LISTED])
-        self._blk, self._ends, self._used = blk, np.cumsum(blk.lengths), 0
+        self._blk, self._ends, self._used, self._taken = blk, np.cumsum(blk.lengths), 0, 0
         self._empty = not blk.lengths.all()
         self._contig = len(blk) < 2 or bool(np.array_equal(blk.starts[1:], blk.starts[:-1] + blk.lengths[:-1]))
         return blk
@@ -121,14 +122,12 @@ class ConcatIterator(DatasetIterator[Batch]):
         """Take the examples rows used from the parent; ``keep``: the rest of the block stays peeked
         (the parent's chunk is the same until the next peek)."""
         blk, used = self._blk, self._used
-        if blk is not None and self._peek is not None and used:
-            self.parent.consume(used)  # type: ignore[attr-defined]
+        if blk is not None and self._peek is not None and used > self._taken:
+            self.parent.consume(used - self._taken)  # type: ignore[attr-defined]
         if keep and blk is not None and self._peek is not None and used < len(blk):
-            if used:
-                self._blk, self._ends = blk.slice(used, len(blk)), self._ends[used:] - self._ends[used - 1]
+            self._taken = used
         else:
-            self._blk = None
-        self._used = 0
+            self._blk, self._used, self._taken = None, 0, 0
 
     def _row(self, pieces: Pieces) -> int:
         """One row across blocks: the whole examples that fit taken at once, the others one at a
@@ -229,6 +228,9 @@ class ConcatIterator(DatasetIterator[Batch]):
         st.rows, st.tokens, st.slots = st.rows + rows, st.tokens + n, st.slots + n
         values = {name: arr[cut.first:cut.first + n] for name, arr in blk.fields.items()}
         self._settle(keep=True)
+        if o.attention == "padding":
+            return lay_rows(cut, values, blk.fields, width, o.max_docs_per_row, reset_positions=o.reset_positions,
+                            mask_first=o.mask_first_token)
         return collate_flat(cut.docs, cut.lengths, values, width, o.max_docs_per_row, self.ds.ctx.task.pad_values,
                             like=blk.fields, reset_positions=o.reset_positions, mask_first=o.mask_first_token,
                             attention=o.attention)
@@ -265,7 +267,7 @@ class ConcatIterator(DatasetIterator[Batch]):
 
     def restore(self, own: Mapping[str, Any]) -> None:
         carry, stats = own["carry"], own["stats"]
-        self.carry, self._blk, self._used = None, None, 0
+        self.carry, self._blk, self._used, self._taken = None, None, 0, 0
         if carry is not None:
             try:
                 src, fi, pos, ep, sub, start = (int(x) for x in carry[:6])

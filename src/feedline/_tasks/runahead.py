@@ -30,8 +30,8 @@ from feedline._core.report import add_counts, sum_rejected
 __all__ = ["RUN_CHUNKS", "read_run", "run_end"]
 
 #: At most this many chunks are read as one run ...
-RUN_CHUNKS = 16
-#: ... and at most this many bytes of ids (as chunks count them: 4 a token).
+RUN_CHUNKS = 64
+#: ... and at most this many bytes of ids (as chunks count them: 4 a token; 1 M tokens).
 RUN_BYTES = 4 << 20
 
 
