@@ -16,7 +16,7 @@ from feedline._core.record import Example, Record, Rejection
 from feedline._loader import Loader
 from feedline._pipeline import Pipeline
 from feedline._ray.map import RayTaskMap
-from feedline._spec import EngineSpec
+from feedline._spec import ParallelSpec
 from feedline._tasks.base import TaskOutput
 from feedline._tasks.clm import CausalLM
 from feedline._tasks.map import TaskMap
@@ -31,7 +31,7 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 TOKENIZERS = DATA / "tokenizers"
 needs_data = pytest.mark.skipif(not TOKENIZERS.is_dir(), reason="shared test data (../shared/data) is absent")
 
-RAY = {"kind": "ray", "address": "auto"}
+RAY = "ray"   # parallel.map (was engine: {kind: ray, address: auto})
 
 
 @pytest.fixture(scope="module")
@@ -64,14 +64,14 @@ def spec_for(corpus: dict[str, list[str]], engine: Any = "local", **over: Any) -
         "tokenizer": str(TOKENIZERS / "gpt2" / "tokenizer.json"),
         "task": {"kind": "clm", "max_length": 64},
         "batching": {"strategy": "pad", "batch_size": 16},
-        "engine": engine,
+        "parallel": {"map": engine},
     }
     spec.update(over)
     return spec
 
 
 def both_engines(spec: dict[str, Any]) -> tuple[list[Any], list[Any]]:
-    local, remote = Loader({**spec, "engine": "local"}), Loader({**spec, "engine": RAY})
+    local, remote = Loader({**spec, "parallel": {"map": "local"}}), Loader({**spec, "parallel": {"map": RAY}})
     try:
         return collect(local), collect(remote)
     finally:
@@ -83,7 +83,7 @@ def both_engines(spec: dict[str, Any]) -> tuple[list[Any], list[Any]]:
 @needs_data
 def test_clm_mixture_with_shuffle_is_identical_to_local(ray_session: Any, corpus: dict[str, list[str]]) -> None:
     spec = spec_for(corpus)
-    assert isinstance(Pipeline({**spec, "engine": RAY}).examples(), RayTaskMap)
+    assert isinstance(Pipeline({**spec, "parallel": {"map": RAY}}).examples(), RayTaskMap)
     want, got = both_engines(spec)
     assert len(want) > 40  # long enough to span several chunks
     assert_batches_equal(want, got, where="clm ray vs local")
@@ -161,12 +161,12 @@ def test_states_carry_across_engines(ray_session: Any, corpus: dict[str, list[st
     batches, states = collect(ref, with_states=True)
     ref.close()
     for at, src, dst in ((11, "local", RAY), (23, RAY, "local")):
-        saver = Loader({**spec, "engine": src})
+        saver = Loader({**spec, "parallel": {"map": src}})
         collect(saver, limit=at)
         state = saver.state_dict()
         saver.close()
         assert state["pipeline"] == states[at - 1]["pipeline"]
-        resumed = Loader({**spec, "engine": dst}, state=state)
+        resumed = Loader({**spec, "parallel": {"map": dst}}, state=state)
         assert_batches_equal(batches[at:], collect(resumed), where=f"{src} -> {dst} at step {at}")
         resumed.close()
 
@@ -181,7 +181,7 @@ def test_service_with_a_ray_engine_serves_the_local_batches(ray_session: Any, co
 
     spec = spec_for(corpus, epochs=1)
     want = collect(Loader(spec))
-    server = Server({"train": Pipeline({**spec, "engine": RAY})},
+    server = Server({"train": Pipeline({**spec, "parallel": {"map": RAY}})},
                     ServerOptions(bind="tcp://127.0.0.1:0", heartbeat=0.2, timeout=5.0, drain_timeout=1.0))
     address = server.bind()
     thread = threading.Thread(target=server.serve, name="ray-test-server", daemon=True)
@@ -248,7 +248,7 @@ def test_killed_worker_is_retried_without_loss_or_duplicates(ray_session: Any, c
     task = task_of(DieOnce, p)
     task.victim = want[len(want) // 2][0]   # a record in the middle of the stream
     task.marker = str(tmp_path / "killed")
-    got = examples_of(iter(RayTaskMap(p.records(), task, EngineSpec(kind="ray"), chunk=32)))
+    got = examples_of(iter(RayTaskMap(p.records(), task, ParallelSpec(map="ray"), chunk=32)))
     assert Path(task.marker).exists(), "the worker was never killed; the test did not test anything"
     assert int(Path(task.marker).read_text()) != os.getpid()
     assert got == want
@@ -260,7 +260,7 @@ def test_worker_lost_too_often_fails_clearly(ray_session: Any, corpus: dict[str,
     task = task_of(DieOnce, p)
     task.victim = next(iter(p.records())).key   # no marker: every attempt dies
     with pytest.raises(TaskError, match="lost 2 times"):
-        list(RayTaskMap(p.records(), task, EngineSpec(kind="ray"), retries=1))
+        list(RayTaskMap(p.records(), task, ParallelSpec(map="ray"), retries=1))
 
 
 @needs_data

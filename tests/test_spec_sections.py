@@ -27,7 +27,7 @@ def test_hash_covers_exactly_the_fields_not_marked_hash_false() -> None:
     base = Spec.load(BASE)
     changed = {"sources": ["other.jsonl"], "task": {"kind": "clm", "max_length": 65},
                "batching": {"strategy": "pad", "batch_size": 8}, "tokenizer": "t2.json", "seed": 9, "epochs": 2,
-               "mix": {"stopping": "cycle"}, "transforms": [{"filter": "os.path:isabs"}], "shuffle": 16, "on_error": "raise", "engine": "ray", "workers": 3,
+               "mix": {"stopping": "cycle"}, "transforms": [{"filter": "os.path:isabs"}], "shuffle": 16, "on_error": "raise", "workers": 3,
                "prefetch": 9, "streams": {"val": "v.yaml"}, "reject_limit": 5, "root": "/elsewhere", "on_unreadable": "skip",
                "partitions": 2, "parallel": {"placement": "processes", "processes": 2},
                "tokenizer_backend": {"path": "tok.json", "backend": "hf"}}

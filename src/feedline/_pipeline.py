@@ -56,13 +56,13 @@ def _local(p: Pipeline) -> TaskMap:
     return TaskMap(p.records(), p.task, workers=p.workers, on_error=p.spec.on_error, reject_limit=p.spec.reject_limit)
 
 
-#: The engines by ``engine.kind``: ``local`` (threads) is the pipeline's own; the package root
+#: The task-map engines by ``parallel.map``: ``local`` (threads) is the pipeline's own; the package root
 #: installs ``ray`` (:mod:`feedline._ray.map`, above this layer), as it installs tasks and batchers.
 ENGINES: dict[str, Engine] = {"local": _local}
 
 
 def register_engine(kind: str, build: Engine) -> None:
-    """Make ``engine: {kind: kind}`` map a pipeline's task with ``build(pipeline)``."""
+    """Make ``parallel: {map: kind}`` map a pipeline's task with ``build(pipeline)``."""
     ENGINES[kind] = build
 
 
@@ -70,7 +70,7 @@ def engine(kind: str) -> Engine:
     """The engine registered as ``kind``."""
     found = ENGINES.get(kind)
     if found is None:
-        raise SpecError(f"engine.kind: {kind!r} has no engine installed (engines: {', '.join(sorted(ENGINES))}); "
+        raise SpecError(f"parallel.map: {kind!r} has no engine installed (engines: {', '.join(sorted(ENGINES))}); "
                         "import feedline, which installs ray")
     return found
 
@@ -171,7 +171,7 @@ class Pipeline:
                 if src.reader.pretokenized:
                     raise SpecError(f"sources[{src.index}] ({src.spec.label}) holds token ids ({src.reader.name}); "
                                     f"task {self.spec.task.kind!r} needs text: use task: clm, or a text source")
-        mapped = engine(self.spec.engine.kind)(self)
+        mapped = engine(self.spec.parallel.map)(self)
         mapped.locate = self.mixture.locate
         mapped.share = self.partition is not None and self.spec.partitions > 1
         return self.task.stream(mapped)

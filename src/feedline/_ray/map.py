@@ -13,7 +13,7 @@ the rejection counts and the state are exactly :class:`TaskMap`'s: the state (th
 state at the start of the current chunk plus the examples of it already yielded) has the same
 layout, and a state saved under one engine resumes under the other.
 
-Each Ray task reserves one CPU and tokenizes on one thread (``TOKENIZERS_PARALLELISM=false``
+Each Ray task reserves ``parallel.num_cpus`` (one CPU) and tokenizes on one thread (``TOKENIZERS_PARALLELISM=false``
 in the workers), so N CPUs run N chunks at once. The task travels once per job: it is ``ray.put`` in the object store, and each worker process
 unpickles it (tokenizer included) on first use and keeps it, so chunks carry only records.
 A worker that dies mid-chunk (node lost, OOM-killed) has its chunk re-run by Ray
@@ -32,7 +32,7 @@ from typing import Any
 from feedline._core.dataset import Dataset, State
 from feedline._core.record import Record
 from feedline._ray.runtime import cluster_cpus, connect
-from feedline._spec import EngineSpec
+from feedline._spec import ParallelSpec
 from feedline._tasks.base import Task, TaskOutput
 from feedline._tasks.map import DEFAULT_CHUNK, TaskMap
 from feedline.errors import FeedlineError, TaskError
@@ -72,12 +72,12 @@ def process_chunk(task_box: list[Any], records: Sequence[Record]) -> list[TaskOu
 class RayRunner:
     """A :class:`~feedline._tasks.map.ChunkRunner` that runs chunks as Ray tasks; connects on creation."""
 
-    def __init__(self, task: Task, engine: EngineSpec, *, ahead: int | None, retries: int) -> None:
+    def __init__(self, task: Task, options: ParallelSpec, *, ahead: int | None, retries: int) -> None:
         self.task = task
         self.retries = retries
-        self.ray = connect(engine)
-        self.ahead = ahead or 2 * cluster_cpus(engine)
-        self.remote = self.ray.remote(num_cpus=1, max_retries=retries, retry_exceptions=False,
+        self.ray = connect(options)
+        self.ahead = ahead or max(2, int(2 * cluster_cpus() / options.num_cpus))
+        self.remote = self.ray.remote(num_cpus=options.num_cpus, max_retries=retries, retry_exceptions=False,
                                       runtime_env={"env_vars": WORKER_ENV})(process_chunk)
         self.task_ref: Any = None
 
@@ -110,34 +110,35 @@ class RayTaskMap(TaskMap):
     Args:
         parent: the records (read in the driver).
         task: the task; pickled once and shipped to the workers.
-        engine: where to run (``address``, ``num_cpus``); see :func:`feedline._ray.runtime.connect`.
+        options: where to run (``parallel``'s ``address``, and the ``num_cpus`` each task reserves); see
+            :func:`feedline._ray.runtime.connect`.
         chunk: records per Ray task (keep the default to share states with the local engine).
-        ahead: chunks in flight (default: twice the CPUs the engine may use).
+        ahead: chunks in flight (default: twice as many as the cluster's CPUs run at once).
         retries: re-runs of a chunk whose worker died.
         on_error: ``skip`` counts rejected records, ``raise`` raises on the first.
 
     Example:
         >>> from feedline._pipeline import Pipeline                       # doctest: +SKIP
-        >>> p = Pipeline({**spec, "engine": {"kind": "ray", "address": "local", "num_cpus": 2}})
+        >>> p = Pipeline({**spec, "parallel": {"map": "ray", "address": "local"}})
         >>> examples = iter(p.examples())                                # TaskMap's iterator, Ray runner
     """
 
-    def __init__(self, parent: Dataset[Record], task: Task, engine: EngineSpec | None = None, *,
+    def __init__(self, parent: Dataset[Record], task: Task, options: ParallelSpec | None = None, *,
                  chunk: int = DEFAULT_CHUNK, ahead: int | None = None, retries: int = DEFAULT_RETRIES,
                  on_error: str = "skip", reject_limit: int = 0) -> None:
         super().__init__(parent, task, chunk=chunk, on_error=on_error, reject_limit=reject_limit)
-        self.engine = engine or EngineSpec(kind="ray")
+        self.options = options or ParallelSpec(map="ray")
         self.ahead = ahead
         self.retries = retries
 
     def runner(self) -> RayRunner:
-        return RayRunner(self.task, self.engine, ahead=self.ahead, retries=self.retries)
+        return RayRunner(self.task, self.options, ahead=self.ahead, retries=self.retries)
 
     def __repr__(self) -> str:
-        return f"RayTaskMap({self.task!r}, address={self.engine.address!r}, chunk={self.chunk})"
+        return f"RayTaskMap({self.task!r}, address={self.options.address!r}, chunk={self.chunk})"
 
 
 def ray_engine(pipeline: Any) -> RayTaskMap:
-    """The ``ray`` engine of a pipeline (installed by the package root: ``engine: {kind: ray}``)."""
+    """The ``ray`` map of a pipeline (installed by the package root: ``parallel: {map: ray}``)."""
     s = pipeline.spec
-    return RayTaskMap(pipeline.records(), pipeline.task, s.engine, on_error=s.on_error, reject_limit=s.reject_limit)
+    return RayTaskMap(pipeline.records(), pipeline.task, s.parallel, on_error=s.on_error, reject_limit=s.reject_limit)

@@ -25,7 +25,7 @@ from feedline._core.dataset import State
 from feedline._partitions.placement import Make, Part, Placement
 from feedline._partitions.remote import with_remote
 from feedline._ray.runtime import connect
-from feedline._spec import EngineSpec, ParallelSpec
+from feedline._spec import ParallelSpec
 from feedline.errors import FeedlineError
 
 __all__ = ["MAX_RESTARTS", "ActorStream", "PartitionActor", "RayPlacement"]
@@ -152,7 +152,7 @@ class RayPlacement(Placement):
 
     def __init__(self, make: Make, k: int, options: ParallelSpec) -> None:
         super().__init__(make, k, options)
-        self.ray = connect(EngineSpec(kind="ray", address=options.address))
+        self.ray = connect(options)
         self._remote = self.ray.remote(PartitionActor)
         errors = self.ray.exceptions  # what a lost actor or node raises (an error of the pipeline is RayTaskError)
         self.lost = (errors.RayActorError, errors.ActorDiedError, errors.ActorUnavailableError, errors.WorkerCrashedError)

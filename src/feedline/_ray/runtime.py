@@ -2,13 +2,14 @@
 
 ``ray`` is an optional extra: :func:`import_ray` raises
 :class:`~feedline.errors.MissingDependency` naming ``pip install 'feedline[ray]'`` when it is
-absent. :func:`connect` joins (or starts) the cluster an :class:`~feedline._spec.EngineSpec`
-names, unless the process already called ``ray.init`` itself, in which case that session is
-used as it is (so ``runtime_env`` and other ``ray.init`` options stay the caller's)::
+absent. :func:`connect` joins (or starts) the one cluster ``parallel.address`` names, for the
+``ray`` placement and the ``ray`` map alike, unless the process already called ``ray.init``
+itself, in which case that session is used as it is (so ``runtime_env``, ``num_cpus`` and other
+``ray.init`` options stay the caller's)::
 
-    engine: {kind: ray, address: auto}          # a running cluster, else a new local instance
-    engine: {kind: ray, address: local, num_cpus: 8}   # always a new local instance
-    engine: {kind: ray, address: "ray://head:10001"}   # Ray Client to a remote cluster
+    parallel: {map: ray, address: auto}          # a running cluster, else a new local instance
+    parallel: {placement: ray, address: local}   # always a new local instance (every core)
+    parallel: {map: ray, address: "ray://head:10001"}   # Ray Client to a remote cluster
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import logging
 from types import ModuleType
 from typing import Any
 
-from feedline._spec import EngineSpec
+from feedline._spec import ParallelSpec
 from feedline.errors import FeedlineError, MissingDependency
 
 __all__ = ["cluster_cpus", "connect", "import_ray"]
@@ -31,19 +32,19 @@ def import_ray() -> ModuleType:
         import ray
     except ImportError as e:
         raise MissingDependency(
-            "engine: ray needs Ray, which is not installed; install it with: pip install 'feedline[ray]' "
-            "(or set engine: local)"
+            "parallel: ray (placement or map) needs Ray, which is not installed; install it with: "
+            "pip install 'feedline[ray]' (or set parallel.placement and parallel.map to run here)"
         ) from e
     return ray
 
 
-def connect(engine: EngineSpec) -> ModuleType:
-    """Make sure this process is connected to the Ray cluster ``engine`` names; return ``ray``.
+def connect(options: ParallelSpec) -> ModuleType:
+    """Make sure this process is connected to the Ray cluster ``options.address`` names; return ``ray``.
 
     ``address``: ``auto`` connects to a running cluster (``RAY_ADDRESS`` or the one ``ray start``
-    left on this machine) and starts a local instance with ``num_cpus`` CPUs when there is none;
-    ``local`` always starts a local instance; anything else (``ray://host:10001``,
-    ``host:6379``) is passed to ``ray.init(address=...)``.
+    left on this machine) and starts a local instance (every core) when there is none; ``local``
+    always starts a local instance; anything else (``ray://host:10001``, ``host:6379``) is passed
+    to ``ray.init(address=...)``.
 
     Raises:
         MissingDependency: ray is not installed.
@@ -53,28 +54,25 @@ def connect(engine: EngineSpec) -> ModuleType:
     if ray.is_initialized():
         return ray
     kwargs: dict[str, Any] = {"include_dashboard": False, "ignore_reinit_error": True}
+    address = options.address
     try:
-        if engine.address == "auto":
+        if address == "auto":
             try:
                 ray.init(address="auto", **kwargs)
             except ConnectionError:
                 log.info("no running Ray cluster found; starting a local instance")
-                ray.init(address="local", num_cpus=engine.num_cpus, **kwargs)
-        elif engine.address == "local":
-            ray.init(address="local", num_cpus=engine.num_cpus, **kwargs)
+                ray.init(address="local", **kwargs)
         else:
-            ray.init(address=engine.address, **kwargs)
+            ray.init(address=address, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise FeedlineError(
-            f"engine.address: cannot connect to the Ray cluster at {engine.address!r} ({e}); start it with "
+            f"parallel.address: cannot connect to the Ray cluster at {address!r} ({e}); start it with "
             "'ray start --head' on the head node, or use address: local"
         ) from e
     return ray
 
 
-def cluster_cpus(engine: EngineSpec) -> int:
-    """How many chunks may run at once: ``engine.num_cpus``, else the cluster's CPU count."""
-    if engine.num_cpus:
-        return int(engine.num_cpus)
+def cluster_cpus() -> int:
+    """The connected cluster's CPUs (at least 1)."""
     ray = import_ray()
     return max(1, int(ray.cluster_resources().get("CPU", 1)))

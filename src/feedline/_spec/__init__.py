@@ -3,7 +3,6 @@
 from feedline._spec.files import read_spec_file
 from feedline._spec.sections import (
     BatchingSpec,
-    EngineSpec,
     MixSpec,
     ParallelSpec,
     ShuffleSpec,
@@ -15,5 +14,5 @@ from feedline._spec.sections import (
 )
 from feedline._spec.spec import NOT_HASHED, Registry, Spec, join_root, portable_path, use_registry
 
-__all__ = ["NOT_HASHED", "BatchingSpec", "EngineSpec", "MixSpec", "ParallelSpec", "Registry", "ShuffleSpec", "SourceSpec", "Spec", "TaskSpec",
+__all__ = ["NOT_HASHED", "BatchingSpec", "MixSpec", "ParallelSpec", "Registry", "ShuffleSpec", "SourceSpec", "Spec", "TaskSpec",
            "TokenizerSpec", "TokensSpec", "TransformSpec", "join_root", "portable_path", "read_spec_file", "use_registry"]

@@ -10,6 +10,7 @@ hash sees a path). Reading a spec file is :mod:`feedline._spec.files`.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,7 +29,9 @@ from feedline._spec.sections import (
 )
 from feedline.errors import SpecError
 
-__all__ = ["join_root", "portable_path"]
+__all__ = ["fold_engine", "join_root", "portable_path"]
+
+log = logging.getLogger("feedline")
 
 
 @dataclass(frozen=True)
@@ -183,8 +186,50 @@ def _transforms(raw: Any, ctx: _Context) -> tuple[TransformSpec, ...]:
     return tuple(out)
 
 
-def _engine(raw: Any, ctx: _Context) -> EngineSpec:
-    return build(EngineSpec, {"kind": raw} if isinstance(raw, str) else raw, "engine")
+def fold_engine(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with its old ``engine`` section folded into ``parallel``, told in one warning line.
+
+    ``engine: {kind: ray, address: A}`` reads as ``parallel: {map: ray, address: A}``: the same
+    batches, spec hash and states (neither section is hashed). A key written in both that
+    disagrees is refused, naming both; ``engine.num_cpus`` (the CPUs of a local Ray instance) is
+    no longer read: parallel's ``num_cpus`` is what each Ray task or actor reserves.
+
+        >>> fold_engine({"engine": "ray", "parallel": "processes"})["parallel"]   # doctest: +SKIP
+        {'placement': 'processes', 'map': 'ray'}
+
+    Raises:
+        SpecError: ``engine`` and ``parallel`` disagree (``kind``/``map``, ``address``).
+    """
+    out = dict(data)
+    raw = out.pop("engine")
+    if raw is None:
+        return out
+    written = {"kind": raw} if isinstance(raw, str) else dict(raw) if isinstance(raw, Mapping) else raw
+    old = build(EngineSpec, written, "engine")
+    par = out.get("parallel")
+    parallel = {"placement": par} if isinstance(par, str) else dict(par) if isinstance(par, Mapping) else {}
+    if par is not None and not isinstance(par, (str, Mapping)):
+        return out   # parallel's own parse names what is wrong with it
+    moved = {new: getattr(old, was) for was, new in (("kind", "map"), ("address", "address")) if was in written}
+    for key, value in moved.items():
+        if key in parallel and parallel[key] != value:
+            was = "kind" if key == "map" else key
+            raise SpecError(f"engine.{was}: {value!r} and parallel.{key}: {parallel[key]!r} disagree; engine is folded "
+                            f"into parallel: remove engine and keep parallel.{key}")
+        parallel[key] = value
+    out["parallel"] = parallel
+    shown = ", ".join(f"{k}: {v}" for k, v in moved.items())
+    dropped = "; engine.num_cpus is no longer read (a local Ray instance gets every core: start Ray with " \
+              "`ray start --head --num-cpus N` or ray.init(num_cpus=N) to size it)" if old.num_cpus is not None else ""
+    log.warning("feedline: spec key engine is folded into parallel: engine: %s reads as parallel: {%s} (the same "
+                "batches, hash and states); write that instead%s", _plain(written), shown, dropped)
+    return out
+
+
+def _plain(written: Any) -> str:
+    if not isinstance(written, Mapping):
+        return str(written)
+    return "{" + ", ".join(f"{k}: {v}" for k, v in written.items()) + "}"
 
 
 def _parallel(raw: Any, ctx: _Context) -> ParallelSpec:

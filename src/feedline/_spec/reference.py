@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from feedline._spec import files
-from feedline._spec.sections import BatchingSpec, TaskSpec, TokenizerSpec
+from feedline._spec.sections import BatchingSpec, EngineSpec, TaskSpec, TokenizerSpec
 from feedline._spec.spec import Spec
 
 __all__ = ["FieldDoc", "describe", "json_schema", "markdown", "undocumented"]
@@ -174,9 +174,9 @@ _EXAMPLES = {
     "tokenizer": "tokenizer: {path: tokenizers/t5/spiece.model, backend: sentencepiece}",
     "mix": "mix: {stopping: first_exhausted}",
     "transforms[]": "transforms:\n  - {filter: 'mypkg.clean:is_english'}\n  - {map: 'mypkg.clean:normalize'}",
-    "parallel": "partitions: 4\nparallel: {placement: processes, processes: 2}    # or parallel: processes",
+    "parallel": "partitions: 4\nparallel: {placement: processes, processes: 2}    # or parallel: processes\n"
+                "parallel: {map: ray, address: auto}    # tokenize on a Ray cluster (was engine: {kind: ray})",
     "shuffle": "shuffle: {buffer: 50000, shards: true}",
-    "engine": "engine: {kind: ray, address: auto}",
     "task": "task: {kind: mlm, max_length: 128, mlm_probability: 0.15}",
     "batching": "batching: {strategy: pad, batch_size: 32, remainder: keep}",
 }
@@ -214,7 +214,7 @@ def markdown(tasks: Mapping[str, type], batchers: Mapping[str, type]) -> str:
            "with `remainder: drop` is found there); each problem is one line naming the source, field or key and "
            "the fix, and the exit code is 1. `--no-data` checks the spec and the tokenizer only. `feedline serve` "
            "runs the same checks before it listens. `Spec.hash()` covers every key "
-           "that changes the batches (not `root`, `engine`, `workers`, `prefetch`, `reject_limit`, `streams`, "
+           "that changes the batches (not `root`, `parallel`, `workers`, `prefetch`, `reject_limit`, `streams`, "
            "the tokenizer's `backend`).", "",
            f"A spec file is read as UTF-8, at most {files.MAX_BYTES >> 20} MB, nested at most {files.MAX_DEPTH} "
            f"levels and expanding, with its YAML aliases followed, to at most {files.MAX_VALUES:,} values "
@@ -355,7 +355,8 @@ def json_schema(tasks: Mapping[str, type], batchers: Mapping[str, type],
     props["source"] = {"description": "one source (instead of `sources`)", "anyOf": [{"type": "string"}, source]}
     either("tokenizer", {"type": "string"}, {"type": "null"}, _object(_section_class("tokenizer")))
     either("shuffle", _object(_section_class("shuffle")), {"type": "null"}, {"type": "boolean"}, {"type": "integer"})
-    either("engine", {"enum": ["local", "ray"]}, _object(_section_class("engine")))
+    props["engine"] = {"description": "folded into `parallel` (`map`, `address`): still read, with a warning",
+                       "deprecated": True, "anyOf": [{"enum": ["local", "ray"]}, _object(EngineSpec)]}
     parallel = _object(_section_class("parallel"))
     either("parallel", parallel["properties"]["placement"], parallel, {"type": "null"})
     either("mix", _object(_section_class("mix")), {"type": "null"})

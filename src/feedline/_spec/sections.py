@@ -289,12 +289,13 @@ class BatchingSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class EngineSpec:
-    """Where the per-record work runs: ``local`` threads, or a Ray cluster.
+    """The old ``engine`` section, read only to be folded into ``parallel`` (``map``, ``address``):
+    see :func:`feedline._spec.parse.fold_engine`.
 
     Attributes:
-        kind: ``local`` (threads in this process) or ``ray`` (tasks on a Ray cluster).
-        address: the Ray cluster to join (``auto``: the one this machine belongs to, else a local one).
-        num_cpus: CPUs of a local Ray cluster started for the run (``null``: all).
+        kind: ``local`` (threads in this process) or ``ray`` (tasks on a Ray cluster): ``parallel.map``.
+        address: the Ray cluster to join: ``parallel.address``.
+        num_cpus: CPUs of a local Ray cluster started for the run (no longer read: start Ray yourself).
     """
 
     kind: Literal["local", "ray"] = "local"
@@ -304,7 +305,7 @@ class EngineSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class ParallelSpec:
-    """Where a spec's ``partitions`` run (never what they deliver: not hashed).
+    """Where a spec's work runs: its ``partitions`` and its task's per-record map (never what they deliver: not hashed).
 
     Attributes:
         placement: ``threads`` (one thread per partition, in this process), ``processes`` (spawned
@@ -313,8 +314,15 @@ class ParallelSpec:
             ``partitions: 1``, ``processes`` or ``ray`` runs the one pipeline there (the same
             batches and states as in this process; its Python off this process's GIL).
         processes: worker processes for ``processes`` (0: one per partition, at most the cores).
-        address: the Ray cluster for ``ray`` (``auto``: the one this machine belongs to, else a local one).
-        num_cpus: CPUs each Ray actor reserves.
+        map: where the task's per-record work (tokenizing) runs: ``local`` (threads of the pipeline
+            that reads the records, wherever it runs) or ``ray`` (chunks of records as Ray tasks on
+            the cluster at ``address``, while the pipeline reads, mixes, shuffles and batches); the
+            same batches and states either way. Formerly ``engine: {kind: ray}``.
+        address: the one Ray cluster of ``placement: ray`` and ``map: ray``: ``auto`` (the one
+            this machine belongs to, else a new local instance with all the cores), ``local``
+            (always a new local instance), or ``ray://host:10001`` / ``host:6379``. A process that
+            called ``ray.init`` itself keeps its session (size a local instance there).
+        num_cpus: CPUs each Ray actor (``placement: ray``) or map task (``map: ray``) reserves.
         prefetch: batches each partition runs ahead of the composing stage.
         warm_start: with ``processes``, run each partition on a thread here until its worker
             process is ready, so the first steps never wait for processes to start; ``auto`` (the
@@ -330,6 +338,7 @@ class ParallelSpec:
 
     placement: Placement = "auto"
     processes: int = 0
+    map: Literal["local", "ray"] = "local"
     address: str = "auto"
     num_cpus: float = 1.0
     prefetch: int = 4

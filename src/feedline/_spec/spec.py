@@ -14,7 +14,7 @@ A spec comes from a YAML or JSON file, a dict, or :class:`Spec` itself::
 
 Task- and batcher-specific keys sit beside ``kind``/``strategy`` and are validated against that
 task's or batcher's own options dataclass. :meth:`Spec.hash` covers everything that changes the
-batches (fields marked ``hash: False`` in their metadata: ``engine``, ``workers``, ``prefetch``,
+batches (fields marked ``hash: False`` in their metadata: ``parallel``, ``workers``, ``prefetch``,
 ``streams``), so a resume state can refuse another spec. Every section is declared by its
 dataclass and parsed with :func:`~feedline._core.options.build`.
 """
@@ -36,19 +36,18 @@ from feedline._spec.files import parse_spec_text, read_spec_text
 from feedline._spec.parse import (
     _batching,
     _Context,
-    _engine,
     _parallel,
     _shuffle,
     _sources,
     _task,
     _transforms,
+    fold_engine,
     join_root,
     portable_path,
 )
 from feedline._spec.sections import (
     Backend,
     BatchingSpec,
-    EngineSpec,
     MixSpec,
     OnError,
     ParallelSpec,
@@ -61,7 +60,7 @@ from feedline._spec.sections import (
 )
 from feedline.errors import SpecError
 
-__all__ = ["BatchingSpec", "EngineSpec", "MixSpec", "ParallelSpec", "Registry", "ShuffleSpec", "SourceSpec", "Spec", "TaskSpec", "TokenizerSpec",
+__all__ = ["BatchingSpec", "MixSpec", "ParallelSpec", "Registry", "ShuffleSpec", "SourceSpec", "Spec", "TaskSpec", "TokenizerSpec",
            "TokensSpec", "TransformSpec", "join_root", "portable_path", "use_registry"]
 
 # ---------------------------------------------------------------------- sections
@@ -102,11 +101,12 @@ class Spec:
         root: the folder (or URL prefix, ``s3://bucket/corpus``) that relative source and tokenizer
             paths are read from; default: the spec file's folder, or the working directory for a
             mapping. Not hashed: a state resumes with the corpus moved when ``root`` names the new place.
-        engine: where per-record work runs: ``local`` threads or ``{kind: ray, address, num_cpus}``.
         partitions: independent pipelines (K) that the splits are dealt to, taking turns to
             make whole steps; changes the stream like the seed (1: one pipeline).
-        parallel: where the partitions run: ``{placement: auto | threads | processes | ray,
-            processes, address, num_cpus, prefetch, warm_start, hang_timeout}`` or the placement alone; never changes a batch.
+        parallel: where the work runs: the partitions (``{placement: auto | threads | processes | ray,
+            processes, prefetch, warm_start, hang_timeout}`` or the placement alone) and the task's
+            per-record map (``map: local | ray``), one Ray ``address`` and ``num_cpus``; never changes a
+            batch. The old ``engine`` section is read into it (one warning line).
         workers: task threads (``0``: chosen from the cores).
         prefetch: batches prepared ahead of the consumer.
         streams: a service's other named streams (``validation: val.yaml`` or overrides of this spec).
@@ -136,7 +136,6 @@ class Spec:
     #: The sources read whole (``text: null``) because the task reads whole records and they
     #: write no ``text:``; set by loading, hashed as written (the default ``text: text``).
     whole: tuple[int, ...] = field(default=(), repr=False, metadata=NOT_HASHED)
-    engine: EngineSpec = field(default=EngineSpec(), metadata={"section": _engine, **NOT_HASHED})
     #: Independent pipelines the splits are dealt to, composed into each global step (changes the stream).
     partitions: int = 1
     #: Where the partitions run (threads, processes, Ray actors); never changes the batches.
@@ -191,7 +190,7 @@ class Spec:
         (a spec file's folder). After the spec is built, the task class's ``check_spec(spec)``
         hook may refuse settings the task cannot work with (e.g. ``infer`` refuses shuffling).
         """
-        data = dict(data)
+        data = fold_engine(dict(data)) if "engine" in data else dict(data)
         root = data.get("root")
         if root is not None and not isinstance(root, (str, os.PathLike)):
             raise SpecError(f"root: expected a folder or URL prefix, got {type(root).__name__} {root!r:.60}")
@@ -267,7 +266,7 @@ class Spec:
 
     # ------------------------------------------------------------------ identity
     def to_dict(self) -> dict[str, Any]:
-        """The spec as plain data (what :meth:`hash` covers, plus engine/workers/prefetch)."""
+        """The spec as plain data (what :meth:`hash` covers, plus parallel/workers/prefetch)."""
         d = to_plain(self)
         relative = d.pop("relative")
         for i in d.pop("whole"):  # left unwritten, so another process reads them whole as well

@@ -32,7 +32,7 @@ from feedline._pipeline import GlobalStream, Pipeline
 from feedline._pipeline import _whole_record_fixes as whole_record_fixes
 from feedline._sources.files import size_of
 from feedline._sources.source import FileSource, list_files
-from feedline._spec import EngineSpec, Spec
+from feedline._spec import Spec
 from feedline._tasks.base import TaskContext
 from feedline._tasks.registry import task_class
 from feedline._tokenize.tokenizer import Tokenizer
@@ -156,7 +156,7 @@ def _first_batch(spec: Spec, tok: Tokenizer | None, problems: list[str]) -> None
     way), so no fast-encoder check starts for a check that ends with this batch (``serve`` runs
     its own before it listens)."""
     backend = "hf" if spec.tokenizer_backend == "auto" else spec.tokenizer_backend
-    here = spec.replace(engine=EngineSpec(), parallel=dataclasses.replace(spec.parallel, placement="threads"),
+    here = spec.replace(parallel=dataclasses.replace(spec.parallel, placement="threads", map="local"),
                         tokenizer_backend=backend)
     it = iter(GlobalStream(Pipeline(here, tokenizer=tok)))
     try:
