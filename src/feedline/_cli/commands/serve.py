@@ -154,7 +154,17 @@ def _preflight(streams: dict[str, Pipeline], *, data: bool) -> bool:
                 for name, pipeline in streams.items() for line in preflight(pipeline.spec, data=data)]
     for line in problems:
         print(f"feedline serve: error: {line}", file=sys.stderr, flush=True)
+    if all(_encodes_elsewhere(p) for p in streams.values()):
+        from feedline._tokenize.load import load_tokenizer
+
+        load_tokenizer.cache_clear()   # the check's tokenizer: this process never encodes (pad values load their own)
     return not problems
+
+
+def _encodes_elsewhere(pipeline: Pipeline) -> bool:
+    """Whether a stream's partitions encode in worker processes or Ray actors, never in this process."""
+    spec = pipeline.spec
+    return pipeline.composed and spec.parallel.resolve(spec.partitions) != "threads"
 
 
 def raise_fd_limit() -> None:
