@@ -34,6 +34,7 @@ from typing import Any
 
 from feedline._adapters.common import LoaderStage, is_loader, resolve_loader, resolve_rank
 from feedline._adapters.hf import PackedLayout, PackedMode
+from feedline._adapters.hf_cache import trainer_model, watch_cache
 from feedline._adapters.staging import Copy, Stager, to_torch
 from feedline._core.deferred import materialize
 from feedline._core.prefetch import Prefetch
@@ -88,6 +89,10 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
         packed: how packed batches (``pack``/``concat``) reach the model: ``position_ids`` (default:
             no 2-D mask, so Hugging Face models keep documents apart), ``mask4d``, ``flat``, ``keep``,
             or a :class:`~feedline._adapters.hf.PackedLayout` (see :mod:`feedline._adapters.hf`).
+        model: the Hugging Face model the batches feed (found on its own under the HF ``Trainer``):
+            at the first packed batch, its next forward call is checked once, and one run with its
+            cache on (which mixes a row's documents) is logged with the fix
+            (:mod:`feedline._adapters.hf_cache`).
 
     Example:
         >>> loader = TorchLoader({"sources": ["c.jsonl"], "tokenizer": "tok.json"})  # doctest: +SKIP
@@ -98,7 +103,7 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
     def __init__(self, source: Any, device: str | torch.device | None = None, pin_memory: bool = True,
                  prefetch: int = 2, *, rank: int | None = None, world_size: int | None = None,
                  state: Mapping[str, Any] | None = None, stream: str | None = None, int64: bool = True,
-                 packed: PackedMode | PackedLayout = "position_ids") -> None:
+                 packed: PackedMode | PackedLayout = "position_ids", model: Any = None) -> None:
         super().__init__()
         if prefetch < 0:
             raise FeedlineError(f"prefetch={prefetch} must be >= 0")
@@ -111,6 +116,8 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
         self.prefetch = prefetch
         self.int64 = int64
         self.packed = packed if isinstance(packed, PackedLayout) else PackedLayout(packed)
+        self._model = model   # watched at the first packed batch (watch_cache), then dropped
+        self._looked = model is not None   # whether the HF Trainer iterating us was looked for
         self._source = source
         self._stream_name = stream
         self._resume = state
@@ -162,6 +169,9 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
             raise FeedlineError("TorchLoader cannot run inside DataLoader worker processes (each would read the whole "
                                 "stream); use DataLoader(loader, batch_size=None, num_workers=0) or loader.dataloader(): "
                                 "feedline already prepares batches in parallel")
+        if not self._looked:   # once: under the HF Trainer, its model is the one the batches feed
+            self._looked = True
+            self._model = trainer_model()
         self._stop_feeder()
         if self._exhausted:
             return iter(())
@@ -211,6 +221,9 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
             tensors = stager.take(staged)
             if move:  # another accelerator (mps, xla): copied on the caller's thread, as before
                 tensors = {k: v.to(self.device) for k, v in tensors.items()}
+            if self._model is not None and "seq_lens" in tensors:   # the first packed batch
+                watch_cache(self._model)
+                self._model = None
             self._state = state
             self._given += 1
             if feeder is not None:
