@@ -134,8 +134,9 @@ class PackIterator(DatasetIterator[Batch]):
     """Cursor over a :class:`PackBatcher`; :attr:`stats` reports rows, tokens and efficiency.
 
     Pieces live in a :class:`~feedline._batching.pieces.PiecePool` (arrays) and the packer places
-    their integer ids; examples are read a chunk at a time from a parent that offers blocks
-    (the task map's ``peek_block``/``consume``), one at a time from any other.
+    their integer ids; examples are read a chunk (or a pre-tokenized run of chunks) at a time from
+    a parent that offers blocks (the task map's ``peek_run`` or ``peek_block``, and ``consume``),
+    one at a time from any other.
     """
 
     NAME = "pack"
@@ -193,7 +194,7 @@ class PackIterator(DatasetIterator[Batch]):
 
     def _read(self, room: int) -> bool:
         """Add examples until ``room`` more pieces are pending (or the chunk ends); False at the end."""
-        peek = getattr(self.parent, "peek_block", None)
+        peek = getattr(self.parent, "peek_run", None) or getattr(self.parent, "peek_block", None)
         if peek is None:  # a parent without blocks (a task's own stream stage): one example at a time
             ex = next(self.parent, None)
             if ex is None:
