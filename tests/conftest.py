@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,3 +57,26 @@ def corpus(tmp_path: Path) -> str:
 
     make_corpus(tmp_path / "corpus", files=3, docs=40)
     return str(tmp_path / "corpus")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[Any]:
+    """One local Ray cluster for every Ray test of this process (the xdist group "ray" keeps them on
+    one worker): a head and two worker nodes of one CPU each, as ``ray start`` would run them.
+
+    Started once, since each start costs about 10 CPU-seconds of daemons and idle workers, and
+    joined by its own address: a bare ``ray.init()`` joins any cluster already running on the
+    machine (another test run's) and then fails on ``num_cpus``. Yields the
+    ``ray.cluster_utils.Cluster``; a test that removes a node adds one back.
+    """
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    for _ in range(2):
+        c.add_node(num_cpus=1)
+    c.wait_for_nodes()
+    ray.init(address=c.address, include_dashboard=False, configure_logging=False)
+    yield c
+    ray.shutdown()
+    c.shutdown()

@@ -35,14 +35,13 @@ RAY = "ray"   # parallel.map (was engine: {kind: ray, address: auto})
 
 
 @pytest.fixture(scope="module")
-def ray_session() -> Iterator[Any]:
-    """One local Ray instance (2 CPUs) for the whole module; test-module classes pickle by value."""
+def ray_session(ray_cluster: Any) -> Iterator[Any]:
+    """The session's local Ray cluster (conftest.py); test-module classes pickle by value."""
     import ray.cloudpickle
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
     yield ray
-    ray.shutdown()
+    ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.fixture(scope="module")

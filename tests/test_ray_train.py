@@ -100,14 +100,15 @@ def train_loop(config: dict[str, Any]) -> None:
 
 
 @pytest.fixture(scope="module")
-def ray_session() -> Iterator[Any]:
+def ray_session(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The session's local Ray cluster (conftest.py: three one-CPU nodes); this module pickles by value."""
     ray = pytest.importorskip("ray")
     pytest.importorskip("torch")
     pytest.importorskip("ray.train.torch")
+    request.getfixturevalue("ray_cluster")
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
     yield ray
-    ray.shutdown()
+    ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
 @needs_data
