@@ -117,7 +117,7 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
         self.int64 = int64
         self.packed = packed if isinstance(packed, PackedLayout) else PackedLayout(packed)
         self._model = model   # watched at the first packed batch (watch_cache), then dropped
-        self._looked = model is not None   # whether the HF Trainer iterating us was looked for
+        self._watched = False   # a model was watched (given, or the HF Trainer's found by an iteration)
         self._source = source
         self._stream_name = stream
         self._resume = state
@@ -169,8 +169,7 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
             raise FeedlineError("TorchLoader cannot run inside DataLoader worker processes (each would read the whole "
                                 "stream); use DataLoader(loader, batch_size=None, num_workers=0) or loader.dataloader(): "
                                 "feedline already prepares batches in parallel")
-        if not self._looked:   # once: under the HF Trainer, its model is the one the batches feed
-            self._looked = True
+        if self._model is None and not self._watched:   # under the HF Trainer, its model is the one fed
             self._model = trainer_model()
         self._stop_feeder()
         if self._exhausted:
@@ -223,7 +222,7 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
                 tensors = {k: v.to(self.device) for k, v in tensors.items()}
             if self._model is not None and "seq_lens" in tensors:   # the first packed batch
                 watch_cache(self._model)
-                self._model = None
+                self._model, self._watched = None, True
             self._state = state
             self._given += 1
             if feeder is not None:
