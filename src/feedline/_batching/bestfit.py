@@ -71,7 +71,7 @@ class BestFitPacker(Generic[T]):
         self.max_items = max_items
         self.ready: collections.deque[list[T]] = collections.deque()
         self._pending: list[tuple[int, T]] = []
-        self._bins: dict[int, tuple[list[T], list[int]]] = {}  # id -> (items, [room])
+        self._bins: dict[int, list[T]] = {}  # id -> items of the open bins
         self._rooms: list[int] = []  # sorted keys (room << _ID_BITS | id) of open bins: by room, then age
         self._next_id = 0
 
@@ -103,19 +103,20 @@ class BestFitPacker(Generic[T]):
         """Place the pending window, then close the fullest bins beyond ``open_bins``."""
         window, self._pending = self._pending, []
         window.sort(key=_length, reverse=True)  # longest first; stable, so ties keep arrival order
-        rooms, bins, ready, mask = self._rooms, self._bins, self.ready, _ID_MASK
+        rooms, bins, ready, mask, shift = self._rooms, self._bins, self.ready, _ID_MASK, _ID_BITS
         max_items = self.max_items if self.max_items is not None else sys.maxsize
-        find, insort = bisect.bisect_left, bisect.insort
+        find, insort, full = bisect.bisect_left, bisect.insort, 1 << shift
         for length, item in window:  # best fit: the least room that holds it (ties: the oldest bin)
-            i = find(rooms, length << _ID_BITS)
-            bid = rooms.pop(i) & mask if i < len(rooms) else self._new_bin()
-            items, room = bins[bid]
+            # a bin's room lives in its key only: placing an item lowers the key by length << shift
+            step = length << shift
+            i = find(rooms, step)
+            key = (rooms.pop(i) if i < len(rooms) else self._new_bin()) - step
+            items = bins[key & mask]
             items.append(item)
-            room[0] -= length
-            if room[0] == 0 or len(items) >= max_items:
-                ready.append(bins.pop(bid)[0])
+            if key < full or len(items) >= max_items:  # no room left, or the item cap: closed
+                ready.append(bins.pop(key & mask))
             else:
-                insort(rooms, room[0] << _ID_BITS | bid)
+                insort(rooms, key)
         excess = len(rooms) - self.open_bins
         if excess > 0:
             for key in rooms[:excess]:
@@ -132,26 +133,26 @@ class BestFitPacker(Generic[T]):
     # ----------------------------------------------------------------- state
     def open_contents(self) -> list[list[T]]:
         """The items of the open bins, oldest bin first."""
-        return [self._bins[bid][0] for bid in sorted(self._bins)]
+        return [self._bins[bid] for bid in sorted(self._bins)]
 
     def restore(self, ready: Iterable[Sequence[T]], open_bins: Iterable[Sequence[tuple[int, T]]]) -> None:
         """Reset to the given closed rows and open bins (``(length, item)`` pairs, oldest first)."""
         self.ready = collections.deque(list(r) for r in ready)
         self._pending, self._bins, self._rooms, self._next_id = [], {}, [], 0
         for contents in open_bins:
-            bid = self._new_bin()
-            items, room = self._bins[bid]
+            key = self._new_bin()
             for length, item in contents:
-                items.append(item)
-                room[0] -= length
-            bisect.insort(self._rooms, room[0] << _ID_BITS | bid)
+                self._bins[key & _ID_MASK].append(item)
+                key -= length << _ID_BITS
+            bisect.insort(self._rooms, key)
 
     # ----------------------------------------------------------------- internals
     def _new_bin(self) -> int:
+        """A new empty bin; returns its key (a whole row of room)."""
         bid = self._next_id
         self._next_id += 1
-        self._bins[bid] = ([], [self.capacity])
-        return bid
+        self._bins[bid] = []
+        return self.capacity << _ID_BITS | bid
 
     def _close(self, bid: int) -> None:
-        self.ready.append(self._bins.pop(bid)[0])
+        self.ready.append(self._bins.pop(bid))

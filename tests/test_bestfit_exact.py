@@ -1,0 +1,103 @@
+"""The packer's loop keeps a bin's room in its sorted key only (no room cell per bin): the same
+placements as the loop it replaced, which is kept here as the reference, on random lengths, windows,
+caps and carried bins, flush and restore included."""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import random
+import sys
+
+import pytest
+
+from feedline._batching.bestfit import BestFitPacker
+
+_ID_BITS = 40
+_ID_MASK = (1 << _ID_BITS) - 1
+
+
+class Reference:
+    """The best-fit loop before (rooms in a one-element list per bin), placements only."""
+
+    def __init__(self, capacity: int, window: int, open_bins: int, max_items: int | None) -> None:
+        self.capacity, self.window, self.open_bins, self.max_items = capacity, window, open_bins, max_items
+        self.ready: collections.deque[list[int]] = collections.deque()
+        self.pending: list[tuple[int, int]] = []
+        self.bins: dict[int, tuple[list[int], list[int]]] = {}
+        self.rooms: list[int] = []
+        self.next_id = 0
+
+    def push(self, length: int, item: int) -> None:
+        self.pending.append((length, item))
+        if len(self.pending) >= self.window:
+            self.pack()
+
+    def pack(self) -> None:
+        window, self.pending = self.pending, []
+        window.sort(key=lambda x: x[0], reverse=True)
+        max_items = self.max_items if self.max_items is not None else sys.maxsize
+        for length, item in window:
+            i = bisect.bisect_left(self.rooms, length << _ID_BITS)
+            bid = self.rooms.pop(i) & _ID_MASK if i < len(self.rooms) else self.new_bin()
+            items, room = self.bins[bid]
+            items.append(item)
+            room[0] -= length
+            if room[0] == 0 or len(items) >= max_items:
+                self.ready.append(self.bins.pop(bid)[0])
+            else:
+                bisect.insort(self.rooms, room[0] << _ID_BITS | bid)
+        excess = len(self.rooms) - self.open_bins
+        if excess > 0:
+            for key in self.rooms[:excess]:
+                self.ready.append(self.bins.pop(key & _ID_MASK)[0])
+            del self.rooms[:excess]
+
+    def flush(self) -> None:
+        self.pack()
+        for bid in sorted(self.bins):
+            self.ready.append(self.bins.pop(bid)[0])
+        self.rooms.clear()
+
+    def new_bin(self) -> int:
+        bid = self.next_id
+        self.next_id += 1
+        self.bins[bid] = ([], [self.capacity])
+        return bid
+
+    def open_contents(self) -> list[list[int]]:
+        return [self.bins[b][0] for b in sorted(self.bins)]
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_placements_equal_the_previous_loop(seed: int) -> None:
+    rng = random.Random(seed)
+    capacity = rng.choice([16, 64, 512, 1024, 2048])
+    window, open_bins = rng.choice([1, 7, 100, 1000]), rng.choice([0, 1, 8, 64])
+    max_items = rng.choice([None, 1, 3, 16, 64])
+    short = rng.random() < 0.5  # many short pieces (many per row) or lengths up to the row
+    n = rng.randint(1, 5000)
+    lengths = [rng.randint(1, max(1, capacity // 12)) if short else rng.randint(1, capacity) for _ in range(n)]
+    got, want = BestFitPacker[int](capacity, window=window, open_bins=open_bins, max_items=max_items), \
+        Reference(capacity, window, open_bins, max_items)
+    for i, length in enumerate(lengths):
+        got.push(length, i)
+        want.push(length, i)
+        if i % 997 == 0:
+            assert list(got.ready) == list(want.ready) and got.open_contents() == want.open_contents()
+    assert list(got.ready) == list(want.ready) and got.open_contents() == want.open_contents()
+    # restored from its open bins and ready rows (between windows, as the pack batcher saves it), it
+    # goes on as the reference does
+    got.pack()
+    want.pack()
+    by_id = dict(enumerate(lengths))
+    again = BestFitPacker[int](capacity, window=window, open_bins=open_bins, max_items=max_items)
+    again.restore(list(got.ready), [[(by_id[i], i) for i in row] for row in got.open_contents()])
+    more = [rng.randint(1, capacity) for _ in range(300)]
+    for j, length in enumerate(more, start=n):
+        by_id[j] = length
+        again.push(length, j)
+        want.push(length, j)
+    again.flush()
+    want.flush()
+    assert list(again.ready) == list(want.ready)
