@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -73,11 +74,14 @@ def test_export_examples_round_trip(tmp_path: Path, corpus: str, small_tokenizer
     assert manifest["tokens"] == sum(ex.length for ex in want)
 
 
-def test_export_batches_through_the_cli(tmp_path: Path, corpus: str, small_tokenizer: str) -> None:
+def test_export_batches_through_the_cli(tmp_path: Path, corpus: str, small_tokenizer: str,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(clm_spec(corpus, small_tokenizer)))
     out = tmp_path / "out"
     assert main(["export", str(spec_path), "-o", str(out), "-f", "parquet", "--what", "batches"]) == 0
+    said = capsys.readouterr().out   # its report counts in words that agree with the numbers
+    assert re.search(r"^wrote \d+ batch rows \(\d+ real tokens\) into 1 parquet shard in ", said), said
     datasets = pytest.importorskip("datasets")
     ds = datasets.load_dataset("parquet", data_files=str(out / "*.parquet"), split="train")
     manifest = json.loads((out / "manifest.json").read_text())

@@ -6,7 +6,7 @@ import argparse
 
 from feedline._spec import Spec, read_spec_file
 
-__all__ = ["add_progress_argument", "add_spec_argument", "load_spec", "setup_progress"]
+__all__ = ["add_progress_argument", "add_spec_argument", "counted", "load_spec", "setup_progress"]
 
 
 def add_spec_argument(parser: argparse.ArgumentParser) -> None:
@@ -29,3 +29,8 @@ def setup_progress(args: argparse.Namespace) -> None:
     from feedline._tools.progress import configure
 
     configure(getattr(args, "progress", None))
+
+
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """A count with its noun in the right number: ``1 arrow file``, ``2 arrow files``, ``1 process``."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from feedline._cli._common import add_progress_argument, add_spec_argument, load_spec, setup_progress
+from feedline._cli._common import add_progress_argument, add_spec_argument, counted, load_spec, setup_progress
 
 NAME = "export"
 HELP = "run a spec and write its examples (or global batches) to arrow/parquet/jsonl/msgpack shards with a manifest"
@@ -37,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({k: v for k, v in manifest.items() if k != "spec"}, default=str))
     else:
         rej = ", ".join(f"{k}={v}" for k, v in (manifest.get("rejected") or {}).items()) or "none"
-        print(f"wrote {manifest['rows']} {args.what} rows ({manifest['tokens']} real tokens) into "
-              f"{len(manifest['shards'])} {args.format} shards in {args.output} (rejected: {rej})")
+        what = "example" if args.what == "examples" else "batch row"
+        print(f"wrote {counted(manifest['rows'], what)} ({manifest['tokens']} real tokens) into "
+              f"{counted(len(manifest['shards']), args.format + ' shard')} in {args.output} (rejected: {rej})")
     return 0
+

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from feedline._cli._common import add_progress_argument, setup_progress
+from feedline._cli._common import add_progress_argument, counted, setup_progress
 
 NAME = "pack"
 HELP = ("render chat JSONL with the chat template (loss on assistant tokens only) and pack it into rows of "
@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         rej = ", ".join(f"{k}={v}" for k, v in report["rejected"].items()) or "none"
         print(f"packed {report['conversations']} conversations into {report['rows']} rows of {args.max_length} tokens "
-              f"({report['efficiency']:.2%} real tokens) in {len(report['files'])} {args.format} files "
-              f"using {report['processes']} processes (rejected: {rej})")
+              f"({report['efficiency']:.2%} real tokens) in {counted(len(report['files']), args.format + ' file')} "
+              f"using {counted(report['processes'], 'process', 'processes')} (rejected: {rej})")
     return 0
+
