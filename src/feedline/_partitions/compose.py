@@ -152,8 +152,9 @@ class ComposedIterator(DatasetIterator[Batch]):
     def _stage(self, p: int) -> PartitionStage:
         """Partition ``p``'s stage. The partition asked first makes step 1 alone (on few cores, K - 1
         more pipelines starting would slow it); at the next ask every other one starts, so none
-        waits for its turn to start. Placements and restores follow this one rule."""
-        if self._out and not self._all:
+        waits for its turn to start (a placement whose partitions start ``together``: all at the
+        first ask). Placements and restores follow this one rule."""
+        if (self._out or self.runner.together) and not self._all:
             self._all = True
             for q in range(self.ds.k):
                 if not self.ended[q]:

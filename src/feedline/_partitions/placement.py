@@ -66,6 +66,10 @@ class Placement:
     """Opens partitions ``0..k-1`` of ``make`` as stages (see the module docstring); :meth:`close`
     stops what the placement shares between its stages (worker processes)."""
 
+    #: Every partition starts at the first ask (where they do not share the cores step 1 is made
+    #: on: Ray actors, and worker processes that start together anyway), not after step 1.
+    together = False
+
     def __init__(self, make: Make, k: int, options: ParallelSpec) -> None:
         self.make, self.k, self.options = make, k, options
 

@@ -6,7 +6,7 @@ where there is one); worker ``w`` owns partitions ``w, w + N, ...`` and runs eac
 pipeline (:mod:`feedline._partitions.worker`), the tokenizer's pool sized to its share of the
 cores (``RAYON_NUM_THREADS``, which sentencepiece's ``num_threads`` follows too:
 :func:`~feedline._core.cores.pool_threads`). Each batch crosses a pipe with
-the state after it; a thread per worker receives them into a queue. At most ``parallel.prefetch``
+the state after it; a stage per worker receives them (a :class:`Prefetch` over its pipe). At most ``parallel.prefetch``
 batches per partition are on their way to the composing stage (credit) and as many made ahead in
 the worker, so memory is bounded.
 
@@ -100,6 +100,7 @@ class ProcessPlacement(Placement):
         super().__init__(make, k, options)
         self.workers = min(k, options.processes or usable_cores())
         self.warm = warm_start(options.warm_start, self.workers)
+        self.together = not self.warm   # cold: a worker starts all its partitions as soon as it can
         self.pool = WorkerPool(k, self.workers, options)   # (stops its workers when collected, if never closed)
         self.restarts = self.pool.restarts   # each worker's restarts so far (deaths and silences)
         self.pids = self.pool.pids           # the worker processes running now (for tests and monitoring)

@@ -148,7 +148,9 @@ class ActorStream:
 
 
 class RayPlacement(Placement):
-    """Partitions as Ray actors (see the module docstring)."""
+    """Partitions as Ray actors (see the module docstring); every actor starts at the first ask."""
+
+    together = True
 
     def __init__(self, make: Make, k: int, options: ParallelSpec) -> None:
         super().__init__(make, k, options)
