@@ -219,3 +219,13 @@ def test_a_datasets_save_to_disk_folder(docs: list[np.ndarray], tmp_path: Path) 
     recs = list(records({"sources": [{"path": str(tmp_path / "saved"), "format": "tokens", "tokens": {"labels": None}}]}))
     assert [r["input_ids"].tolist() for r in recs] == [x.tolist() for x in docs[:60]]
     assert all("labels" not in r for r in recs)
+
+
+def test_writing_an_indexed_dataset_makes_its_folder_and_never_leaves_half_a_pair(tmp_path: Path) -> None:
+    prefix = tmp_path / "not" / "yet" / "docs"
+    assert write_indexed_dataset(str(prefix), [[1, 2, 3], [4]], np.uint16) == 2
+    index = MegatronIndex(str(prefix))
+    assert [index.document(i).tolist() for i in range(2)] == [[1, 2, 3], [4]]
+    with pytest.raises(ValueError, match=r"document 1: token ids 0\.\.70000 do not fit uint16"):
+        write_indexed_dataset(str(tmp_path / "big"), [[1], [0, 70000]], np.uint16)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["not"]   # no big.bin without its .idx, no temporaries

@@ -177,22 +177,37 @@ class MegatronReader(Reader):
 
 
 def write_indexed_dataset(prefix: str, documents: Iterable[Sequence[int] | np.ndarray], dtype: Any = np.uint16) -> int:
-    """Write ``prefix.bin`` and ``prefix.idx`` (one sequence per document); returns the document count."""
+    """Write ``prefix.bin`` and ``prefix.idx`` (one sequence per document); returns the document count.
+
+    The prefix's folder is created if missing. Both files are written beside their final names and
+    renamed into place at the end, so a failure (ids that do not fit ``dtype``) leaves no half pair.
+    """
     dt = np.dtype(dtype)
     if dt not in CODES:
         raise ValueError(f"dtype {dt} cannot be stored in an MMIDIDX dataset (allowed: {sorted(str(d) for d in CODES)})")
+    os.makedirs(os.path.dirname(prefix) or ".", exist_ok=True)
+    bin_tmp, idx_tmp = f"{prefix}.bin.{os.getpid()}.tmp", f"{prefix}.idx.{os.getpid()}.tmp"
     lengths: list[int] = []
-    with open(prefix + ".bin", "wb") as f:
-        for doc in documents:
-            arr = np.asarray(doc)
-            if arr.size and (arr.min() < np.iinfo(dt).min or arr.max() > np.iinfo(dt).max):
-                raise ValueError(f"token ids {arr.min()}..{arr.max()} do not fit {dt}")
-            f.write(arr.astype(dt).tobytes())
-            lengths.append(int(arr.size))
-    sizes = np.asarray(lengths, dtype=np.int32)
-    pointers = np.concatenate([[0], np.cumsum(sizes.astype(np.int64) * dt.itemsize)[:-1]]).astype(np.int64) if lengths else np.zeros(0, np.int64)
-    doc_index = np.arange(len(lengths) + 1, dtype=np.int64)
-    with open(prefix + ".idx", "wb") as f:
-        f.write(MAGIC + struct.pack("<QBQQ", VERSION, CODES[dt], len(lengths), len(doc_index)))
-        f.write(sizes.tobytes() + pointers.tobytes() + doc_index.tobytes())
+    try:
+        with open(bin_tmp, "wb") as f:
+            for doc in documents:
+                arr = np.asarray(doc)
+                if arr.size and (arr.min() < np.iinfo(dt).min or arr.max() > np.iinfo(dt).max):
+                    raise ValueError(f"document {len(lengths)}: token ids {arr.min()}..{arr.max()} do not fit {dt}; "
+                                     "pass a wider dtype (e.g. dtype=np.int32)")
+                f.write(arr.astype(dt).tobytes())
+                lengths.append(int(arr.size))
+        sizes = np.asarray(lengths, dtype=np.int32)
+        pointers = np.concatenate([[0], np.cumsum(sizes.astype(np.int64) * dt.itemsize)[:-1]]).astype(np.int64) \
+            if lengths else np.zeros(0, np.int64)
+        doc_index = np.arange(len(lengths) + 1, dtype=np.int64)
+        with open(idx_tmp, "wb") as f:
+            f.write(MAGIC + struct.pack("<QBQQ", VERSION, CODES[dt], len(lengths), len(doc_index)))
+            f.write(sizes.tobytes() + pointers.tobytes() + doc_index.tobytes())
+        os.replace(bin_tmp, prefix + ".bin")
+        os.replace(idx_tmp, prefix + ".idx")
+    finally:
+        for tmp in (bin_tmp, idx_tmp):
+            if os.path.exists(tmp):
+                os.unlink(tmp)
     return len(lengths)
