@@ -97,3 +97,28 @@ def test_a_handover_is_local_until_its_worker_is_ready_then_exact(corpus: str, s
         assert assert_stage_resumes(started, check=2, every=3) >= 3
     finally:
         warm.close()
+
+
+def test_partitions_that_start_together_all_start_at_the_first_ask(corpus: str, small_tokenizer: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The composing stage's one rule has one switch: a placement whose partitions start together
+    (processes without warm start: each worker starts all its partitions; Ray) opens and starts
+    every partition at the first ask, not after step 1 (a cold K = 8 had 7 pack windows still
+    filling 5 s after the first batch)."""
+    from feedline._partitions import placement as placements
+    from feedline._pipeline import Pipeline
+
+    class Together(ThreadPlacement):
+        together = True
+
+    monkeypatch.setitem(placements.PLACEMENTS, "threads", Together)
+    s = Spec.load({"sources": [corpus], "tokenizer": small_tokenizer, "task": {"kind": "clm", "max_length": 48},
+                   "batching": {"strategy": "pack", "batch_size": 5, "window": 16, "first_window": 4},
+                   "partitions": 3, "parallel": "threads"})
+    it = iter(Pipeline(s).batches())
+    try:
+        next(it)
+        assert all(isinstance(st, Prefetch) and st._thread is not None for st in it.stages)
+    finally:
+        it.close()
+    assert ProcessPlacement(PartitionStreams(s), 3, s.parallel.__class__(placement="processes", warm_start=False)).together

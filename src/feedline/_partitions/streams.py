@@ -213,6 +213,8 @@ class Handover:
     def __next__(self) -> tuple[Part, State]:
         if self.failed is not None:
             raise self.failed
+        if self.remote.ended:
+            raise StopIteration
         while True:
             if self.remote.router.attached(self.remote):
                 self.remote.router.drain()
