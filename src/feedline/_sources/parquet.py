@@ -5,6 +5,14 @@
 A file with many row groups spreads over workers and shuffles by row group. Only the columns
 named in ``columns`` (plus the text column) are read when ``columns`` is given. A record is
 re-read by decoding just its row group.
+
+With fewer row groups than partitions, the deal cuts a group into row ranges
+(:mod:`feedline._sources.deal`), the same on every placement. A partition reading a piece of a
+group decodes it :data:`PIECE_ROWS` rows at a time from the group's start (Parquet cannot seek
+inside a column chunk's pages), drops the blocks before its first row unconverted, and stops after
+its last (:func:`parquet_blocks`): it holds one block, not the whole group, and converts and
+decodes nothing past its share, where it used to decode the whole group into memory in every
+partition and drop the rows of the others.
 """
 
 from __future__ import annotations
@@ -18,7 +26,10 @@ from feedline._sources.files import is_url
 from feedline._sources.reader import Item, Reader, Split
 from feedline.errors import SourceError
 
-__all__ = ["ParquetReader", "open_parquet", "row_group_splits"]
+__all__ = ["PIECE_ROWS", "ParquetReader", "open_parquet", "parquet_blocks", "row_group_splits"]
+
+#: Rows decoded at a time from a row group that partitions share (a split that is a piece of it).
+PIECE_ROWS = 8192
 
 
 def open_parquet(path: str) -> Any:
@@ -47,6 +58,39 @@ def row_group_splits(file: int, path: str) -> list[Split]:
         out.append(Split(file, path, start, start + n))
         start += n
     return out or [Split(file, path, 0, 0)]
+
+
+def parquet_blocks(pf: Any, position: int, end: int, columns: list[str] | None) -> Iterator[tuple[int, Any]]:
+    """``(first row, table)`` blocks of ``pf`` covering rows ``[position, end)``: a row group that lies
+    inside them whole, read at once; one cut by them (a partition's piece), :data:`PIECE_ROWS` rows
+    at a time, none after ``end`` and none yielded before ``position`` (see the module docstring).
+
+    Raises:
+        KeyError: a column in ``columns`` is not in the file.
+    """
+    first = 0
+    for g in range(pf.metadata.num_row_groups):
+        n = pf.metadata.row_group(g).num_rows
+        if first >= end:
+            return
+        if first + n > position:
+            if position <= first and first + n <= end:
+                yield first, pf.read_row_group(g, columns=columns)
+            else:
+                yield from _piece(pf, g, first, position, end, columns)
+        first += n
+
+
+def _piece(pf: Any, g: int, first: int, position: int, end: int, columns: list[str] | None) -> Iterator[tuple[int, Any]]:
+    import pyarrow as pa
+
+    at = first
+    for batch in pf.iter_batches(batch_size=PIECE_ROWS, row_groups=[g], columns=columns, use_threads=False):
+        if at + batch.num_rows > position:
+            yield at, pa.Table.from_batches([batch])
+        at += batch.num_rows
+        if at >= end:
+            return
 
 
 class ParquetReader(Reader):
@@ -80,16 +124,19 @@ class ParquetReader(Reader):
     def read(self, split: Split, position: int, line: int) -> Iterator[Item]:
         pf = open_parquet(split.path)
         end = split.end if split.end is not None else pf.metadata.num_rows
-        while position < end:
-            g, first = self._group(pf, position)
+        if position < end and end > pf.metadata.num_rows:   # a file that shrank since it was split: named
+            self._group(pf, max(position, pf.metadata.num_rows))
+        blocks = parquet_blocks(pf, position, end, self._columns())
+        while True:
             try:
-                table = pf.read_row_group(g, columns=self._columns())
+                first, table = next(blocks)
+            except StopIteration:
+                return
             except KeyError as e:
                 raise SourceError(f"{split.path}: no column {e}; check the source's columns:") from e
             if end < first + table.num_rows:  # a piece of a row group (partitions)
                 table = table.slice(0, end - first)
-            yield from rows(table, position - first, split.path, self.spec.text, first)
-            position = first + table.num_rows
+            yield from rows(table, max(0, position - first), split.path, self.spec.text, first)
 
     def fetch(self, path: str, positions: Sequence[int]) -> dict[int, dict[str, Any]]:
         pf = open_parquet(path)

@@ -24,7 +24,7 @@ import numpy as np
 from feedline._core.documents import TokenItems
 from feedline._core.record import Rejection
 from feedline._sources.arrow import open_table
-from feedline._sources.parquet import open_parquet, row_group_splits
+from feedline._sources.parquet import open_parquet, parquet_blocks, row_group_splits
 from feedline._sources.reader import Item, Reader, Split, detect_format
 from feedline._spec import TokensSpec
 from feedline.errors import SourceError
@@ -106,13 +106,8 @@ class TokensReader(Reader):
         """``(first row, table)`` blocks covering rows from ``position`` (to ``end``)."""
         if self._parquet(path):
             pf = open_parquet(path)
-            names = pf.schema_arrow.names
-            first = 0
-            for g in range(pf.metadata.num_row_groups):
-                n = pf.metadata.row_group(g).num_rows
-                if first + n > position and (end is None or first < end):
-                    yield first, pf.read_row_group(g, columns=self._columns(names))
-                first += n
+            stop = pf.metadata.num_rows if end is None else end
+            yield from parquet_blocks(pf, position, stop, self._columns(pf.schema_arrow.names))
             return
         table = open_table(path)
         table = table.select(self._columns(table.column_names)) if self.options.ids in table.column_names else table
