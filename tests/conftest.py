@@ -9,6 +9,11 @@ from typing import Any
 
 import pytest
 
+# One OpenMP thread for torch in the test processes and every process they start (set before any
+# test module imports torch): with an xdist worker on each core, torch's default of a thread per
+# core left its threads spinning while they waited for a core (15-25 % more CPU in torch-heavy files).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 TOKENIZERS = SHARED_DATA / "tokenizers"
 
