@@ -234,7 +234,12 @@ def _cut(keys: np.ndarray, index: np.ndarray, starts: np.ndarray, lengths: np.nd
          truncate: bool, ids: np.ndarray, labels: np.ndarray) -> ExampleBlock:
     """Documents ``[starts, starts + lengths)`` of ``ids`` cut into examples of at most ``max_length``
     (``None``: whole); ``truncate`` keeps only each document's first."""
-    cap = np.maximum(lengths, 1) if max_length is None else np.full(len(lengths), max_length, dtype=np.int64)
+    if max_length is None or not len(lengths) or int(lengths.max()) <= max_length:  # one example a document
+        refs = np.zeros((len(lengths), keys.shape[1] + 1), dtype=np.int64)
+        refs[:, :-1] = keys
+        return ExampleBlock(refs, index.astype(np.int64), starts.astype(np.int64), lengths.astype(np.int64),
+                            {"input_ids": ids, "labels": labels})
+    cap = np.full(len(lengths), max_length, dtype=np.int64)
     count = np.ones(len(lengths), dtype=np.int64)
     if not truncate:
         count = np.maximum(-(-lengths // cap), 1)

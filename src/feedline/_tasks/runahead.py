@@ -44,13 +44,17 @@ def read_run(it: Any, state: dict[str, Any]) -> bool:
         return False
     plan: list[int] = []
     at = total = 0
-    most = it.chunk
+    most, budget = it.chunk, it.ds.chunk_bytes
+    ends = np.concatenate([[0], np.cumsum(sizes)]).tolist()
     while len(plan) < RUN_CHUNKS and total < RUN_BYTES:
-        k = chunk_steps(sizes[at:at + most], most, it.ds.chunk_bytes)
-        if k is None:
-            break
+        if at + most < len(ends) and ends[at + most] - ends[at] < budget:
+            k = most  # the doubling takes reach ``most`` records before the budget: all of them
+        else:
+            k = chunk_steps(sizes[at:at + most], most, budget)  # type: ignore[assignment]
+            if k is None:
+                break
         plan.append(k)
-        total += int(sizes[at:at + k].sum())
+        total += ends[at + k] - ends[at]
         at += k
         most = min(2 * k, it.ds.chunk)
     if len(plan) < 2:
@@ -67,7 +71,7 @@ def read_run(it: Any, state: dict[str, Any]) -> bool:
         start, stop = states[j], end if last else states[j + 1]
         # a run moves only positions: rejections read come only with the last take's end
         read = add_counts(sum_rejected(stop), sum_rejected(start), -1) if last else {}
-        size = int(sizes[bounds[j]:bounds[j + 1]].sum())
+        size = ends[bounds[j + 1]] - ends[bounds[j]]
         it.inflight.append((start, k, handles[j], read, stop, size))
         it.inflight_size += size
     it.chunk = min(2 * plan[-1], it.ds.chunk)
