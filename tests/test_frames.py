@@ -204,3 +204,45 @@ def test_a_pack_snapshot_crosses_unpacked_and_is_packed_once_per_window_where_re
         materialize(pickle.loads(orphan))
     writer.close()
     reader.close()
+
+
+class _Counting:
+    """A socket's stand-in counting the system calls made on it (the rest passed through)."""
+
+    def __init__(self, sock: Any) -> None:
+        self.sock, self.calls = sock, 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.sock, name)
+        if name in ("recv_into", "recvmsg_into", "sendall", "sendmsg", "send"):
+            def counted(*a: Any, **kw: Any) -> Any:
+                self.calls += 1
+                return attr(*a, **kw)
+            return counted
+        return attr
+
+
+def test_a_batch_crosses_in_one_write_and_three_reads_and_unpickles_without_numpys_python_reduction() -> None:
+    """The composing process's receiving thread is woken once per message, not once per field: a
+    6-field batch (4 x 64 KB) is one sendmsg and three reads (prefix, header, every buffer at once,
+    MSG_WAITALL); its arrays are made by numpy.ndarray (a C call), not numpy's _frombuffer."""
+    parent, child = multiprocessing.Pipe(duplex=True)
+    reader, writer = FrameReader(parent), FrameWriter(child)
+    assert reader.sock is not None and writer.sock is not None
+    rows = np.arange(16 * 1024, dtype=np.int32).reshape(16, 1024)
+    batch = {"input_ids": rows, "labels": rows + 1, "position_ids": rows + 2, "attention_mask": np.ones_like(rows),
+             "seq_lens": np.ones((16, 64), np.int32), "cu_seqlens": np.ones((16, 65), np.int32)}
+    msg = ("batch", 1, 0, batch, {"step": 3})
+    reader.sock, writer.sock = _Counting(reader.sock), _Counting(writer.sock)   # type: ignore[assignment]
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.append(reader.recv()))
+    t.start()
+    writer.send(msg)
+    t.join(timeout=30)
+    assert_same(got[0], msg)
+    assert writer.sock.calls == 1, f"{writer.sock.calls} writes for one message"   # type: ignore[attr-defined]
+    assert reader.sock.calls <= 3, f"{reader.sock.calls} reads for one message of 6 arrays"   # type: ignore[attr-defined]
+    buffers: list[Any] = []
+    assert b"_frombuffer" not in frames._dumps(msg, buffers) and len(buffers) == 6
+    writer.close()
+    reader.close()

@@ -24,6 +24,7 @@ Where the pipe is not a socket (Windows), both ends use the ``Connection`` as be
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import socket
@@ -43,6 +44,26 @@ _SIZE = struct.Struct("<Q")
 #: The most out-of-band buffers one message may announce (a batch has one per field; a "many"
 #: message one per field of each batch in it); more means the stream is corrupt.
 MAX_BUFFERS = 1 << 16
+_WAITALL = getattr(socket, "MSG_WAITALL", 0)
+_IOV_MAX = 512   # buffers per sendmsg/recvmsg call (the system's limit is at least 1024)
+
+
+class _Pickler(pickle.Pickler):
+    """Protocol 5 with a plain contiguous array made by ``numpy.ndarray(shape, dtype, buffer)``:
+    a C call on the reading side, where numpy's own reduction runs a Python function per array
+    (~15 of the ~30 us a 6-field batch took to unpickle)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is np.ndarray and obj.flags.c_contiguous and obj.dtype.fields is None and not obj.dtype.hasobject:
+            return np.ndarray, (obj.shape, obj.dtype.str, pickle.PickleBuffer(obj))  # type: ignore[arg-type]
+        return NotImplemented
+
+
+def _dumps(msg: Any, buffers: list[pickle.PickleBuffer]) -> bytes:
+    """``msg`` pickled with its arrays' memory left out of band (appended to ``buffers``)."""
+    out = io.BytesIO()
+    _Pickler(out, protocol=5, buffer_callback=buffers.append).dump(msg)
+    return out.getvalue()
 
 
 def _socket_of(conn: Connection) -> socket.socket | None:
@@ -78,12 +99,10 @@ class FrameWriter:
             return
         buffers: list[pickle.PickleBuffer] = []
         with shipping(self.sent):
-            header = pickle.dumps(msg, protocol=5, buffer_callback=buffers.append)
+            header = _dumps(msg, buffers)
         views = [b.raw() for b in buffers]
         sizes = b"".join(_SIZE.pack(v.nbytes) for v in views)
-        self.sock.sendall(_PREFIX.pack(len(views), len(header)) + sizes + header)
-        for v in views:
-            self.sock.sendall(v)
+        _send_all(self.sock, [_PREFIX.pack(len(views), len(header)) + sizes + header, *views])
 
     def close(self) -> None:
         if self.sock is not None:
@@ -116,11 +135,8 @@ class FrameReader:
             raise EOFError(f"a partition worker's message announces {count} buffers: the stream is corrupt")
         head = self._read(_SIZE.size * count + header_size)
         sizes = [_SIZE.unpack_from(head, _SIZE.size * i)[0] for i in range(count)]
-        buffers = []
-        for size in sizes:
-            buf = np.empty(size, dtype=np.uint8)
-            self._read_into(buf.data)   # the array's own memory: the socket writes into it
-            buffers.append(buf)
+        buffers = [np.empty(size, dtype=np.uint8) for size in sizes]
+        self._read_all([b.data for b in buffers])   # the arrays' own memory: the socket writes into it
         return pickle.loads(memoryview(head)[_SIZE.size * count:], buffers=buffers)
 
     def close(self) -> None:
@@ -142,7 +158,36 @@ class FrameReader:
         assert self.sock is not None
         got, n = 0, view.nbytes
         while got < n:
-            k = self.sock.recv_into(view[got:], n - got)
+            k = self.sock.recv_into(view[got:], n - got, _WAITALL)
             if k == 0:
                 raise EOFError("the partition worker closed its pipe")
             got += k
+
+    def _read_all(self, views: list[memoryview]) -> None:
+        """Fill ``views`` in order, in one system call where the kernel has them all (``MSG_WAITALL``)."""
+        assert self.sock is not None
+        pending = [v.cast("B") for v in views if v.nbytes]
+        while pending:
+            k = self.sock.recvmsg_into(pending[:_IOV_MAX], 0, _WAITALL)[0]
+            if k == 0:
+                raise EOFError("the partition worker closed its pipe")
+            pending = _advance(pending, k)
+
+
+def _advance(views: list[memoryview], n: int) -> list[memoryview]:
+    """``views`` without their first ``n`` bytes."""
+    i = 0
+    while i < len(views) and n >= views[i].nbytes:
+        n -= views[i].nbytes
+        i += 1
+    rest = views[i:]
+    if n:
+        rest[0] = rest[0][n:]
+    return rest
+
+
+def _send_all(sock: socket.socket, views: list[Any]) -> None:
+    """Write ``views`` in order, in one system call where the socket takes them all (``sendmsg``)."""
+    pending = [m for m in (memoryview(v).cast("B") for v in views) if m.nbytes]
+    while pending:
+        pending = _advance(pending, sock.sendmsg(pending[:_IOV_MAX]))
