@@ -26,7 +26,7 @@ from typing import Any
 from feedline._core.record import Record
 from feedline._pipeline import Pipeline
 from feedline._ray.map import RayTaskMap
-from feedline._spec import EngineSpec
+from feedline._spec import ParallelSpec
 from feedline._tasks.base import TaskOutput
 from feedline._tasks.clm import CausalLM
 from feedline._tasks.map import TaskMap
@@ -107,7 +107,7 @@ def run(mb: float, chunk: int) -> dict[str, Any]:
         for cpus in (1, 2):
             ray.init(num_cpus=cpus, include_dashboard=False, configure_logging=False)
             try:
-                engine = EngineSpec(kind="ray", address="auto")
+                engine = ParallelSpec(map="ray", address="auto")
                 warm = RayTaskMap(p.records(), p.task, engine, chunk=chunk)
                 timed(zip(range(4 * chunk * cpus), iter(warm)), lambda x: 0)  # start workers, ship the task
                 t, cpu, n = cpu_timed(iter(RayTaskMap(p.records(), p.task, engine, chunk=chunk)), tokens)
