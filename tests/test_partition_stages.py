@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from feedline import Spec
+from feedline._core.deferred import materialize
 from feedline._core.prefetch import Prefetch
 from feedline._partitions.placement import ThreadPlacement
 from feedline._partitions.processes import ProcessPlacement
@@ -31,7 +32,7 @@ def drain(stage: Any) -> tuple[list[Any], list[Any], Any]:
     try:
         for batch, state in stage:
             batches.append(batch)
-            states.append(dict(state))
+            states.append(materialize(state))   # (a worker's state may stay there until read)
         return batches, states, stage.end_state
     finally:
         stage.close()
@@ -82,12 +83,12 @@ def test_a_handover_is_local_until_its_worker_is_ready_then_exact(corpus: str, s
         for batch, state in stage:
             here += stage.mode != "remote"
             got.append(batch)
-            got_states.append(dict(state))
+            got_states.append(materialize(state))
         stage.close()
         assert stage.mode == "remote" and local is not None and local.finished   # the thread finished, then the worker
         assert local.pulled == here < len(want), (local.pulled, here)   # it made exactly what it handed out
         assert_batches_equal(want, [first[0], *got], "a handover: a thread here, then its worker")
-        assert [dict(first[1]), *got_states] == want_states
+        assert [materialize(first[1]), *got_states] == want_states
 
         def started() -> Handover:   # restored while its worker is ready: the worker takes over at once
             stage = warm.open(0, None)
@@ -122,3 +123,38 @@ def test_partitions_that_start_together_all_start_at_the_first_ask(corpus: str, 
     finally:
         it.close()
     assert ProcessPlacement(PartitionStreams(s), 3, s.parallel.__class__(placement="processes", warm_start=False)).together
+
+
+@pytest.mark.slow
+def test_a_worker_sends_a_state_every_16_batches_and_every_state_read_is_exact(corpus: str, small_tokenizer: str) -> None:
+    """Issue 34 item 3: the worker pickles and sends a batch's state with it only every
+    ANCHOR_EVERY batches; the others stay there until read. A state read is asked of the worker
+    while it keeps it (the threads' state, identical), and made again here from the last state
+    sent where it does not (another start of the partition, a restart): exact, the same batches
+    follow it. The service reads every step's state: there (eager) each batch carries its own."""
+    from feedline._core.deferred import Deferred
+    from feedline._partitions.streams import ANCHOR_EVERY
+
+    threads = placement(corpus, small_tokenizer, ThreadPlacement)
+    procs = placement(corpus, small_tokenizer, ProcessPlacement, warm_start=False)
+    replayed: list[int] = []
+    replay = procs.replay_state
+    procs.replay_state = lambda p, base, n: replayed.append(n) or replay(p, base, n)
+    try:
+        want, want_states, _ = drain(threads.open(0, None))
+        got = list(procs.open(0, None))
+        sent = [i for i, (_, state) in enumerate(got) if type(state) is not Deferred]
+        assert len(got) == len(want) > ANCHOR_EVERY and sent == list(range(0, len(got), ANCHOR_EVERY))
+        half = len(got) // 2
+        assert [materialize(s) for _, s in got[half:]] == want_states[half:] and not replayed   # asked of the worker
+        next(procs.open(0, None))   # another start: the worker no longer keeps them
+        made = [materialize(s) for _, s in got[:half]]
+        assert replayed and max(replayed) < ANCHOR_EVERY   # made again here, from the last state sent
+        for i, state in enumerate(made):   # exact: resumed, the batches after it (a pack state made again
+            here = threads.open(0, state)  # may be another form of the same position)
+            assert_batches_equal(want[i + 1:i + 3], [next(here)[0] for _ in want[i + 1:i + 3]], f"after state {i}")
+            here.close()
+        procs.eager = True
+        assert all(type(s) is not Deferred for _, s in procs.open(0, None))
+    finally:
+        procs.close()

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from feedline._core.deferred import Deferred, materialize
 from feedline._loader import Loader
 from feedline._spec import Spec
 from feedline._state import epochs_in
@@ -116,7 +117,10 @@ def same_shape(a: Any, b: Any) -> bool:
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Deep equality that understands numpy arrays (dtype, shape, values) and dataclasses."""
+    """Deep equality that understands numpy arrays (dtype, shape, values), dataclasses and
+    snapshots (a :class:`~feedline._core.deferred.Deferred` part compares as its value)."""
+    if type(a) is Deferred or type(b) is Deferred:
+        return _same(materialize(a), materialize(b))
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         u, v = np.asarray(a), np.asarray(b)
         return u.dtype == v.dtype and u.shape == v.shape and bool(np.array_equal(u, v))

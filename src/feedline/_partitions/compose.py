@@ -148,6 +148,7 @@ class ComposedIterator(DatasetIterator[Batch]):
             self.runner.close()
             self.runner = placement_class(self.ds.placement)(compacted(), self.ds.k, self.ds.options)
             self._carried = [self.runner.replay(p, before) for p, before, _ in self.carry]
+        self.runner.eager = compact   # the service reads every step's state
 
     def _stage(self, p: int) -> PartitionStage:
         """Partition ``p``'s stage. The partition asked first makes step 1 alone (on few cores, K - 1

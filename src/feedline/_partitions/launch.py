@@ -42,6 +42,7 @@ __all__ = ["DEAD", "MAIN_GUARD", "PRELOAD", "WorkerProcess", "context", "importi
 
 DEAD = "dead"
 ALIVE = "alive"
+STATE = "state"
 #: Messages of one worker received and not yet taken, at most (its batches are fewer: credit bounds them).
 RECEIVED = 1024
 #: Modules the fork server imports before it forks workers, those of them this process has imported.
@@ -98,11 +99,17 @@ class _Messages:
             finally:
                 w.child.close()
                 w.started.set()
-        while True:
-            msg = w.reader.recv()   # EOF/OSError: raised to the pool, which counts the worker dead
-            w.heard, w.spoke = time.monotonic(), True
-            if msg[0] != ALIVE:
-                return msg  # type: ignore[no-any-return]
+        try:
+            while True:
+                msg = w.reader.recv()   # EOF/OSError: raised to the pool, which counts the worker dead
+                w.heard, w.spoke = time.monotonic(), True
+                if msg[0] == STATE:
+                    w.answer(msg)
+                elif msg[0] != ALIVE:
+                    return msg  # type: ignore[no-any-return]
+        except BaseException:
+            w.answer(None)   # nobody waits for an answer from a worker that is gone
+            raise
 
     def get_state(self) -> dict[str, Any]:
         return {}   # (a stream of messages is not resumed)
@@ -130,8 +137,31 @@ class WorkerProcess:
                                    name=f"feedline-partitions-{index}", daemon=True)
         self.lock = threading.Lock()
         self.started = threading.Event()  # start() returned (or failed)
+        self.asked: dict[tuple[int, int, int], list[Any]] = {}   # states asked for: (gen, p, seq) -> [Event, state]
         self.messages = Prefetch(_Messages(self), RECEIVED, wake=wake, name=f"feedline-partitions-recv-{index}")
         self.messages.start()
+
+    def ask(self, key: tuple[int, int, int], wait: float) -> Any:
+        """The state after batch ``seq`` of partition ``p``'s start ``gen`` (``key``), asked of the
+        worker (its answer is taken off the pipe by the receiving stage, so any thread may ask);
+        ``None`` when it no longer keeps it, is gone, or says nothing for ``wait`` seconds."""
+        box: list[Any] = [threading.Event(), None]
+        self.asked[key] = box
+        self.send((STATE, *key))
+        deadline = time.monotonic() + wait
+        while not box[0].wait(0.2):
+            if not self.messages.running or time.monotonic() > deadline:
+                break
+        self.asked.pop(key, None)
+        return box[1]
+
+    def answer(self, msg: tuple[Any, ...] | None) -> None:
+        """The worker's answer to :meth:`ask` (``None``: every question, unanswered: it is gone)."""
+        for key in [tuple(msg[1:4])] if msg is not None else list(self.asked):
+            box = self.asked.get(key)  # type: ignore[arg-type]
+            if box is not None:
+                box[1] = msg[4] if msg is not None else None
+                box[0].set()
 
     def take(self) -> tuple[Any, ...] | None:
         """The worker's next message, if one came (``("dead",)`` once its pipe closed); never waits."""

@@ -69,6 +69,9 @@ class Placement:
     #: Every partition starts at the first ask (where they do not share the cores step 1 is made
     #: on: Ray actors, and worker processes that start together anyway), not after step 1.
     together = False
+    #: Every batch's state is read (the service's steps, set by the composing stage): a placement
+    #: that can leave states where they are made until read sends each with its batch instead.
+    eager = False
 
     def __init__(self, make: Make, k: int, options: ParallelSpec) -> None:
         self.make, self.k, self.options = make, k, options

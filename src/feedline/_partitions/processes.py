@@ -5,8 +5,12 @@ most the cores; :mod:`feedline._partitions.launch`: all at once, in the backgrou
 where there is one); worker ``w`` owns partitions ``w, w + N, ...`` and runs each one's whole
 pipeline (:mod:`feedline._partitions.worker`), the tokenizer's pool sized to its share of the
 cores (``RAYON_NUM_THREADS``, which sentencepiece's ``num_threads`` follows too:
-:func:`~feedline._core.cores.pool_threads`). Each batch crosses a pipe with
-the state after it; a stage per worker receives them (a :class:`Prefetch` over its pipe). At most ``parallel.prefetch``
+:func:`~feedline._core.cores.pool_threads`). Each batch crosses a pipe, with
+the state after it only every :data:`~feedline._partitions.streams.ANCHOR_EVERY` batches: the
+others stay in the worker until a state is read (a checkpoint: asked of the worker, or made again
+here from the last one sent where the worker no longer keeps it), so a batch's state is pickled
+only when needed; where every step's state is read (the service) each batch carries its own. A
+stage per worker receives them (a :class:`Prefetch` over its pipe). At most ``parallel.prefetch``
 batches per partition are on their way to the composing stage (credit) and as many made ahead in
 the worker, so memory is bounded.
 
@@ -21,8 +25,9 @@ the last of them, restoring while they are taken. No batch is made twice (a part
 deterministic stream wherever it runs). A partition whose worker died runs here again until its
 new worker is ready.
 
-The parent keeps each partition's state after the last batch it handed out. A worker that dies
-(killed, out of memory) is restarted from those states, so the stream goes on exactly; after
+The parent keeps each partition's state after the last batch it handed out (or the last state
+sent and the batches after it). A worker that dies (killed, out of memory) is restarted from those
+states (making again and dropping the batches after the last one sent), so the stream goes on exactly; after
 :data:`MAX_RESTARTS` deaths of one worker the stream fails with a :class:`FeedlineError` naming it.
 A worker that exits with an error before it is ready (its start failed: almost always a script
 that makes its Loader at import time, which each worker runs again) fails the stream at once,
@@ -148,6 +153,27 @@ class ProcessPlacement(Placement):
         """Partition ``p``'s state at its start, read here."""
         it = iter(self.make(p))
         try:
+            return it.get_state()
+        finally:
+            it.close()
+
+    def ask_state(self, p: int, gen: int, seq: int) -> State | None:
+        """The state after batch ``seq`` of partition ``p``'s start ``gen``, from its worker (any
+        thread); ``None`` where the worker no longer keeps it or is gone."""
+        worker = self.pool.procs[self.pool.owner(p)]
+        if worker is None or not worker.ready:
+            return None
+        return worker.ask((gen, p, seq), self.options.hang_timeout)  # type: ignore[no-any-return]
+
+    def replay_state(self, p: int, base: State | None, n: int) -> State:
+        """Partition ``p``'s state ``n`` batches after ``base``, made again here (exact: one
+        deterministic stream wherever it runs)."""
+        it = iter(self.make(p))
+        try:
+            if base is not None:
+                it.set_state(materialize(base))
+            for _ in range(n):
+                next(it)
             return it.get_state()
         finally:
             it.close()

@@ -18,25 +18,30 @@ here again until the new one is ready.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from feedline._core.dataset import State
-from feedline._core.deferred import materialize
+from feedline._core.deferred import Deferred, materialize
 from feedline._core.prefetch import Prefetch
 from feedline._partitions.placement import Part
 from feedline._spec import ParallelSpec
 
 __all__ = ["Handover", "Router", "WorkerStream"]
 
-END = object()   # a queued end: (END, the state at the end)
+END = object()   # a queued end: (END, the state at the end, ...)
+#: A worker sends a batch's state with it every this many batches (where states are not read at
+#: every step); the parent asks for another when it is read, or makes it again from the last sent.
+ANCHOR_EVERY = 16
 
 
 class Router(Protocol):
     """What a worker stream asks of its placement (:class:`~feedline._partitions.processes.ProcessPlacement`)."""
 
     options: ParallelSpec
+    eager: bool   # every batch's state is read (the service's steps): sent with each batch
 
     def generation(self) -> int: ...   # a number no start of any partition had
     def attach(self, stream: WorkerStream) -> None: ...   # its partition's messages go to it; its worker starts
@@ -46,6 +51,8 @@ class Router(Protocol):
     def send(self, p: int, msg: tuple[Any, ...]) -> None: ...   # to partition p's worker
     def start_state(self, p: int) -> State: ...
     def remote_error(self, msg: tuple[Any, ...]) -> BaseException: ...
+    def ask_state(self, p: int, gen: int, seq: int) -> State | None: ...   # of the worker; None: not kept
+    def replay_state(self, p: int, base: State | None, n: int) -> State: ...   # here: n batches after base
     def wait(self, p: int | None = None) -> None: ...   # handle the next message of any worker
     def drain(self) -> None: ...   # handle those already received
 
@@ -65,8 +72,9 @@ class WorkerStream:
 
     def _reset(self, state: State | None) -> None:
         self.gen = self.router.generation()
-        self.taken = state   # the state after the last batch handed out (the opening state before any)
-        self.queue: deque[tuple[Any, State]] = deque()
+        self.took(state)
+        self.anchor, self.anchor_seq = state, -1   # the last state the worker sent, and its batch's number
+        self.queue: deque[tuple[Any, Any, State | None, int]] = deque()   # (batch, state, base, n): see took
         self.owed = 0        # batches taken since the worker was last given credit
         self.begun = False   # the worker was told to start the partition (this generation, this worker)
         self.ended = False
@@ -74,12 +82,25 @@ class WorkerStream:
         self.failed: BaseException | None = None   # raised again when asked (never waited for)
 
     # ----------------------------------------------------------------- the router's calls
+    def took(self, state: State | None, base: State | None = None, n: int = 0) -> None:
+        """The state after the last batch handed out (the opening state before any), which is
+        ``n`` batches after ``base`` (the last state the worker sent; ``n`` 0: ``state`` itself)."""
+        self.taken = state
+        self.base, self.n = (state, 0) if n == 0 else (base, n)
+
     def receive(self, msg: tuple[Any, ...]) -> None:
         """A message of this generation: ``batch``, ``end`` or ``error``."""
         if msg[0] == "batch":
-            self.queue.append((msg[3], msg[4]))
+            state, seq = msg[4], msg[5]
+            if state is None:   # kept by the worker: asked for when read (rarely), else made again from the anchor
+                n = seq - self.anchor_seq
+                lazy = Deferred(functools.partial(self._state_of, self.gen, seq, self.anchor, n))
+                self.queue.append((msg[3], lazy, self.anchor, n))
+            else:
+                self.anchor, self.anchor_seq = state, seq
+                self.queue.append((msg[3], state, state, 0))
         elif msg[0] == "end":
-            self.queue.append((END, msg[3]))
+            self.queue.append((END, msg[3], msg[3], 0))
         else:
             self.failed = self.router.remote_error(msg)
             raise self.failed
@@ -102,9 +123,19 @@ class WorkerStream:
         return self.router.worker_ready(self.p)
 
     def begin(self) -> None:
-        """Start the partition in its worker from the state after the last batch handed out."""
+        """Start the partition in its worker from the state after the last batch handed out (the
+        worker makes again and drops the batches after the last state it sent, if any)."""
         self.begun, self.owed = True, 0   # a start gives the worker its whole credit again
-        self.router.send(self.p, ("start", self.gen, {self.p: materialize(self.taken)}))
+        self.gen = self.router.generation()   # (the batches' numbers start again)
+        self.anchor, self.anchor_seq = self.base, -1 - self.n
+        every = 1 if self.router.eager else ANCHOR_EVERY
+        self.router.send(self.p, ("start", self.gen, {self.p: (materialize(self.base), self.n)}, every))
+
+    def _state_of(self, gen: int, seq: int, anchor: State | None, n: int) -> State:
+        """The state after batch ``seq`` of start ``gen``, ``n`` batches after ``anchor``: the worker's,
+        or made again here where it no longer keeps it (its worker restarted, or it is old)."""
+        got = self.router.ask_state(self.p, gen, seq)
+        return got if got is not None else self.router.replay_state(self.p, anchor, n)
 
     # ----------------------------------------------------------------- stage
     def start(self) -> None:
@@ -131,11 +162,11 @@ class WorkerStream:
                 if self.worker_ready():
                     self.begin()
             self.router.wait(self.p)
-        batch, state = self.queue.popleft()
+        batch, state, base, n = self.queue.popleft()
         if batch is END:
             self.ended, self.end_state = True, state
             raise StopIteration
-        self.taken = state
+        self.took(state, base, n)
         self.owed += 1
         if self.owed >= self.credit_every:  # credit in bulk: fewer messages, the worker stays ahead
             self.router.send(self.p, ("credit", self.gen, self.p, self.owed))
@@ -144,7 +175,7 @@ class WorkerStream:
 
     def get_state(self) -> State:
         if self.taken is None:
-            self.taken = self.router.start_state(self.p)
+            self.took(self.router.start_state(self.p))
         return materialize(self.taken)  # type: ignore[no-any-return]
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -235,7 +266,7 @@ class Handover:
             except StopIteration:
                 self._close_local()
                 if local.finished:   # every batch it made was handed out: its worker starts after the last
-                    self.remote.taken = local.get_state()
+                    self.remote.took(local.get_state())
                     self._take_over()
                     continue
                 self.remote.ended, self.end_state = True, local.end_state
@@ -244,7 +275,7 @@ class Handover:
                 self.failed = e
                 self._close_local()
                 raise
-            self.remote.taken = got[1]
+            self.remote.took(got[1])
             return got
 
     def get_state(self) -> State:

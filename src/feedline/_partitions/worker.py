@@ -2,15 +2,21 @@
 
 The worker unpickles its factory (``make``, sent as bytes), warms it up (``make.warm()`` where it
 has one: the tokenizer loaded), says it is ready, and then runs the streams (``make(p)``) of the
-partitions it is told to start, from the states it is given, sending every batch with the state
-after it, as far ahead as the parent's credit allows (``prefetch`` per partition, one more per
-batch the parent takes or drops). Messages, all tuples over one duplex pipe (the parent's on its
-``Connection``, the worker's as frames with their arrays out of band: :mod:`.frames`):
+partitions it is told to start, each from a state and a number of batches to make again and drop
+after it (a restart from the last state the parent holds), sending every batch as far ahead as the
+parent's credit allows (``prefetch`` per partition, one more per batch the parent takes or drops).
+A batch's state goes with it only every ``every`` batches (1: every batch, where the consumer reads
+each state: the service); the others are numbered, and the worker keeps their states (the last
+:data:`KEEP`) to send when asked, which is rare (a checkpoint). Messages, all tuples over one duplex
+pipe (the parent's on its ``Connection``, the worker's as frames with their arrays out of band:
+:mod:`.frames`):
 
-    parent -> worker: ("start", gen, {p: state or None}) | ("credit", gen, p, n) | ("stop",)
-    worker -> parent: ("ready",) | ("batch", gen, p, batch, state) | ("end", gen, p, state at the end)
+    parent -> worker: ("start", gen, {p: (state or None, batches to drop)}, every) | ("credit", gen, p, n)
+                      | ("state", gen, p, seq) | ("stop",)
+    worker -> parent: ("ready",) | ("batch", gen, p, batch, state or None, seq) | ("end", gen, p, state at the end)
                       | ("error", gen, p, exception, its formatted traceback: :mod:`.remote`)
                       | ("many", [several of the three before, in order]) | ("alive",)
+                      | ("state", gen, p, seq, the state after batch seq, or None: not kept)
 
 ``gen`` numbers the parent's starts of a partition (its stream's generation): anything of an
 older one is dropped on arrival. From its
@@ -29,6 +35,7 @@ import pickle
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -38,7 +45,11 @@ from feedline._core.prefetch import Prefetch
 from feedline._partitions.frames import FrameWriter
 from feedline._partitions.remote import portable
 
-__all__ = ["run_worker"]
+__all__ = ["KEEP", "run_worker"]
+
+#: States of unsent batches a worker keeps per partition for the parent to ask for (a consumer's
+#: checkpoint reads the state of a batch at most its prefetch depths behind the newest sent).
+KEEP = 64
 
 
 def _watch_parent() -> None:
@@ -113,6 +124,10 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
     stages: dict[int, Prefetch] = {}
     credit = dict.fromkeys(owned, 0)
     gens = dict.fromkeys(owned, -1)   # each partition's start, as the parent numbered it
+    drop = dict.fromkeys(owned, 0)    # batches still to make again and drop (a restart's replay)
+    seqs = dict.fromkeys(owned, 0)    # the number of the partition's next batch sent
+    every = 1
+    kept: dict[int, deque[tuple[int, Any]]] = {p: deque(maxlen=KEEP) for p in owned}
     try:
         send(("ready",))
         while True:
@@ -131,9 +146,15 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
                     return
                 if msg[0] == "credit" and msg[1] == gens[msg[2]]:
                     credit[msg[2]] += msg[3]
+                elif msg[0] == "state":
+                    _, gen, p, seq = msg
+                    found = next((st for n, st in kept[p] if n == seq), None) if gen == gens[p] else None
+                    send(("state", gen, p, seq, found))
                 elif msg[0] == "start":
-                    for p, state in msg[2].items():
-                        gens[p] = msg[1]
+                    every = msg[3]
+                    for p, (state, skip) in msg[2].items():
+                        gens[p], drop[p], seqs[p] = msg[1], skip, 0
+                        kept[p].clear()
                         old = stages.pop(p, None)
                         if old is not None:
                             old.close()
@@ -165,7 +186,14 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
                     if got is None:
                         break
                     batch, state = got
-                    out.append(("batch", gens[p], p, batch, state))   # a snapshot: pickled as the state, in one pass
+                    if drop[p]:   # made again after a restart, up to the parent's last state
+                        drop[p] -= 1
+                        continue
+                    seq, seqs[p] = seqs[p], seqs[p] + 1
+                    if seq % every:   # kept here until asked for (rarely), not pickled and sent
+                        kept[p].append((seq, state))
+                        state = None
+                    out.append(("batch", gens[p], p, batch, state, seq))   # a snapshot: pickled as the state, in one pass
                     credit[p] -= 1
             if out:  # one message for all that was ready: one pipe write, one wake-up of the parent
                 send(out[0] if len(out) == 1 else ("many", out))
