@@ -201,8 +201,8 @@ class InProcessLoader(Loader):
 
     @property
     def step(self) -> int:
-        """Global steps received so far."""
-        return int(self._stage.get_state()["step"] or 0)
+        """Global steps received so far (read off the state's snapshot: nothing else of it is computed)."""
+        return int(self._stage.snapshot()["step"] or 0)
 
     def close(self) -> None:
         """Stop the background thread and close the pipeline. Idempotent; iterating again continues."""
