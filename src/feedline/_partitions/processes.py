@@ -163,7 +163,8 @@ class ProcessPlacement(Placement):
         worker = self.pool.procs[self.pool.owner(p)]
         if worker is None or not worker.ready:
             return None
-        return worker.ask((gen, p, seq), self.options.hang_timeout)  # type: ignore[no-any-return]
+        # (a worker that does not answer within seconds is stopped or stuck: the state is made here)
+        return worker.ask((gen, p, seq), min(5.0, self.options.hang_timeout))  # type: ignore[no-any-return]
 
     def replay_state(self, p: int, base: State | None, n: int) -> State:
         """Partition ``p``'s state ``n`` batches after ``base``, made again here (exact: one
