@@ -64,24 +64,67 @@ def corpus(tmp_path: Path) -> str:
     return str(tmp_path / "corpus")
 
 
-@pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[Any]:
-    """One local Ray cluster for every Ray test of this process (the xdist group "ray" keeps them on
+class _RayCluster:
+    """One local Ray cluster for the Ray tests of this process (the xdist group "ray" keeps them on
     one worker): a head and two worker nodes of one CPU each, as ``ray start`` would run them.
 
-    Started once, since each start costs about 10 CPU-seconds of daemons and idle workers, and
-    joined by its own address: a bare ``ray.init()`` joins any cluster already running on the
-    machine (another test run's) and then fails on ``num_cpus``. Yields the
-    ``ray.cluster_utils.Cluster``; a test that removes a node adds one back.
+    Started at the first Ray test and stopped after the last of a run of them (its daemons use
+    ~2.7 CPU-s a minute idle, beside the other tests), since each start costs about 10 CPU-s.
+    Joined by its own address: a bare ``ray.init()`` joins any cluster already running on the
+    machine (another test run's) and then fails on ``num_cpus``. Attributes are those of the
+    running ``ray.cluster_utils.Cluster``; a test that removes a node adds one back.
     """
-    ray = pytest.importorskip("ray")
-    from ray.cluster_utils import Cluster
 
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    for _ in range(2):
-        c.add_node(num_cpus=1)
-    c.wait_for_nodes()
-    ray.init(address=c.address, include_dashboard=False, configure_logging=False)
-    yield c
-    ray.shutdown()
-    c.shutdown()
+    def __init__(self) -> None:
+        self._cluster: Any = None
+
+    def start(self) -> Any:
+        if self._cluster is None:
+            import ray
+            from ray.cluster_utils import Cluster
+
+            c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+            for _ in range(2):
+                c.add_node(num_cpus=1)
+            c.wait_for_nodes()
+            ray.init(address=c.address, include_dashboard=False, configure_logging=False)
+            self._cluster = c
+        return self._cluster
+
+    def stop(self) -> None:
+        if self._cluster is not None:
+            import ray
+
+            ray.shutdown()
+            self._cluster.shutdown()
+            self._cluster = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.start(), name)
+
+
+_RAY = _RayCluster()
+
+
+def _in_ray_group(item: pytest.Item | None) -> bool:
+    mark = item.get_closest_marker("xdist_group") if item is not None else None
+    return mark is not None and "ray" in (*mark.args, mark.kwargs.get("name"))
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[Any]:
+    """The local Ray cluster of :class:`_RayCluster`, running while a test uses it."""
+    pytest.importorskip("ray")
+    _RAY.start()
+    yield _RAY
+    _RAY.stop()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if "ray_cluster" in getattr(item, "fixturenames", ()):
+        _RAY.start()   # again, where a run of Ray tests was interrupted by others (an unusual order)
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if not _in_ray_group(nextitem):
+        _RAY.stop()
