@@ -75,11 +75,13 @@ class ConcatBatcher(Batcher):
 class ConcatIterator(DatasetIterator[Batch]):
     """Cursor over a :class:`ConcatBatcher`; :attr:`stats` counts rows and tokens.
 
-    Examples come a block at a time from a parent that offers them (the task map's
-    ``peek_block``/``consume``): whole rows are cut from a block at once (:func:`~.cuts.cut_rows`),
-    and a row that crosses a block's end, reaches ``max_docs_per_row`` or meets an empty example
-    is made one example at a time. Either way an example is taken when a row first needs it, so the
-    states are those of taking them one by one.
+    Examples come a block at a time from a parent that offers them (the task map's ``peek_run`` or
+    ``peek_block``, and ``consume``). Where the block's examples lie back to back and hold the whole
+    batch, the batch is one slice of them (:func:`~.concatrun.run_rows`, a pre-tokenized run);
+    otherwise whole rows are cut from a block at once (:func:`~.cuts.cut_rows`), and a row that
+    crosses a block's end, reaches ``max_docs_per_row`` or meets an empty example is made one
+    example at a time. Either way an example is taken when a row first needs it, so the states are
+    those of taking them one by one.
     """
 
     NAME = "concat"
