@@ -16,7 +16,7 @@ import pytest
 import feedline._batching.concat as concat_mod
 import feedline._tasks.map as map_mod
 from feedline import Loader
-from feedline._batching.concatrun import lay_rows, run_rows
+from feedline._batching.concatrun import cut_values, lay_rows, run_rows
 from feedline._batching.cuts import cut_rows
 from feedline._batching.rows import collate_flat
 from feedline._core.block import ExampleBlock
@@ -53,7 +53,7 @@ def _row_by_row(m: pytest.MonkeyPatch) -> None:
 
 
 def _count_runs(m: pytest.MonkeyPatch) -> dict[str, int]:
-    seen = {"runs": 0, "whole": 0}
+    seen = {"runs": 0, "whole": 0, "across": 0}
     read_run, cut = map_mod.read_run, concat_mod.run_rows
 
     def counted_read(it: Any, state: Any) -> bool:
@@ -64,6 +64,7 @@ def _count_runs(m: pytest.MonkeyPatch) -> dict[str, int]:
     def counted_cut(*a: Any) -> Any:
         got = cut(*a)
         seen["whole"] += got is not None
+        seen["across"] += got is not None and len(got.src) > 1  # after the rest of the previous block's document
         return got
 
     m.setattr(map_mod, "read_run", counted_read)
@@ -86,6 +87,7 @@ def test_runs_give_the_batches_states_and_stats_of_the_row_by_row_path(tmp_path:
         with Loader(spec) as ld:
             got, states = collect(ld, with_states=True)
     assert seen["runs"] >= 1 and seen["whole"] > 10, seen  # both ran (batches with a row over the cap fall back)
+    assert seen["across"] or docs == 2, seen  # a batch began with the rest of another block's document
     with monkeypatch.context() as m:
         _row_by_row(m)
         with Loader(spec) as ld:
@@ -136,7 +138,7 @@ def test_run_rows_is_cut_rows_on_a_contiguous_block(seed: int) -> None:
     assert got is not None
     assert got.docs.tolist() == want.docs.tolist()
     assert got.lengths.tolist() == (want.stop - want.start).tolist()
-    assert (got.taken, got.split, got.rest, got.first) == (want.used, int(want.split.sum()), want.rest, 0)
+    assert (got.taken, got.split, got.rest, got.src) == (want.used, int(want.split.sum()), want.rest, [(blk.fields, 0, rows * width)])
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -154,10 +156,36 @@ def test_lay_rows_is_collate_flat_on_full_rows(seed: int) -> None:
     carry = (blk.slice(start - 1, start), int(rng.integers(0, lengths[start - 1])))
     cut = run_rows(blk, ends, start, carry, rows, width, cap)
     assert cut is not None
-    values = {k: v[cut.first:cut.first + rows * width] for k, v in fields.items()}
+    values = cut_values(cut)
     for reset, mask in ((True, True), (False, True), (True, False)):
         got = lay_rows(cut, values, fields, width, cap, reset_positions=reset, mask_first=mask)
         want = collate_flat(cut.docs, cut.lengths, values, width, cap, {}, like=fields, reset_positions=reset,
                             mask_first=mask, attention="padding")
         assert list(got) == list(want)
         assert_batches_equal([got], [want], f"seed {seed}")
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_run_rows_continues_another_blocks_document(seed: int) -> None:
+    """A carry from the block before (another array): its rest, then the block, as cut_rows cuts the
+    stream of both; the tokens are the two slices end to end."""
+    rng = np.random.default_rng(seed)
+    before, lengths = _ragged(rng)[:30], _ragged(rng)
+    ids_a, ids_b = np.arange(int(before.sum())) + 10_000, np.arange(int(lengths.sum()))
+    a = ExampleBlock(np.zeros((30, 5), np.int64), np.arange(30), np.cumsum(before) - before, before, {"input_ids": ids_a})
+    ends = np.cumsum(lengths)
+    b = ExampleBlock(np.zeros((len(lengths), 5), np.int64), np.arange(len(lengths)), ends - lengths, lengths,
+                     {"input_ids": ids_b})
+    rows, width = int(rng.integers(1, 5)), int(rng.integers(16, 40))
+    rest = int(rng.integers(1, before[-1])) if before[-1] > 1 else 0
+    cut = run_rows(b, ends, 0, (a.slice(29, 30), rest), rows, width, 64)
+    head = int(before[-1]) - rest
+    want = cut_rows(np.concatenate([[head], ends + head]), rows, width, 64)
+    if head >= rows * width:
+        assert cut is None
+        return
+    assert cut is not None and want is not None and want.rows == rows
+    assert cut.docs.tolist() == want.docs.tolist() and cut.lengths.tolist() == (want.stop - want.start).tolist()
+    assert (cut.taken, cut.split, cut.rest) == (want.used - 1, int(want.split[1:].sum()), want.rest)
+    tokens = cut_values(cut)["input_ids"]
+    assert tokens.tolist() == np.concatenate([ids_a[len(ids_a) - head:], ids_b])[:rows * width].tolist()

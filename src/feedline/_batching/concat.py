@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from feedline._batching.base import Batch, Batcher, FillStats
-from feedline._batching.concatrun import lay_rows, run_rows
+from feedline._batching.concatrun import cut_values, lay_rows, run_rows
 from feedline._batching.cuts import Pieces, cut_rows
 from feedline._batching.pack import _block_of, row_length
 from feedline._batching.rows import Attention, collate_flat
@@ -210,14 +210,15 @@ class ConcatIterator(DatasetIterator[Batch]):
         the batch, stats, carry and examples taken of the per-row path; ``None`` where that path must cut it."""
         if self._peek is None:
             return None
-        blk = self._blk
+        rows, width, o = self.ds.ctx.batch_size, self.max_length, self.opts
+        blk, c = self._blk, self.carry
         if blk is None or self._used >= len(blk):
-            if self.carry is not None:
+            # peek where the rows need an example now (the carried document's rest does not fill them)
+            if c is not None and int(c[0].lengths[0]) - c[1] >= rows * width:
                 return None
             blk = self._block()
         if blk is None or self._empty or not self._contig:
             return None
-        rows, width, o = self.ds.ctx.batch_size, self.max_length, self.opts
         cut = run_rows(blk, self._ends, self._used, self.carry, rows, width, o.max_docs_per_row)
         if cut is None:
             return None
@@ -228,13 +229,13 @@ class ConcatIterator(DatasetIterator[Batch]):
         st = self.stats
         st.documents, st.split_documents = st.documents + cut.taken, st.split_documents + cut.split
         st.rows, st.tokens, st.slots = st.rows + rows, st.tokens + n, st.slots + n
-        values = {name: arr[cut.first:cut.first + n] for name, arr in blk.fields.items()}
+        values, like = cut_values(cut), cut.src[0][0]
         self._settle(keep=True)
         if o.attention == "padding":
-            return lay_rows(cut, values, blk.fields, width, o.max_docs_per_row, reset_positions=o.reset_positions,
+            return lay_rows(cut, values, like, width, o.max_docs_per_row, reset_positions=o.reset_positions,
                             mask_first=o.mask_first_token)
         return collate_flat(cut.docs, cut.lengths, values, width, o.max_docs_per_row, self.ds.ctx.task.pad_values,
-                            like=blk.fields, reset_positions=o.reset_positions, mask_first=o.mask_first_token,
+                            like=like, reset_positions=o.reset_positions, mask_first=o.mask_first_token,
                             attention=o.attention)
 
     def __next__(self) -> Batch:

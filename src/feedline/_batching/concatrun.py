@@ -28,14 +28,15 @@ import numpy as np
 from feedline._batching.base import Batch, int_dtype
 from feedline._core.block import ExampleBlock
 
-__all__ = ["RunCut", "lay_rows", "run_rows"]
+__all__ = ["RunCut", "cut_values", "lay_rows", "run_rows"]
 
 
 @dataclass(frozen=True, slots=True)
 class RunCut:
     """A batch of ``len(docs)`` full rows: ``docs`` pieces per row (``row_first``: the index of each
-    row's first), the pieces' ``lengths`` and ``starts`` (in the batch's tokens), which are tokens
-    ``[first, first + sum(lengths))`` of the block's fields; ``taken`` examples taken from the
+    row's first), the pieces' ``lengths`` and ``starts`` (in the batch's tokens), which are the
+    slices ``src`` (fields, start, stop) end to end: the block's, after the carried document's rest
+    when that lies in another block; ``taken`` examples taken from the
     block's ``i``-th on, ``split`` of them cut by a row's end, and the last one's ``rest`` (where
     the next batch continues it; ``None``: it ended with the batch)."""
 
@@ -43,7 +44,7 @@ class RunCut:
     row_first: np.ndarray
     lengths: np.ndarray
     starts: np.ndarray
-    first: int
+    src: list[tuple[dict[str, np.ndarray], int, int]]
     taken: int
     split: int
     rest: int | None
@@ -53,18 +54,24 @@ def run_rows(blk: ExampleBlock, ends: np.ndarray, i: int, carry: tuple[ExampleBl
              width: int, max_docs: int) -> RunCut | None:
     """The next ``rows`` rows of ``width`` tokens from example ``i`` of ``blk`` (``ends``: its examples'
     cumulative lengths; its examples lie back to back in its fields), after the rest of ``carry``
-    (the document being cut, ending where example ``i`` starts); ``None`` where the block ends
-    first, the carry lies elsewhere or fills the batch, or a row would hold over ``max_docs`` pieces."""
+    (the document being cut: in the block, ending where example ``i`` starts, or another block's last
+    when ``i`` is 0); ``None`` where the block ends first, the carry fills the batch, or a row would
+    hold over ``max_docs`` pieces."""
     s0 = int(blk.starts[0])
     at = int(ends[i - 1]) if i else 0  # example i's first token, from s0
     p0 = at
+    n = rows * width
+    head: list[tuple[dict[str, np.ndarray], int, int]] = []
     if carry is not None:
         c, rest = carry
-        cs = int(c.starts[0]) - s0
-        if c.fields is not blk.fields or cs + int(c.lengths[0]) != at:
+        c0, cn = int(c.starts[0]), int(c.lengths[0])
+        if c.fields is blk.fields and c0 - s0 + cn == at:
+            p0 = c0 - s0 + rest
+        elif i == 0 and cn - rest < n:  # the last document of the block before: its rest comes first
+            head = [(c.fields, c0 + rest, c0 + cn)]
+            p0 = at - (cn - rest)
+        else:
             return None
-        p0 = cs + rest
-    n = rows * width
     p1 = p0 + n
     if p1 <= at or p1 > int(ends[-1]):  # the carry fills the batch, or the block ends before it
         return None
@@ -89,7 +96,8 @@ def run_rows(blk: ExampleBlock, ends: np.ndarray, i: int, carry: tuple[ExampleBl
         return None
     split = int(np.count_nonzero(e - p0 > (b // width + 1) * width))
     end = int(e[-1])
-    return RunCut(docs, row_first[:-1], lengths, firsts, s0 + p0, len(e), split, p1 - int(b[-1] + p0) if end > p1 else None)
+    src = [*head, (blk.fields, s0 + max(p0, at), s0 + p1)] if head else [(blk.fields, s0 + p0, s0 + p1)]
+    return RunCut(docs, row_first[:-1], lengths, firsts, src, len(e), split, p1 - int(b[-1] + p0) if end > p1 else None)
 
 
 def lay_rows(cut: RunCut, values: Mapping[str, np.ndarray], like: Mapping[str, np.ndarray], width: int, max_docs: int,
@@ -121,3 +129,11 @@ def lay_rows(cut: RunCut, values: Mapping[str, np.ndarray], like: Mapping[str, n
     batch["cu_seqlens"] = cu
     batch["attention_mask"] = np.ones((rows, width), dtype=np.int32)
     return batch
+
+
+def cut_values(cut: RunCut) -> dict[str, np.ndarray]:
+    """Each field's tokens of the cut, end to end: views of one block, or one copy across two."""
+    if len(cut.src) == 1:
+        fields, lo, hi = cut.src[0]
+        return {name: arr[lo:hi] for name, arr in fields.items()}
+    return {name: np.concatenate([f[name][lo:hi] for f, lo, hi in cut.src]) for name in cut.src[0][0]}
