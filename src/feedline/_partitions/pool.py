@@ -13,10 +13,12 @@ as long is named as well (the worker lives, its pipeline is slow or stuck: it is
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -47,7 +49,9 @@ class WorkerPool:
         self.make_bytes: bytes | None = None   # the pickled factory every worker runs (set before the first get)
         self.restarts = [0] * size
         self.woken = threading.Event()   # a worker said something (set by its receiving stage)
-        self._first = 0   # the worker asked first for its next message (each in turn)
+        # the workers that spoke into an empty queue, in turn (one asked until it has nothing left):
+        # a step asks only those, not every worker (the composer's cost per step does not grow with K)
+        self._spoke: deque[int] = deque()
         self.beat = min(1.0, options.hang_timeout / 8)   # the workers' heartbeat, and how often silence is checked
 
     def owner(self, p: int) -> int:
@@ -61,7 +65,7 @@ class WorkerPool:
             owned = list(range(w, self.k, self.size))
             threads = max(1, usable_cores() // self.size)
             worker = self.procs[w] = WorkerProcess(context(), w, self.make_bytes, owned, self.options.prefetch,
-                                                   threads, self.woken.set, self.beat)
+                                                   threads, functools.partial(self._woke, w), self.beat)
         return worker
 
     def wait(self, p: int | None = None) -> tuple[int, tuple[Any, ...]]:
@@ -91,15 +95,22 @@ class WorkerPool:
                 notices.clear((id(self), "wait", p))
             return w, msg
 
+    def _woke(self, w: int) -> None:
+        """Worker ``w``'s receiving stage queued a message into an empty queue (its thread)."""
+        self._spoke.append(w)
+        self.woken.set()
+
     def _take(self) -> tuple[int, tuple[Any, ...]] | None:
-        """A message already received from a worker in the pool, asking each in turn (never waits)."""
-        for i in range(self.size):
-            w = (self._first + i) % self.size
+        """A message already received from a worker in the pool, from those that spoke, in turn
+        (never waits). A worker leaves the turn only once its queue is empty; a message queued
+        after that puts it back (its stage wakes the pool again), so none is missed."""
+        while self._spoke:
+            w = self._spoke[0]
             worker = self.procs[w]
             msg = worker.take() if worker is not None else None
             if msg is not None:
-                self._first = (w + 1) % self.size
                 return w, msg
+            self._spoke.popleft()
         return None
 
     def pending(self) -> Iterator[tuple[int, tuple[Any, ...]]]:
