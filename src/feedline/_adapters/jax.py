@@ -90,8 +90,8 @@ class JaxLoader:
 
     @property
     def step(self) -> int:
-        """Global steps received so far."""
-        return int(self.state_dict()["step"])
+        """Global steps received so far (the loader's: no state is materialized for it)."""
+        return self.loader.step
 
     def close(self) -> None:
         """Stop the wrapped loader. Idempotent."""
