@@ -44,7 +44,8 @@ real tokens and reads the CPU seconds (user + system) of the whole process tree 
 the fork server, the workers) and of this process alone. K = 0 is the plain loader in this
 process; K = 1 is ``partitions: 1`` in a worker process (``--placement``); K > 1 as for rates.
 Per setting, medians of ``--rounds`` interleaved rounds: tree CPU seconds per million tokens (and
-as a ratio to K = 0 and to K = 1) and the composing process's CPU ms per step.
+as a ratio to K = 0 and to K = 1) and the composing process's CPU ms per step. On 2 cores K = 14
+needs ``--warmup 12``: with less, the window still holds its 14 pipelines' start (0.1 M tok/s).
 """
 
 from __future__ import annotations
