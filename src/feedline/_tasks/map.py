@@ -222,7 +222,8 @@ class TaskMapIterator(DatasetIterator[Example]):
         self.chunk = min(FIRST_CHUNK, ds.chunk)  # the next chunk's most records (ramps up to ds.chunk)
         self.exact: int | None = None  # the next chunk's records, exactly (a restore re-reads its chunk)
         self.current_size = self.chunk  # the size of the chunk current_state points into
-        # chunks of a pre-tokenized run are read and processed together (runahead.py) where they stay in this thread
+        # chunks of a pre-tokenized run are read and processed together (runahead.py) where they stay in this
+        # thread, after the first chunk (the first batch waits for that one only)
         self._runs = isinstance(self.runner, ThreadRunner) and bool(ds.task.inline_runs)
 
     def _submit(self) -> None:
@@ -234,7 +235,7 @@ class TaskMapIterator(DatasetIterator[Example]):
         while not self.exhausted and len(self.inflight) < ahead and (
                 budget is None or not self.inflight or self.inflight_size < budget):
             state = self._next_start if self._next_start is not None else self.parent.get_state()
-            if self.exact is None and self._runs and read_run(self, state):
+            if self.exact is None and self._runs and self.current_state is not None and read_run(self, state):
                 continue
             if self.exact is not None:
                 want, self.exact = self.exact, None
