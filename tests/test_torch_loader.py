@@ -37,6 +37,25 @@ def test_batches_equal_the_numpy_loaders(spec: dict[str, Any], prefetch: int) ->
     assert_batches_equal(ref, as_numpy(got))
 
 
+def test_without_a_feeder_no_state_is_made_whole_until_it_is_read(spec: dict[str, Any],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # with partitions in workers, a whole state is asked of every worker: once per batch was once per step
+    loader = feedline.Loader(spec)
+    made = []
+    whole = loader.state_dict
+    monkeypatch.setattr(loader, "state_dict", lambda: made.append(1) or whole())
+    torch_loader = TorchLoader(loader, prefetch=0, int64=False)
+    it = iter(torch_loader)
+    for _ in range(5):
+        next(it)
+    assert len(made) <= 1   # the start state only
+    assert torch_loader.step == 5 and len(made) <= 1
+    state = torch_loader.state_dict()
+    assert state["step"] == 5
+    rest = as_numpy(list(TorchLoader(spec, prefetch=0, state=json.loads(json.dumps(state)), int64=False)))
+    assert_batches_equal(collect(feedline.Loader(spec))[5:], rest)
+
+
 def test_integer_fields_become_int64_by_default(spec: dict[str, Any]) -> None:
     ref = collect(feedline.Loader(spec), limit=3)
     got = []

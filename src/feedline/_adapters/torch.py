@@ -187,9 +187,10 @@ class TorchLoader(IterableDataset):  # type: ignore[type-arg]
     def _staged_items(self, stager: Stager, feeder: Prefetch | None) -> Iterator[Any]:
         """(staged batch, state) pairs, then ``_END`` or an exception."""
         try:
-            if feeder is None:
+            if feeder is None:   # the state after each batch as a snapshot: made whole only if it is read
+                snapshot = getattr(self.loader, "_state_snapshot", None) or self.loader.state_dict
                 for batch in self.loader:
-                    yield stager(batch), self.loader.state_dict()
+                    yield stager(batch), snapshot()
             else:
                 yield from feeder
             yield _END
