@@ -8,10 +8,8 @@ TEST_STAMP := $(VENV)/.feedline-test-installed
 BENCH_STAMP := $(VENV)/.feedline-bench-installed
 TORCH := torch==2.13.0
 PIP := $(BIN)/python -m pip install -q --disable-pip-version-check
-# Tests run on pytest-xdist workers, one more than the usable cores: a test waits on sockets, subprocesses and
-# timeouts about a third of its time (the suite kept 2 cores 65 % busy on 2 workers), so the extra worker fills the
-# waits. `make test JOBS=1` or `ARGS="-n 0"` runs them in one process.
-JOBS ?= $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)) + 1)" 2>/dev/null || echo auto)
+# Tests run on as many workers as there are cores (pytest-xdist); `make test ARGS="-n 0"` runs them in one process.
+JOBS ?= auto
 
 .PHONY: demo test test-fast lint bench clean
 
