@@ -11,15 +11,43 @@ many records its next chunk holds, from the sizes of the current run, so a chunk
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from feedline._core.dataset import State
 from feedline._core.documents import ID_BYTES, TokenItems, TokenRecords, chunk_steps
 from feedline._core.record import Record, Rejection
+from feedline._core.report import Rejections
+from feedline._sources.reader import Item
 
-# ``it`` below is the calling ``FileSourceIterator`` (typed ``Any``: naming it here would make an import cycle)
-FileSourceIterator = Any
+
+class _Source(Protocol):
+    @property
+    def index(self) -> int: ...
+
+
+class FileSourceIterator(Protocol):
+    """What these functions read and move of the calling
+    :class:`~feedline._sources.source.FileSourceIterator` (a protocol: importing that class here
+    would make an import cycle): its split, position and line, the list of items (or run) being
+    taken from ``_at`` on, and its rejection bookkeeping."""
+
+    @property
+    def src(self) -> _Source: ...
+    rejections: Rejections
+    split: int
+    pos: int | None
+    line: int
+    _items: Any
+    _pending: list[Item] | TokenItems
+    _at: int
+    _delivered: int
+    _watch: bool
+
+    def get_state(self) -> State: ...
+    def _next_item(self, items: Iterator[Any]) -> Any: ...
+    def _check_nothing(self, *, at_end: bool) -> None: ...
 
 __all__ = ["chunk_plan", "run_sizes", "run_states", "take_batched"]
 
@@ -46,6 +74,7 @@ def run_states(it: FileSourceIterator, counts: Sequence[int]) -> list[dict[str, 
     """The cursor's state after taking each of ``counts`` more records (each at most what
     :func:`run_sizes` gave), without taking them: a run moves only the position and line."""
     pend, at = it._pending, it._at
+    assert isinstance(pend, TokenItems), "run_states is asked only inside a run (after run_sizes)"
     base = it.get_state()
     out = []
     for k in counts:
