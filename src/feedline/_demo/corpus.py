@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 __all__ = ["cache_dir", "ensure_demo_assets"]
@@ -41,20 +43,27 @@ def ensure_demo_assets(directory: Path | None = None) -> tuple[Path, Path]:
     d = (directory or cache_dir()) / "demo"
     corpus = d / "corpus.jsonl"
     tok_dir = d / f"tokenizer-bpe-{VOCAB_SIZE}"
-    if not corpus.exists():
+    if not corpus.exists():   # each builder writes a file of its own and renames it in: two at once both finish
         d.mkdir(parents=True, exist_ok=True)
-        tmp = corpus.with_suffix(".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            for p in _paragraphs():
-                f.write(json.dumps({"text": p}) + "\n")
-        os.replace(tmp, corpus)
+        fd, tmp = tempfile.mkstemp(prefix=".corpus-", suffix=".tmp", dir=d)
+        try:
+            with open(fd, "w", encoding="utf-8") as f:
+                for p in _paragraphs():
+                    f.write(json.dumps({"text": p}) + "\n")
+            os.replace(tmp, corpus)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
     if not (tok_dir / "tokenizer.json").exists():
         from feedline._tools.train_tokenizer import train_tokenizer
 
-        tmp_dir = d / f".tok-{os.getpid()}"
-        train_tokenizer([str(corpus)], str(tmp_dir), kind="bpe", vocab_size=VOCAB_SIZE)
+        tmp_dir = Path(tempfile.mkdtemp(prefix=".tok-", dir=d))
         try:
+            train_tokenizer([str(corpus)], str(tmp_dir), kind="bpe", vocab_size=VOCAB_SIZE)
             os.replace(tmp_dir, tok_dir)
-        except OSError:  # another process won the race
-            pass
+        except OSError:  # another builder won the race: its tokenizer is the same
+            if not (tok_dir / "tokenizer.json").exists():
+                raise
+        finally:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
     return corpus, tok_dir
