@@ -8,9 +8,11 @@ worker, its partitions and pid, and the stream goes on after the restart.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,34 @@ import feedline
 from service_helpers import make_spec, start_server, stop, tokenizer_path, write_spec
 
 pytestmark = pytest.mark.timeout(120)
+
+
+@contextlib.contextmanager
+def a_stopped_worker(server_pid: int) -> Iterator[int]:
+    """SIGSTOP the last of the server's worker processes (yields its pid); SIGKILL it after if it still exists."""
+    workers = [p for p in psutil.Process(server_pid).children(recursive=True) if "python" in p.name().lower()]
+    assert len(workers) >= 2, workers
+    victim = workers[-1].pid
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        yield victim
+    finally:
+        if psutil.pid_exists(victim):
+            os.kill(victim, signal.SIGKILL)
+
+
+def drain(it: Iterator[Any], steps: int, take: Callable[[Any], None]) -> threading.Event:
+    """Take ``steps`` batches on a thread (enough that the stopped worker's partition must come round);
+    the event is set when all came."""
+    done = threading.Event()
+
+    def run() -> None:
+        for _ in range(steps):
+            take(next(it))
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    return done
 
 
 @pytest.mark.slow
@@ -41,24 +71,9 @@ def test_a_client_waiting_on_a_stopped_worker_is_told_which_and_the_stream_goes_
         it = iter(loader)
         for _ in range(3):
             got.append(next(it)["input_ids"].shape[0])
-        workers = [p for p in psutil.Process(proc.pid).children(recursive=True) if "python" in p.name().lower()]
-        assert len(workers) >= 2, workers
-        victim = workers[-1].pid
-        os.kill(victim, signal.SIGSTOP)
-        try:
-            with caplog.at_level("WARNING", logger="feedline.service"):
-                done = threading.Event()
-
-                def drain() -> None:   # enough steps that the stopped worker's partition must come round
-                    for _ in range(40):
-                        got.append(next(it)["input_ids"].shape[0])
-                    done.set()
-
-                threading.Thread(target=drain, daemon=True).start()
-                assert done.wait(60), f"the stream did not go on after the worker was restarted ({len(got)} steps)"
-        finally:
-            if psutil.pid_exists(victim):
-                os.kill(victim, signal.SIGKILL)
+        with a_stopped_worker(proc.pid) as victim, caplog.at_level("WARNING", logger="feedline.service"):
+            done = drain(it, 40, lambda b: got.append(b["input_ids"].shape[0]))
+            assert done.wait(60), f"the stream did not go on after the worker was restarted ({len(got)} steps)"
         told = [r.getMessage() for r in caplog.records if "the server says" in r.getMessage()]
         assert any(f"(pid {victim})" in m and "has said nothing" in m for m in told), caplog.text
         loader.close()
@@ -97,30 +112,15 @@ def test_a_client_of_another_stream_is_never_told_of_the_stopped_worker(
         it = iter(loader)
         for _ in range(3):
             next(it)
-        workers = [p for p in psutil.Process(proc.pid).children(recursive=True) if "python" in p.name().lower()]
-        assert len(workers) >= 2, workers
-        victim = workers[-1].pid
-        os.kill(victim, signal.SIGSTOP)
-        try:
-            with caplog.at_level("WARNING", logger="feedline.service"):
-                done = threading.Event()
-
-                def drain() -> None:   # the stopped worker's partition must come round
-                    for _ in range(40):
-                        next(it)
-                    done.set()
-
-                threading.Thread(target=drain, daemon=True).start()
-                while not done.wait(0.2):
-                    other.send(pack("ping"))
-                    while other.poll(0):
-                        h = unpack_header(other.recv())
-                        if h["op"] == "pong":
-                            pongs.append(h.get("stall"))
-                    assert len(pongs) < 300, "the 'slow' stream did not go on after the worker was restarted"
-        finally:
-            if psutil.pid_exists(victim):
-                os.kill(victim, signal.SIGKILL)
+        with a_stopped_worker(proc.pid) as victim, caplog.at_level("WARNING", logger="feedline.service"):
+            done = drain(it, 40, lambda b: None)
+            while not done.wait(0.2):
+                other.send(pack("ping"))
+                while other.poll(0):
+                    h = unpack_header(other.recv())
+                    if h["op"] == "pong":
+                        pongs.append(h.get("stall"))
+                assert len(pongs) < 300, "the 'slow' stream did not go on after the worker was restarted"
         told = [r.getMessage() for r in caplog.records if "the server says" in r.getMessage()]
         assert any(f"(pid {victim})" in m and "has said nothing" in m for m in told), caplog.text  # the notice was there
         assert len(pongs) >= 10
