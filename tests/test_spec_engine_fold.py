@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import feedline._spec.parse as spec_parse
 from feedline import Loader, Spec, SpecError
 
 
@@ -24,6 +25,21 @@ def spec_for(corpus: str, tokenizer: str, **over: Any) -> dict[str, Any]:
 
 def folds(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if "engine" in r.getMessage()]
+
+
+@pytest.fixture(autouse=True)
+def untold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts in a process that has told of no engine section (the warning is once per process)."""
+    monkeypatch.setattr(spec_parse, "_told_engine", set())
+
+
+def test_the_same_engine_section_is_told_of_once_per_process(caplog: pytest.LogCaptureFixture) -> None:
+    base = spec_for("corpus.jsonl", "tok.json")
+    with caplog.at_level(logging.WARNING, logger="feedline"):
+        for _ in range(3):   # spec --check, then the loader, then a worker's rebuild: one line, not three
+            Spec.load({**base, "engine": {"kind": "local", "num_cpus": 4}})
+        Spec.load({**base, "engine": "ray"})   # another section is told of too
+    assert len(folds(caplog)) == 2
 
 
 def test_an_old_engine_spec_reads_as_parallel_with_one_warning_and_the_same_hash(

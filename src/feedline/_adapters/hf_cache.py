@@ -43,7 +43,7 @@ def watch_cache(model: Any) -> None:
         if use is None:
             use = getattr(module.config, "use_cache", False)
         if use and kwargs.get("attention_mask") is None and kwargs.get("past_key_values") is None:
-            log.warning("feedline: packed batches reach %s with its cache on (config.use_cache=True), so Hugging Face "
+            log.warning("packed batches reach %s with its cache on (config.use_cache=True), so Hugging Face "
                         "ignores where documents start and each attends to the documents before it in its row; pass "
                         "use_cache=False to the model call, or set model.config.use_cache = False (docs/adapters.md)",
                         type(module).__name__)

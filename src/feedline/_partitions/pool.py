@@ -87,7 +87,7 @@ class WorkerPool:
                             f"{live.pid if live is not None else '-'}), which is alive but sent none: its pipeline is "
                             "slow or stuck (a transform that never returns?)")
                     notices.post((id(self), "wait", p), note)
-                    log.warning("feedline: %s", note)
+                    log.warning("%s", note)
                 continue
             w, msg = got
             notices.clear((id(self), w))
@@ -134,13 +134,13 @@ class WorkerPool:
                         f"{silent:.0f} s (stopped, or hung); it is killed and restarted from their states after "
                         f"{limit:.0f} s of silence (parallel.hang_timeout)")
                 notices.post((id(self), self.owner(worker.owned[0])), note)
-                log.warning("feedline: %s", note)
+                log.warning("%s", note)
             if silent >= limit:
                 worker.named = -1.0   # killed: once
                 note = (f"killed the worker process of partitions {worker.owned} (pid {worker.pid}), silent for "
                         f"{silent:.0f} s; restarting it from their states")
                 notices.post((id(self), self.owner(worker.owned[0])), note)
-                log.warning("feedline: %s", note)
+                log.warning("%s", note)
                 worker.kill()
 
     def died(self, w: int, most: int) -> WorkerProcess:

@@ -186,6 +186,9 @@ def _transforms(raw: Any, ctx: _Context) -> tuple[TransformSpec, ...]:
     return tuple(out)
 
 
+_told_engine: set[str] = set()   # the engine sections already told of in this process
+
+
 def fold_engine(data: dict[str, Any]) -> dict[str, Any]:
     """``data`` with its old ``engine`` section folded into ``parallel``, told in one warning line.
 
@@ -221,8 +224,11 @@ def fold_engine(data: dict[str, Any]) -> dict[str, Any]:
     shown = ", ".join(f"{k}: {v}" for k, v in moved.items())
     dropped = "; engine.num_cpus is no longer read (a local Ray instance gets every core: start Ray with " \
               "`ray start --head --num-cpus N` or ray.init(num_cpus=N) to size it)" if old.num_cpus is not None else ""
-    log.warning("feedline: spec key engine is folded into parallel: engine: %s reads as parallel: {%s} (the same "
-                "batches, hash and states); write that instead%s", _plain(written), shown, dropped)
+    said = f"{_plain(written)}{dropped}"
+    if said not in _told_engine:   # once per process: a spec is often read twice (a check, then the loader)
+        _told_engine.add(said)
+        log.warning("spec key engine is folded into parallel: engine: %s reads as parallel: {%s} (the same "
+                    "batches, hash and states); write that instead%s", _plain(written), shown, dropped)
     return out
 
 
