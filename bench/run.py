@@ -14,8 +14,9 @@ short records, MLM at 128, every contender, each a ratio to the raw ``tokenizers
 interleaved with it, medians of three; the peers run once), ``startup`` (time to first batch, 1 GB), ``memory`` (peak
 RSS, 100 MB vs 1 GB), ``service`` (``bench/service.py``: one vs eight clients of one server),
 ``profile`` (CPU by thread, ``bench/cpu_profile.py``), and, when their scripts are present,
-``backends`` (``bench/backends.py``: tokenizer backends) and ``pretokenized``
-(``bench/pretokenized.py``: pre-tokenized sources). Each part writes its own JSON under
+``backends`` (``bench/backends.py``: tokenizer backends), ``pretokenized``
+(``bench/pretokenized.py``: pre-tokenized sources against LitData) and ``partitions``
+(``bench/partitions.py --cpu``: CPU per token of worker processes against in-process, the composer's CPU per step). Each part writes its own JSON under
 ``bench/results/``; this script then prints the targets (issues 8 and 15) as ratios from the same
 run and draws ``docs/img/bench_*.png``.
 """
@@ -41,11 +42,19 @@ MODULES = {"throughput": throughput, "startup": startup, "memory": memory}
 PROFILE_COLUMNS = [("thread", "thread", ""), ("cpu_s", "CPU s", ".2f"), ("s_per_mtok", "CPU s / M tok", ".3f"),
                    ("share", "share", ".1%")]
 
-PARTS = ("throughput", "startup", "memory", "service", "profile", "backends", "pretokenized")
+PARTS = ("throughput", "startup", "memory", "service", "profile", "backends", "pretokenized", "partitions")
 PROFILED = ("clm-1024", "clm-1024-short", "mlm-128")
-#: Scripts run as their own processes (a failing one never stops the run); each saves its own JSON
-#: (``<part>.json``), and its printed table is kept beside it (``<part>-run.json``).
-OPTIONAL_SCRIPTS = {"backends": "backends.py", "pretokenized": "pretokenized.py"}
+#: Scripts run as their own processes (a failing one never stops the run), with their arguments for a full and a
+#: quick run; each saves its own JSON (``<part>.json``), and its printed table is kept beside it (``<part>-run.json``).
+OPTIONAL_SCRIPTS: dict[str, tuple[str, list[str], list[str]]] = {
+    "backends": ("backends.py", [], ["--mb", "2", "--rounds", "1"]),
+    "pretokenized": ("pretokenized.py", ["--rounds", "2", "--seconds", "6"], ["--quick"]),
+    "partitions": ("partitions.py",
+                   ["--cpu", "--k", "0,1,8,14", "--rounds", "2", "--warmup", "8", "--seconds", "6",
+                    "--workloads", "clm-short,clm-docs"],
+                   ["--cpu", "--k", "0,1", "--rounds", "1", "--warmup", "2", "--seconds", "2", "--mb", "8",
+                    "--workloads", "clm-short"]),
+}
 WORKLOADS = "clm-1024,clm-1024-short,mlm-128"
 FULL = {"throughput": ["--mb", "512", "--seconds", "8", "--rounds", "3", "--workloads", WORKLOADS],
         "startup": ["--offline-mb", "24"], "memory": ["--seconds", "8"]}
@@ -69,11 +78,12 @@ def run_service(quick: bool) -> None:
 
 def run_optional(part: str, quick: bool) -> None:
     """Run ``bench/<script>`` in its own process; a missing or failing script never stops the run."""
-    script = ROOT / "bench" / OPTIONAL_SCRIPTS[part]
+    name, full, short = OPTIONAL_SCRIPTS[part]
+    script = ROOT / "bench" / name
     if not script.exists():
         print(f"  ({script.name} is not in this checkout: skipped)")
         return
-    cmd = [sys.executable, str(script)] + (["--quick"] if quick and "--quick" in script.read_text() else [])
+    cmd = [sys.executable, str(script), *(short if quick else full)]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=throughput.child_env())
@@ -119,9 +129,14 @@ def targets() -> list[dict[str, Any]]:
         check(name, v, f">= {goal:g}", v is not None and v >= goal)
     hf_only = ratio(rate(mlm, "feedline-hf"), rate(mlm, "raw"))  # shown beside it: tokenizers alone, no word cache
     check("in-process / raw tokenizer (mlm 128, BERT, backend: hf)", hf_only, "(shown)", None)
-    pre = next((r.get("tokens_per_s") for r in (load_json("pretokenized") or {}).get("long", {}).get("rows", [])
-                if r.get("contender") == "parquet-pack"), None)
-    check("pre-tokenized Parquet -> pack 1024, long documents (M tok/s)", pre, ">= 10", pre is not None and pre >= 10)
+    pretok = load_json("pretokenized") or {}
+    for docs, name, goal in (("short", "flat-concat", 1.0), ("long", "flat-concat", 1.0), ("short", "flat-pack", 0.5),
+                             ("short", "parquet-pack", 0.5), ("long", "flat-pack", 1.0), ("long", "megatron-pack", 1.0),
+                             ("long", "arrow-pack", 1.0), ("long", "parquet-pack", 1.0)):
+        rows = pretok.get(docs, {}).get("rows", [])
+        v = ratio(rate(rows, name), rate(rows, "litdata"))
+        check(f"pre-tokenized {name} / LitData in-process, {docs} documents", v, f">= {goal:g}",
+              v is not None and v >= goal)
     same = (load_json("backends") or {}).get("identical")
     check("batches, backend auto vs hf (1 = identical)", None if same is None else float(same), "identical",
           None if same is None else bool(same))
@@ -196,7 +211,7 @@ def report() -> str:
     for name in ("service", *OPTIONAL_SCRIPTS):
         data = load_json(name if name == "service" else f"{name}-run")
         if data and data.get("stdout"):
-            script = OPTIONAL_SCRIPTS.get(name, "service.py")
+            script = OPTIONAL_SCRIPTS[name][0] if name in OPTIONAL_SCRIPTS else "service.py"
             parts.append(f"### {name} (bench/{script})\n\n```\n" + data["stdout"].strip() + "\n```")
     parts.append("### targets (ratios from the same run)\n\n" + table(targets(), [
         ("target", "target", ""), ("value", "value", ".3g"), ("goal", "goal", ""), ("met", "met", "")]))
