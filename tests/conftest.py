@@ -14,6 +14,28 @@ import pytest
 # core left its threads spinning while they waited for a core (15-25 % more CPU in torch-heavy files).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+
+def _preload_feedline_in_the_fork_server() -> None:
+    """Partition workers fork from a server that preloaded numpy, tokenizers, ... (``launch.PRELOAD``)
+    but not feedline, which each worker then imports: test_placements.py took 35 CPU-s, 20 of them
+    in its workers, and takes 17 with feedline preloaded. feedline is left out for a script that put
+    a checkout on ``sys.path`` beside an installed feedline, which the fork server would import
+    instead; the tests import feedline only from where the fork server does (``PYTHONPATH`` or the
+    installed package), so here it goes in. (The test of that case runs a script of its own.)
+
+    The preloads are set here too, as the process's one fork server heeds them only when it starts,
+    and a wikixml source or a torch ``DataLoader`` may start it before any partition worker."""
+    import multiprocessing
+
+    from feedline._partitions import launch
+
+    launch.PRELOAD = (*launch.PRELOAD, "feedline._partitions.worker", "feedline._pipeline", "feedline._loader")
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        multiprocessing.get_context("forkserver").set_forkserver_preload(list(launch.PRELOAD))
+
+
+_preload_feedline_in_the_fork_server()
+
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 TOKENIZERS = SHARED_DATA / "tokenizers"
 
