@@ -180,7 +180,10 @@ def test_a_dataset_pickles_as_its_root_and_calls(data: dict[str, Any]) -> None:
 
 @pytest.mark.slow  # each forkserver worker imports torch: 20-60 s on 2 busy cores
 def test_forkserver_workers_unpickle_the_dataset(data: dict[str, Any], tmp_path: Path) -> None:
-    """A user's script under forkserver (Python 3.14's default; spawn pickles the same way)."""
+    """A user's script under forkserver (Python 3.14's default; spawn pickles the same way). It
+    preloads torch in the fork server, as such a script would: the two workers fork with torch and
+    the script already imported instead of importing them each (the dataset is still unpickled in
+    each worker: the fork server never sees it)."""
     import record_transforms as rt
 
     script = tmp_path / "train.py"
@@ -189,6 +192,7 @@ def test_forkserver_workers_unpickle_the_dataset(data: dict[str, Any], tmp_path:
         "def short(row):\n    return len(row['text']) < 2000\n"
         "def tag(row):\n    return {'n': len(row['text'])}\n"
         "if __name__ == '__main__':\n"
+        "    torch.multiprocessing.set_forkserver_preload(['torch'])\n"
         "    ds = feedline.load_dataset('json', data_files=sys.argv[2:], split='train').filter(short).map(tag)\n"
         "    dl = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2,\n"
         "                                     multiprocessing_context=sys.argv[1])\n"
