@@ -99,6 +99,14 @@ def train_loop(config: dict[str, Any]) -> None:
     loader.close()
 
 
+#: Ray Train's own knobs (read from the driver's environment, passed on to its controller): the
+#: controller polls its workers every 0.25 s, not 2 s (a fit ends that much sooner), and starts no
+#: preemption watcher, metrics or state reconciliation, which a local cluster has no use for (an
+#: actor process less per fit). The test's fits, shards and checkpoints are unchanged.
+RAY_TRAIN_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+                 "RAY_TRAIN_METRICS_ENABLED": "0", "RAY_TRAIN_ENABLE_STATE_ACTOR_RECONCILIATION": "0"}
+
+
 @pytest.fixture(scope="module")
 def ray_session(request: pytest.FixtureRequest) -> Iterator[Any]:
     """The session's local Ray cluster (conftest.py: three one-CPU nodes); this module pickles by value."""
@@ -107,7 +115,10 @@ def ray_session(request: pytest.FixtureRequest) -> Iterator[Any]:
     pytest.importorskip("ray.train.torch")
     request.getfixturevalue("ray_cluster")
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    yield ray
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in RAY_TRAIN_ENV.items():
+            mp.setenv(k, v)
+        yield ray
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
