@@ -84,9 +84,14 @@ def main() -> None:
     loader = JaxLoader(spec, sharding=sharding)
 
     model = TinyLM(feedline.load_tokenizer(tok_path).vocab_size, args.d_model, args.layers, args.seq_len)
-    params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, args.seq_len), jnp.int32))["params"]
+    # parameters and optimizer state replicated on the mesh from the start, each made by one jitted call:
+    # unjitted, init compiles every op on its own; unplaced, the step's output placement differs from its
+    # input's and the step compiles twice
+    replicated = NamedSharding(mesh, PartitionSpec())
+    init = jax.jit(model.init, out_shardings=replicated)
+    params = init(jax.random.PRNGKey(0), jnp.zeros((1, args.seq_len), jnp.int32))["params"]
     opt = optax.adamw(args.lr)
-    opt_state = opt.init(params)
+    opt_state = jax.jit(opt.init, out_shardings=replicated)(params)
 
     @jax.jit
     def train_step(params: Any, opt_state: Any, batch: dict[str, jax.Array]) -> tuple[Any, Any, jax.Array]:

@@ -1,9 +1,11 @@
 """The recipes in docs/recipes.md run as written: each script is copied out of the page and run.
 
-A recipe is the code block after a ``<!-- recipe: NAME -->`` line. The scripts run in fresh
-processes from a directory holding only the page's ``spec.yaml`` (made by its ``make_spec.py``)
-and the demo assets, as a reader would run them; a recipe whose trainer is not installed is
-skipped with the reason. Ray Train's recipe is not run here (see the page).
+A recipe is the code block after a ``<!-- recipe: NAME -->`` line. The scripts run from a
+directory holding only the page's ``spec.yaml`` (made by its ``make_spec.py``) and the demo
+assets, as a reader would run them: the Python ones as ``__main__`` in this process (``runpy``:
+the text as written, without an interpreter start and a torch/transformers import of 3-7 CPU-s
+each), the shell one (``feedline serve`` and torchrun) in its own processes. A recipe whose
+trainer is not installed is skipped with the reason. Ray Train's recipe is not run here (see the page).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import importlib.util
 import json
 import os
 import re
+import runpy
 import shutil
 import socket
 import subprocess
@@ -44,6 +47,23 @@ def run(cwd: Path, *cmd: str, timeout: float = 240) -> str:
     return proc.stdout
 
 
+@pytest.fixture
+def run_here(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):  # type: ignore[no-untyped-def]
+    """``python SCRIPT ARGS`` from a directory, in this process; returns what it printed."""
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+
+    def run_script(cwd: Path, script: str, *args: str) -> str:
+        monkeypatch.chdir(cwd)
+        monkeypatch.setattr(sys, "argv", [script, *args])
+        capsys.readouterr()
+        runpy.run_path(str(cwd / script), run_name="__main__")
+        return capsys.readouterr().out
+
+    return run_script
+
+
 @pytest.fixture(scope="module")
 def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The page's make_spec.py, run once: spec.yaml and the demo assets."""
@@ -72,14 +92,14 @@ def test_the_page_holds_every_recipe() -> None:
                               "train_accelerate.py", "train_lightning.py", "train_jax.py", "train_ray.py"}
 
 
-def test_torch_recipe_trains_and_resumes(workdir: Path) -> None:
+def test_torch_recipe_trains_and_resumes(workdir: Path, run_here) -> None:  # type: ignore[no-untyped-def]
     needs("torch")
     import torch
 
-    out = run(workdir, sys.executable, "train_torch.py")
+    out = run_here(workdir, "train_torch.py")
     assert "rank 0 step 20 " in out, out
     assert torch.load(workdir / "ckpt.pt")["data"]["step"] == 20
-    out = run(workdir, sys.executable, "train_torch.py")   # the page: the second run resumes at 21
+    out = run_here(workdir, "train_torch.py")   # the page: the second run resumes at 21
     assert "rank 0 step 25 " in out and "rank 0 step 40 " in out and "step 20 " not in out, out
     assert torch.load(workdir / "ckpt.pt")["data"]["step"] == 40
 
@@ -95,42 +115,42 @@ def test_torchrun_with_the_service(workdir: Path) -> None:
     assert "rank 0 step 20 " in out and "rank 1 step 20 " in out, out
 
 
-def test_hf_trainer_recipe_saves_the_data_state_of_each_checkpoint(workdir: Path) -> None:
+def test_hf_trainer_recipe_saves_the_data_state_of_each_checkpoint(workdir: Path, run_here) -> None:  # type: ignore[no-untyped-def]
     needs("torch", "transformers", "accelerate")
-    out = run(workdir, sys.executable, "train_hf.py")
+    out = run_here(workdir, "train_hf.py")
     assert "data state after 20 steps" in out, out
     # the pass-through DataLoader reads no batch ahead: each checkpoint's state is its step's
     assert state_step(workdir / "out" / "checkpoint-10" / "feedline_state.json") == 10
     assert state_step(workdir / "out" / "checkpoint-20" / "feedline_state.json") == 20
 
 
-def test_accelerate_recipe(workdir: Path) -> None:
+def test_accelerate_recipe(workdir: Path, run_here) -> None:  # type: ignore[no-untyped-def]
     needs("torch", "accelerate")
-    out = run(workdir, sys.executable, "train_accelerate.py")
+    out = run_here(workdir, "train_accelerate.py")
     assert out.startswith("step 20 loss "), out
     assert state_step(workdir / "acc_ckpt" / "feedline_state.json") == 20
     assert (workdir / "acc_ckpt" / "model.safetensors").exists()
 
 
-def test_lightning_recipe_resumes_model_and_data(workdir: Path) -> None:
+def test_lightning_recipe_resumes_model_and_data(workdir: Path, run_here) -> None:  # type: ignore[no-untyped-def]
     needs("torch", "lightning")
     import torch
 
-    run(workdir, sys.executable, "train_lightning.py")
+    run_here(workdir, "train_lightning.py")
     first = torch.load(workdir / "ckpt" / "last.ckpt", weights_only=False)
     assert (first["global_step"], first["feedline"]["step"]) == (20, 20)  # not 21: the batch read ahead
-    run(workdir, sys.executable, "train_lightning.py", "30")
+    run_here(workdir, "train_lightning.py", "30")
     last = torch.load(workdir / "ckpt" / "last.ckpt", weights_only=False)
     assert (last["global_step"], last["feedline"]["step"]) == (30, 30)
 
 
-def test_jax_recipe(workdir: Path) -> None:
+def test_jax_recipe(workdir: Path, run_here) -> None:  # type: ignore[no-untyped-def]
     needs("jax", "optax")
-    out = run(workdir, sys.executable, "train_jax.py")
+    out = run_here(workdir, "train_jax.py")
     assert out.startswith("step 20 loss "), out
 
 
-def test_readme_quick_start_runs_and_resumes(tmp_path: Path) -> None:
+def test_readme_quick_start_runs_and_resumes(tmp_path: Path, run_here) -> None:  # type: ignore[no-untyped-def]
     readme = (PAGE.parents[1] / "README.md").read_text(encoding="utf-8")
     quick = readme.split("## Quick start", 1)[1]
     code = re.search(r"```python\n(.*?)\n```", quick, re.S)
@@ -141,5 +161,5 @@ def test_readme_quick_start_runs_and_resumes(tmp_path: Path) -> None:
              "assert_batches_equal([next(iter(resumed))], again[3:])\n"
              "print('resumed exactly')\n")
     (tmp_path / "quick.py").write_text(code[1] + check)
-    out = run(tmp_path, sys.executable, "quick.py")
+    out = run_here(tmp_path, "quick.py")
     assert out.splitlines() == ["(8, 128) 3", "resumed exactly"], out
