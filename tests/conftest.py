@@ -122,6 +122,10 @@ class _RayCluster:
             self._cluster = None
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            # pytest's fixture collection probes every conftest attribute for _mock_name, __wrapped__, ...:
+            # delegating those started a cluster (~10 CPU-s and its daemons) in every test process
+            raise AttributeError(name)
         return getattr(self.start(), name)
 
 
