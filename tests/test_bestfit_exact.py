@@ -1,6 +1,7 @@
 """The packer's loop keeps a bin's room in its sorted key only (no room cell per bin): the same
 placements as the loop it replaced, which is kept here as the reference, on random lengths, windows,
-caps and carried bins, flush and restore included."""
+caps and carried bins, flush and restore included; and the held-bin fast path (the last bin kept out of
+the sorted rooms while best fit picks it again) on rooms that tie."""
 
 from __future__ import annotations
 
@@ -101,3 +102,22 @@ def test_placements_equal_the_previous_loop(seed: int) -> None:
     again.flush()
     want.flush()
     assert list(again.ready) == list(want.ready)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_held_bin_fast_path_keeps_best_fit_on_ties(seed: int) -> None:
+    """The loop holds the last bin out of the sorted rooms while best fit would pick it again: with
+    rows of 6-12 and pieces of 1-4, rooms tie often (the oldest bin must win) and the held bin's room
+    falls below other bins' within a few pieces; placements stay the reference's."""
+    rng = random.Random(1000 + seed)
+    capacity, window = rng.randint(6, 12), rng.choice([5, 37, 300])
+    open_bins, max_items = rng.choice([0, 2, 8]), rng.choice([None, 2, 5])
+    got = BestFitPacker[int](capacity, window=window, open_bins=open_bins, max_items=max_items)
+    want = Reference(capacity, window, open_bins, max_items)
+    for i in range(3000):
+        length = rng.randint(1, 4)
+        got.push(length, i)
+        want.push(length, i)
+    got.flush()
+    want.flush()
+    assert list(got.ready) == list(want.ready)
