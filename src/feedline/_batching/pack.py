@@ -39,6 +39,7 @@ from feedline._batching.bestfit import BestFitPacker
 from feedline._batching.compact import CompactBatch
 from feedline._batching.packwindow import WindowRows
 from feedline._batching.pieces import PiecePool
+from feedline._batching.readyrows import ReadyRows, rows_to_gather
 from feedline._batching.rows import Attention, Piece, piece_of, token_fields
 from feedline._core.block import ExampleBlock, exclusive_cumsum
 from feedline._core.dataset import DatasetIterator, State
@@ -153,6 +154,7 @@ class PackIterator(DatasetIterator[Batch]):
         self.stats = FillStats()
         self._window: WindowRows | None = None  # the rows as of the last window (see _window_rows)
         self._taken = 0  # ready rows delivered since _window was taken
+        self._gathered: ReadyRows | None = None  # the next ready rows, gathered (dropped at each window)
 
     def _new_packer(self) -> BestFitPacker[int]:
         o = self.opts
@@ -185,6 +187,7 @@ class PackIterator(DatasetIterator[Batch]):
         rows = itertools.chain(self.packer.ready, self.packer.open_contents())
         self.pool.keep(np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64))
         self._window = None
+        self._gathered = None
 
     def _counts(self, lengths: np.ndarray) -> np.ndarray:
         """Pieces per example: none for an empty one, one up to a row, a row's worth each beyond (``split``)."""
@@ -231,24 +234,40 @@ class PackIterator(DatasetIterator[Batch]):
         self.packer.add_many(lengths.tolist(), ids)
 
     def __next__(self) -> Batch:
-        return self.next_compact().expand()
+        gathered, rows = self._next_rows()
+        batch, tokens = gathered.next_batch(rows)
+        self.stats.tokens += tokens
+        return batch
 
     def next_compact(self) -> CompactBatch:
         """The next batch before layout (:meth:`__next__` lays it out; the service's clients do)."""
-        want = self.ds.ctx.batch_size
-        while len(self.packer.ready) < want and not self.exhausted:
-            self._read_window()
-        if not self.packer.ready:
-            raise StopIteration
-        rows = [self.packer.ready.popleft() for _ in range(min(want, len(self.packer.ready)))]
-        self._taken += len(rows)
-        o = self.opts
-        batch = self.pool.compact(rows, self.max_length, o.max_docs_per_row, self.ds.ctx.task.pad_values,
-                                  mask_first=o.mask_first_token, attention=o.attention)
-        self.stats.rows += len(rows)
+        gathered, rows = self._next_rows()
+        batch = gathered.next_compact(rows)
         self.stats.tokens += batch.tokens()
-        self.stats.slots += len(rows) * self.max_length
         return batch
+
+    def _next_rows(self) -> tuple[ReadyRows, int]:
+        """Take the next batch's rows off the ready queue; returns the gathered rows that hold them
+        next (:mod:`~feedline._batching.readyrows`) and how many."""
+        want = self.ds.ctx.batch_size
+        ready = self.packer.ready
+        while len(ready) < want and not self.exhausted:
+            self._read_window()
+            ready = self.packer.ready
+        if not ready:
+            raise StopIteration
+        rows = min(want, len(ready))
+        if self._gathered is None or self._gathered.left() < rows:
+            o = self.opts
+            self._gathered = ReadyRows(self.pool, list(itertools.islice(ready, rows_to_gather(len(ready), want, self.max_length))),
+                                       self.max_length, o.max_docs_per_row, self.ds.ctx.task.pad_values,
+                                       mask_first=o.mask_first_token, attention=o.attention)
+        for _ in range(rows):
+            ready.popleft()
+        self._taken += rows
+        self.stats.rows += rows
+        self.stats.slots += rows * self.max_length
+        return self._gathered, rows
 
     def _window_rows(self) -> WindowRows:
         """The ready and open rows as of the last window (taken at the first state after it)."""

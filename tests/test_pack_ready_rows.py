@@ -1,0 +1,112 @@
+"""The pack batcher gathers its ready rows several batches at a time and lays batches of full rows
+out straight from their tokens (:mod:`feedline._batching.readyrows`): the batches, compact batches
+and states are those of gathering each batch's rows alone and laying it out with collate_flat, on
+real documents in a flat token file, to the end of the data and across a resume."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import shared
+from feedline import Loader
+from feedline._batching import pack, readyrows
+from feedline._pipeline import Pipeline
+from feedline._spec import Spec
+from feedline._testing import assert_resumes_exactly, collect
+from feedline._tokenize.load import load_tokenizer
+
+EOS = 50256
+
+
+@pytest.fixture(scope="module")
+def flat_file(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The 300 C4 documents as GPT-2 ids with EOS, cut to 5-150 tokens, three times over, as a uint16 file."""
+    texts = [json.loads(line)["text"] for line in shared("prose", "c4_demo.jsonl").read_text(encoding="utf-8").splitlines()]
+    ids = load_tokenizer(str(shared("tokenizers", "gpt2"))).encode_batch(texts)
+    docs = [np.append(ids[i % len(ids)][: 5 + i * 7 % 146], EOS) for i in range(3 * len(ids))]
+    path = tmp_path_factory.mktemp("ready") / "train.bin"
+    np.concatenate(docs).astype(np.uint16).tofile(path)
+    return str(path)
+
+
+def _spec(path: str, max_length: int = 64, **batching: object) -> dict:
+    return {"sources": [{"path": path, "format": "flat", "tokens": {"dtype": "uint16", "eos": EOS}}],
+            "task": {"kind": "clm", "max_length": max_length}, "epochs": 1,
+            "batching": {"strategy": "pack", "batch_size": 6, "window": 200, **batching}}
+
+
+def _one_batch_at_a_time(m: pytest.MonkeyPatch) -> None:
+    """Gather each batch's rows alone and lay them out with collate_flat (the path before)."""
+    def expand(self: readyrows.ReadyRows, rows: int) -> tuple[dict, int]:
+        compact = self.next_compact(rows)
+        return compact.expand(), compact.tokens()
+
+    m.setattr(pack, "rows_to_gather", lambda ready, batch_rows, max_length: min(ready, batch_rows))
+    m.setattr(readyrows.ReadyRows, "next_batch", expand)
+
+
+@pytest.mark.parametrize(("attention", "max_length"), [("padding", 64), ("padding", 12), ("block_causal", 64)])
+def test_gathered_rows_give_the_batches_and_states_of_one_batch_at_a_time(flat_file: str, attention: str, max_length: int,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows of 64 hold several documents (few batches of full rows); rows of 12 are mostly one piece
+    of a longer document (most batches full: laid out by lay_rows)."""
+    spec = _spec(flat_file, max_length, attention=attention)
+    gathered = []
+    real = readyrows.ReadyRows.__init__
+
+    def counting(self: readyrows.ReadyRows, *args: object, **kw: object) -> None:
+        real(self, *args, **kw)  # type: ignore[arg-type]
+        gathered.append(len(self))
+
+    with monkeypatch.context() as m:
+        m.setattr(readyrows.ReadyRows, "__init__", counting)
+        with Loader(spec) as ld:
+            batches, states = collect(ld, with_states=True)
+    assert max(gathered) > 6 and len(batches) > 20   # several batches gathered at once, to the end
+    with monkeypatch.context() as m:
+        _one_batch_at_a_time(m)
+        with Loader(spec) as ld:
+            want, want_states = collect(ld, with_states=True)
+    assert len(batches) == len(want)
+    full = sum(int((b["seq_lens"].sum(axis=1) == max_length).all()) for b in batches)   # batches of full rows
+    assert full > len(batches) // 2 if max_length == 12 else 0 < full < len(batches) - 5, (full, len(batches))
+    for i, (a, b) in enumerate(zip(batches, want, strict=True)):
+        assert list(a) == list(b), i
+        for k in a:
+            assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), (i, k)
+    assert states == want_states
+
+
+def test_compact_batches_are_views_that_lay_out_to_the_batches(flat_file: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """next_compact (the service's path) hands out slices of the gathered rows, fields that share an
+    array still sharing one; laid out, they are the in-process batches. A laid-out batch owns its arrays."""
+    spec = Spec.load(_spec(flat_file))
+    with Loader(spec) as ld:
+        want = collect(ld)
+    it = iter(Pipeline(spec).batches())
+    got = []
+    while True:
+        try:
+            compact = it.next_compact()
+        except StopIteration:
+            break
+        assert compact.values["labels"] is compact.values["input_ids"]
+        got.append(compact.expand())
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        for k in b:
+            assert np.array_equal(a[k], b[k]), k
+    it = iter(Pipeline(spec).batches())
+    first, second = next(it), next(it)
+    for k, v in first.items():
+        assert v.base is None or not np.shares_memory(v, second[k]), k
+    first["input_ids"][:] = -1   # a consumer writing into a batch changes no other
+    assert (next(it)["input_ids"] >= 0).all()
+
+
+@pytest.mark.slow
+def test_gathered_rows_resume_exactly_at_every_step(flat_file: str) -> None:
+    assert assert_resumes_exactly(_spec(flat_file, first_window=8), every=1, check=3) > 20
