@@ -8,6 +8,7 @@ matching prefix wins, so ``feedline._ray.map`` and ``feedline._ray.train`` sit a
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,8 +55,17 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in sorted(SRC.rglob("*.py"))}
 
 
-def imports(module: str) -> Iterator[tuple[str, int]]:
-    """``(imported feedline module, line)`` for every import in ``module``, at any depth."""
+def imports(module: str) -> list[tuple[str, int]]:
+    """``(imported feedline module, line)`` for every import in ``module``, at any depth (parsed once)."""
+    return _imports(module)
+
+
+@functools.cache
+def _imports(module: str) -> list[tuple[str, int]]:
+    return list(_walk_imports(module))
+
+
+def _walk_imports(module: str) -> Iterator[tuple[str, int]]:
     path = MODULES[module]
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -75,7 +85,10 @@ def imports(module: str) -> Iterator[tuple[str, int]]:
                 yield (sub if sub in MODULES else base), node.lineno
 
 
-GRAPH = {m: sorted({t for t, _ in imports(m) if t != m}) for m in MODULES}
+@functools.cache
+def graph() -> dict[str, list[str]]:
+    """Each module's feedline imports; built when a test asks (every test process collects this file)."""
+    return {m: sorted({t for t, _ in imports(m) if t != m}) for m in MODULES}
 
 
 def test_every_import_goes_to_the_same_or_a_lower_layer() -> None:
@@ -99,7 +112,7 @@ def test_the_module_graph_has_no_cycle() -> None:
         index[v] = low[v] = len(index)
         stack.append(v)
         on.add(v)
-        for w in GRAPH.get(v, []):
+        for w in graph().get(v, []):
             if w not in MODULES:
                 continue
             if w not in index:
