@@ -151,6 +151,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         _RAY.start()   # again, where a run of Ray tests was interrupted by others (an unusual order)
 
 
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield   # the test's fixtures first: one may hide ray (sys.modules["ray"] = None) until then
     if not _in_ray_group(nextitem):
         _RAY.stop()
