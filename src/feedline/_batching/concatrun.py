@@ -22,14 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
 from feedline._batching.base import Batch, int_dtype
 from feedline._core.block import ExampleBlock
 
-__all__ = ["FullRows", "RunCut", "cut_values", "lay_rows", "run_rows"]
+__all__ = ["RunCut", "cut_values", "lay_rows", "run_rows"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,21 +100,7 @@ def run_rows(blk: ExampleBlock, ends: np.ndarray, i: int, carry: tuple[ExampleBl
     return RunCut(docs, row_first[:-1], lengths, firsts, src, len(e), split, p1 - int(b[-1] + p0) if end > p1 else None)
 
 
-class FullRows(Protocol):
-    """Full rows by their pieces (a :class:`RunCut`; the pack batcher's gathered rows): ``docs`` per
-    row, each row's first piece, the pieces' lengths and starts in the rows' tokens end to end."""
-
-    @property
-    def docs(self) -> np.ndarray: ...
-    @property
-    def row_first(self) -> np.ndarray: ...
-    @property
-    def lengths(self) -> np.ndarray: ...
-    @property
-    def starts(self) -> np.ndarray: ...
-
-
-def lay_rows(cut: FullRows, values: Mapping[str, np.ndarray], like: Mapping[str, np.ndarray], width: int, max_docs: int,
+def lay_rows(cut: RunCut, values: Mapping[str, np.ndarray], like: Mapping[str, np.ndarray], width: int, max_docs: int,
              *, reset_positions: bool, mask_first: bool) -> Batch:
     """:func:`~feedline._batching.rows.collate_flat` of a cut's full rows (``attention: padding``): each
     field's slice reshaped, positions, ``seq_lens`` and ``cu_seqlens`` from the pieces' starts."""

@@ -17,6 +17,7 @@ lookup (:func:`lookup_refs`)::
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -137,8 +138,8 @@ class PiecePool:
                 mask_first: bool, attention: Attention) -> CompactBatch:
         """Rows of kept piece ids as a :class:`~feedline._batching.compact.CompactBatch` (their
         tokens gathered, not yet laid out)."""
-        docs = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
-        ids = np.fromiter((i for r in rows for i in r), dtype=np.int64, count=int(docs.sum()))
+        docs = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        ids = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(docs.sum()))
         k = self._rows(ids)
         lengths = self._lengths[k]
         at = self._at[k]

@@ -1,33 +1,33 @@
-"""The pack batcher's next ready rows, gathered together: a batch's tokens are a slice of them.
+"""The pack batcher's next ready rows, gathered together: a batch is slices of them.
 
 Gathering a batch's tokens from the pool (:meth:`~feedline._batching.pieces.PiecePool.compact`)
-costs a dozen numpy calls and an index of the batch's tokens, whatever the batch holds. The rows
-that wait in the packer's ``ready`` queue are gathered in one call instead (whole batches, up to
-~256 K tokens), and each batch is the next rows' slices of them::
+and laying it out (:func:`~feedline._batching.rows.collate_flat`) cost a few dozen numpy calls
+whatever the batch holds. Every part of a packed row depends on that row's pieces only, so the
+rows that wait in the packer's ``ready`` queue are gathered in one call (whole batches, up to
+~256 K tokens), their counts (``seq_lens``, ``cu_seqlens``, tokens per row, where each piece
+starts) and their tokens' positions computed once, and each batch is the next rows' slices::
 
-    ready rows (queue)   r0 r1 ... r15 | r16 ... r31 | r32 ...   gathered once
-    batch 1              rows [0, 16)   (a slice of each field, of the pieces' lengths)
+    ready rows (queue)   r0 r1 ... r15 | r16 ... r31 | r32 ...   gathered, counted once
+    batch 1              rows [0, 16)   tokens and positions laid out, counts copied
     batch 2                              rows [16, 32)
 
-A batch of full rows (long documents: most rows are one piece) is laid out straight from its
-tokens (:func:`~feedline._batching.concatrun.lay_rows`), others as before
-(:meth:`~feedline._batching.compact.CompactBatch.expand`). The batches are the ones the per-batch
-path gives, array for array.
+The batches are the ones the per-batch path gives, array for array (laying every gathered row
+out at once and copying each batch's rows out measured no faster: that part is bound by memory).
+Block masks (``attention: block_diagonal``/``block_causal``) are laid out a batch at a time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from feedline._batching.base import Batch
+from feedline._batching.base import Batch, int_dtype
 from feedline._batching.compact import CompactBatch
-from feedline._batching.concatrun import lay_rows
 from feedline._batching.pieces import PiecePool
-from feedline._batching.rows import Attention
+from feedline._batching.rows import Attention, _piece_positions, _RowFill
+from feedline.errors import TaskError
 
 __all__ = ["ReadyRows", "rows_to_gather"]
 
@@ -45,16 +45,34 @@ def rows_to_gather(ready: int, batch_rows: int, max_length: int) -> int:
 class ReadyRows:
     """Rows of kept piece ids gathered as one compact batch, handed out a batch at a time."""
 
-    __slots__ = ("_piece_at", "_token_at", "compact", "taken")
+    __slots__ = ("_cu", "_first", "_piece_at", "_positions", "_seq_lens", "_token_at", "_totals", "compact", "taken")
 
     def __init__(self, pool: PiecePool, rows: Sequence[Sequence[int]], max_length: int, max_docs: int,
                  pad_values: Mapping[str, Any], *, mask_first: bool, attention: Attention) -> None:
-        self.compact = pool.compact(rows, max_length, max_docs, pad_values, mask_first=mask_first, attention=attention)
-        self._piece_at = np.zeros(len(rows) + 1, dtype=np.int64)   # each row's first piece (and the end)
-        np.cumsum(self.compact.docs, out=self._piece_at[1:])
-        self._token_at = np.zeros(len(self.compact.lengths) + 1, dtype=np.int64)   # each piece's first token
-        np.cumsum(self.compact.lengths, out=self._token_at[1:])
+        c = self.compact = pool.compact(rows, max_length, max_docs, pad_values, mask_first=mask_first, attention=attention)
+        n, docs, lengths = len(rows), c.docs, c.lengths
+        self._piece_at = np.zeros(n + 1, dtype=np.int64)   # each row's first piece (and the end)
+        np.cumsum(docs, out=self._piece_at[1:])
+        self._token_at = np.zeros(len(lengths) + 1, dtype=np.int64)   # each piece's first token
+        np.cumsum(lengths, out=self._token_at[1:])
         self.taken = 0
+        if attention != "padding":   # laid out a batch at a time (CompactBatch.expand)
+            return
+        # the parts of the layout that are counts per piece, for every gathered row at once (as
+        # collate_flat computes them for a batch): seq_lens, cu_seqlens, each row's tokens, each
+        # piece's first token in the laid-out rows, and each token's position in its piece
+        if int(docs.max(initial=0)) > max_docs:
+            raise TaskError(f"a packed row holds {int(docs.max())} documents but max_docs_per_row is {max_docs}")
+        row_first = np.repeat(self._piece_at[:-1], docs)   # per piece: its row's first piece
+        self._seq_lens = np.zeros((n, max_docs), dtype=np.int32)
+        self._seq_lens.reshape(-1)[np.arange(len(lengths)) + np.repeat(np.arange(n) * max_docs, docs) - row_first] = lengths
+        self._cu = np.zeros((n, max_docs + 1), dtype=np.int32)
+        np.cumsum(self._seq_lens, axis=1, out=self._cu[:, 1:])
+        self._totals = self._cu[:, -1].astype(np.int64)
+        if int(self._totals.max(initial=0)) > max_length:
+            raise TaskError(f"a packed row holds {int(self._totals.max())} tokens but max_length is {max_length}")
+        self._first = self._token_at[:-1] - self._token_at[row_first] + np.repeat(np.arange(n) * max_length, docs)
+        self._positions = _piece_positions(lengths)
 
     def __len__(self) -> int:
         return len(self.compact.docs)
@@ -82,28 +100,26 @@ class ReadyRows:
                             c.mask_first, c.attention)
 
     def next_batch(self, rows: int) -> tuple[Batch, int]:
-        """The next ``rows`` rows laid out, and their real tokens: full rows straight from their
-        tokens (:func:`~feedline._batching.concatrun.lay_rows`: one copy per field and fewer passes),
-        others by :meth:`CompactBatch.expand` (laying every gathered row out at once and copying each
-        batch's rows out of it measured no faster: the layout is bound by memory, not calls)."""
+        """The next ``rows`` rows laid out (what :meth:`CompactBatch.expand` gives), and their real
+        tokens: their tokens (and positions) laid out as collate_flat lays them, their counts sliced
+        from the gathered rows'."""
         c = self.compact
-        compact = self.next_compact(rows)
-        tokens = compact.tokens()
-        if c.attention != "padding" or tokens != rows * c.max_length:
-            return compact.expand(), tokens
-        a = self.taken - rows
-        p0 = int(self._piece_at[a])
-        starts = self._token_at[p0:p0 + len(compact.lengths)] - self._token_at[p0]
-        full = _Full(compact.docs, self._piece_at[a:a + rows] - p0, compact.lengths, starts)
-        return lay_rows(full, compact.values, c.values, c.max_length, c.max_docs, reset_positions=True,
-                        mask_first=c.mask_first), tokens
-
-
-@dataclass(frozen=True, slots=True)
-class _Full:
-    """Full rows as :func:`~feedline._batching.concatrun.lay_rows` takes them."""
-
-    docs: np.ndarray
-    row_first: np.ndarray
-    lengths: np.ndarray
-    starts: np.ndarray
+        if c.attention != "padding":
+            compact = self.next_compact(rows)
+            return compact.expand(), compact.tokens()
+        a, b = self._take(rows)
+        p0, p1 = int(self._piece_at[a]), int(self._piece_at[b])
+        t0, t1 = int(self._token_at[p0]), int(self._token_at[p1])
+        width = c.max_length
+        fill = _RowFill(self._totals[a:b], width)
+        batch: Batch = {}
+        for name, v in c.values.items():
+            batch[name] = fill.lay(v[t0:t1], c.pad_values.get(name, 0), int_dtype(name, v))
+        if "labels" in batch and c.mask_first:
+            labels = batch["labels"]
+            labels.reshape(rows * width, *labels.shape[2:])[self._first[p0:p1] - a * width] = -100
+        batch["position_ids"] = fill.lay(self._positions[t0:t1], 0, np.dtype(np.int32))
+        batch["seq_lens"] = self._seq_lens[a:b].copy()
+        batch["cu_seqlens"] = self._cu[a:b].copy()
+        batch["attention_mask"] = fill.lay(None, 0, np.dtype(np.int32))
+        return batch, t1 - t0
