@@ -327,3 +327,23 @@ def test_a_turn_the_template_rewrites_is_rejected_and_counted() -> None:
     ex = same.process([Record((0, 0, 0), 0, conv)])[0][0]
     trained = [same.tok.decode(ex.fields["input_ids"][s:e]) for s, e in _runs(ex.fields["labels"] != -100)]
     assert trained == ["HELLO<|im_end|>\n", "SEE YOU<|im_end|>\n"]
+
+
+@pytest.mark.parametrize("family", ["bert-base-uncased", "t5", "qwen2.5"])
+def test_the_special_tokens_given_to_a_template_are_those_of_the_transformers_tokenizer(family: str) -> None:
+    """Templates get ``bos_token``, ``eos_token``, ... from :attr:`Tokenizer.special_tokens_map`, which must
+    equal the ``special_tokens_map`` of the ``transformers`` tokenizer that used to be built for them."""
+    tok = load_tokenizer(str(shared("tokenizers", family)))
+    assert tok.special_tokens_map and tok.special_tokens_map == dict(tok.hf.special_tokens_map)
+
+
+def test_a_chat_task_renders_without_building_a_transformers_tokenizer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building one took 0.2-1.6 s a tokenizer (Qwen3.5's vocabulary: 1.6 s), in every process that renders."""
+    from feedline._tokenize.tokenizer import Tokenizer
+
+    def no_hf(self: Tokenizer) -> None:
+        raise AssertionError("the chat task built a transformers tokenizer")
+
+    monkeypatch.setattr(Tokenizer, "hf", property(no_hf))
+    outs = _task("qwen2.5").process([Record((0, 0, i), 0, r) for i, r in enumerate(_rows("oasst")[:3])])
+    assert all(isinstance(o, list) for o in outs)
