@@ -41,14 +41,11 @@ __all__ = ["FrameReader", "FrameWriter"]
 
 _PREFIX = struct.Struct("<II")
 _SIZE = struct.Struct("<Q")
-#: The most out-of-band buffers one message may announce (a batch has one per field); more means the
-#: stream is corrupt.
+#: The most out-of-band buffers one message may announce (a batch has one per field; a "many"
+#: message one per field of each batch in it); more means the stream is corrupt.
 MAX_BUFFERS = 1 << 16
 _WAITALL = getattr(socket, "MSG_WAITALL", 0)
 _IOV_MAX = 512   # buffers per sendmsg/recvmsg call (the system's limit is at least 1024)
-#: The worker's socket send buffer asked for (the system caps it: ``net.core.wmem_max``): room for a
-#: few batches, so the worker's main thread, which makes them, does not wait for the parent to read each.
-SEND_BUFFER = 4 << 20
 
 
 class _Pickler(pickle.Pickler):
@@ -89,11 +86,6 @@ class FrameWriter:
         self.conn = conn
         self.sock = _socket_of(conn)
         self.sent: OrderedDict[bytes, Any] = OrderedDict()   # what went whole lately (a pack window: see shipping)
-        if self.sock is not None:   # room for a few batches: a send returns without waiting for the reader
-            try:
-                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
-            except OSError:
-                pass
 
     def send(self, msg: Any) -> None:
         """Write ``msg``; its contiguous arrays go after the header as they are.

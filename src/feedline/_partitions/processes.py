@@ -10,9 +10,9 @@ the state after it only every :data:`~feedline._partitions.streams.ANCHOR_EVERY`
 others stay in the worker until a state is read (a checkpoint: asked of the worker, or made again
 here from the last one sent where the worker no longer keeps it), so a batch's state is pickled
 only when needed; where every step's state is read (the service) each batch carries its own. A
-stage per worker receives them (a :class:`Prefetch` over its pipe). A worker makes a partition's
-batch only on credit, so at most ``parallel.prefetch`` batches per partition are made ahead of the
-composing stage, and memory is bounded; it runs its partitions on its main thread, taking turns.
+stage per worker receives them (a :class:`Prefetch` over its pipe). At most ``parallel.prefetch``
+batches per partition are on their way to the composing stage (credit) and as many made ahead in
+the worker, so memory is bounded.
 
 **Warm start.** A worker needs a while before its first batch (a process, its imports, the
 tokenizer): until it says it is ready, its partitions run here, on threads (as ``threads`` runs
@@ -205,6 +205,15 @@ class ProcessPlacement(Placement):
             for p in self.pool.get(w).owned:
                 if p in self.streams:
                     self.streams[p].on_ready()
+        elif kind == "many":  # several messages the worker had ready at once: all kept, then any error raised
+            failure = None
+            for one in msg[1]:
+                try:
+                    self._handle(w, one)
+                except Exception as e:
+                    failure = failure or e
+            if failure is not None:
+                raise failure
         else:
             stream = self.streams.get(msg[2])
             if stream is not None and stream.gen == msg[1]:  # else of an earlier start of the partition

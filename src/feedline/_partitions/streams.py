@@ -3,8 +3,8 @@
 :class:`WorkerStream` is partition ``p`` of a :class:`~feedline._partitions.processes.ProcessPlacement`
 (its :class:`Router`: it routes the workers' messages to the partitions' streams): started from its state (``("start", gen, {p: state})``),
 it receives its batches with the states after them into a queue of its own, returns credit to the
-worker ``prefetch // 2`` batches at a time (the worker makes a batch only on credit: at most
-``parallel.prefetch`` made and not yet handed out), and keeps the state after the last batch it handed out. Its
+worker ``prefetch // 2`` batches at a time (at most ``parallel.prefetch`` batches on their way, and
+as many made ahead in the worker), and keeps the state after the last batch it handed out. Its
 generation (``gen``, new at every open and ``set_state``) tells its messages from those of an
 earlier start of the partition, which are dropped. When its worker dies the stream begins again
 from that state once the new worker is ready, so the stream goes on exactly.

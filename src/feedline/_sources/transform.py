@@ -25,7 +25,6 @@ by ``Loader.stats()["filtered"]`` (they are not rejections); beside them the rej
 
 from __future__ import annotations
 
-import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -51,12 +50,6 @@ def steps_of(specs: Sequence[TransformSpec]) -> list[Step]:
         at = defined_at(fn)
         out.append((t.kind, fn, f"transforms[{i}] ({t.kind} {t.name}{f', {at}' if at else ''})"))
     return out
-
-
-def _ctrl_c_lands_here() -> bool:
-    """Whether a ``KeyboardInterrupt`` here may be a Ctrl-C: on the main thread, where SIGINT is not
-    ignored (a partition worker ignores it and runs its pipeline on its main thread: there it is user code's)."""
-    return threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) != signal.SIG_IGN
 
 
 class Transform(Dataset[Record]):
@@ -92,7 +85,7 @@ class Transform(Dataset[Record]):
                 at = raised_at(e, fn)
                 self._fail(key, f"{name} raised {type(e).__name__}{f' at {at}' if at else ''}: {e}", e)
             except (SystemExit, KeyboardInterrupt) as e:  # user code's: no Ctrl-C lands off the main thread
-                if isinstance(e, KeyboardInterrupt) and _ctrl_c_lands_here():
+                if isinstance(e, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
                     raise
                 at = raised_at(e, fn)
                 self._fail(key, f"{name} raised {type(e).__name__}({e}){f' at {at}' if at else ''} (a transform "

@@ -313,8 +313,7 @@ class ParallelSpec:
             or ``auto`` (``processes`` when ``partitions > 1``, else ``threads``). With
             ``partitions: 1``, ``processes`` or ``ray`` runs the one pipeline there (the same
             batches and states as in this process; its Python off this process's GIL).
-        processes: worker processes for ``processes`` (0: one per partition, at most the cores);
-            a worker with several partitions makes their batches in turns, on its main thread.
+        processes: worker processes for ``processes`` (0: one per partition, at most the cores).
         map: where the task's per-record work (tokenizing) runs: ``local`` (threads of the pipeline
             that reads the records, wherever it runs) or ``ray`` (chunks of records as Ray tasks on
             the cluster at ``address``, while the pipeline reads, mixes, shuffles and batches); the
