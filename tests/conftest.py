@@ -51,8 +51,16 @@ def shared(*parts: str) -> Path:
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Keep feedline's cache (demo corpus, tokenizers) out of the user's home during tests."""
-    cache = os.environ.get("FEEDLINE_TEST_CACHE") or str(tmp_path_factory.getbasetemp() / "feedline-cache")
-    monkeypatch.setenv("FEEDLINE_CACHE", cache)
+    monkeypatch.setenv("FEEDLINE_CACHE", run_cache_dir(tmp_path_factory))
+
+
+def run_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One cache a run: xdist workers (basetemp ``.../pytest-N/popen-gwK``) share ``.../pytest-N/feedline-cache``,
+    so the demo corpus and the demo/example tokenizers are built once, not once a worker (their builders
+    write a temporary and rename it in, so two workers building at once both finish with whole files)."""
+    base = tmp_path_factory.getbasetemp()
+    run = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    return os.environ.get("FEEDLINE_TEST_CACHE") or str(run / "feedline-cache")
 
 
 @pytest.fixture(scope="session")
