@@ -65,7 +65,9 @@ def id_lists(table: Any, column: str, path: str) -> tuple[np.ndarray, np.ndarray
         nulls |= bad[offsets[1:]] != bad[offsets[:-1]]
         child = pc.fill_null(child, 0)
     values = _numpy(child)
-    if values.size and (values.max() > np.iinfo(np.int32).max or values.min() < np.iinfo(np.int32).min):
+    # (a column of int32 or narrower holds nothing outside int32: no pass over its values to find out)
+    if values.size and not np.can_cast(values.dtype, np.int32) and (
+            values.max() > np.iinfo(np.int32).max or values.min() < np.iinfo(np.int32).min):
         raise SourceError(f"{path}: column {column!r} holds values outside int32 ({values.min()}..{values.max()}); "
                           "these are not token ids")
     return values.astype(np.int32, copy=False), offsets, nulls
