@@ -35,10 +35,16 @@ def one_group(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """C4 documents (cycled to ROWS rows, each numbered) and their GPT-2 ids, in one row group."""
     from tokenizers import Tokenizer
 
-    docs = [json.loads(line)["text"] for line in shared("prose", "c4_demo.jsonl").open(encoding="utf-8")]
-    texts = [f"{i}: {docs[i % len(docs)][:300]}" for i in range(ROWS)]
+    docs = [json.loads(line)["text"][:300] for line in shared("prose", "c4_demo.jsonl").open(encoding="utf-8")]
+    texts = [f"{i}: {docs[i % len(docs)]}" for i in range(ROWS)]
     tok = Tokenizer.from_file(str(shared("tokenizers", "gpt2", "tokenizer.json")))
-    ids = [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+    # each of the 300 documents encoded once (not 55 times): GPT-2 never merges across "12:" and " The",
+    # so a row's ids are those of its number and colon, then those of its document with the space
+    heads = [e.ids for e in tok.encode_batch([f"{i}:" for i in range(ROWS)], add_special_tokens=False)]
+    bodies = [e.ids for e in tok.encode_batch([f" {d}" for d in docs], add_special_tokens=False)]
+    ids = [heads[i] + bodies[i % len(docs)] for i in range(ROWS)]
+    sample = [0, 1, len(docs) + 7, ROWS - 1]
+    assert [e.ids for e in tok.encode_batch([texts[i] for i in sample], add_special_tokens=False)] == [ids[i] for i in sample]
     path = tmp_path_factory.mktemp("one-group") / "one.parquet"
     pq.write_table(pa.table({"text": texts, "ids": pa.array(ids, pa.list_(pa.int32()))}), path, row_group_size=ROWS)
     assert pq.ParquetFile(path).metadata.num_row_groups == 1
