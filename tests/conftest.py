@@ -15,26 +15,17 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def _preload_feedline_in_the_fork_server() -> None:
-    """Partition workers fork from a server that preloaded numpy, tokenizers, ... (``launch.PRELOAD``)
-    but not feedline, which each worker then imports: test_placements.py took 35 CPU-s, 20 of them
-    in its workers, and takes 17 with feedline preloaded. feedline is left out for a script that put
-    a checkout on ``sys.path`` beside an installed feedline, which the fork server would import
-    instead; the tests import feedline only from where the fork server does (``PYTHONPATH`` or the
-    installed package), so here it goes in. (The test of that case runs a script of its own.)
+def _start_the_fork_server_with_feedlines_preloads() -> None:
+    """The process's one fork server heeds its preloads only when it starts, and a torch
+    ``DataLoader`` in a test may start it before any partition worker; set them at once (feedline's
+    own modules included: the tests import feedline from where the fork server does)."""
+    import feedline._partitions.launch  # noqa: F401  (registers the worker's modules)
+    from feedline._core import forkserver
 
-    The preloads are set here too, as the process's one fork server heeds them only when it starts,
-    and a wikixml source or a torch ``DataLoader`` may start it before any partition worker."""
-    import multiprocessing
-
-    from feedline._partitions import launch
-
-    launch.PRELOAD = (*launch.PRELOAD, "feedline._partitions.worker", "feedline._pipeline", "feedline._loader")
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        multiprocessing.get_context("forkserver").set_forkserver_preload(list(launch.PRELOAD))
+    forkserver.context()
 
 
-_preload_feedline_in_the_fork_server()
+_start_the_fork_server_with_feedlines_preloads()
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 TOKENIZERS = SHARED_DATA / "tokenizers"

@@ -250,11 +250,8 @@ WORKER_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
-def test_workers_run_the_parents_feedline_not_another_on_the_default_path(corpus: str, small_tokenizer: str,
-                                                                          tmp_path: Path) -> None:
-    """The fork server imports its preloads with the interpreter's default path (the installed
-    feedline here): were feedline preloaded, the workers would run it, not the parent's copy."""
+def _copy_that_marks_its_importers(tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of feedline whose worker module notes the pid of each process that imports it."""
     import shutil
 
     import feedline
@@ -262,15 +259,36 @@ def test_workers_run_the_parents_feedline_not_another_on_the_default_path(corpus
     copy = tmp_path / "checkout"
     shutil.copytree(Path(feedline.__file__).parent, copy / "feedline", ignore=shutil.ignore_patterns("__pycache__"))
     marks = tmp_path / "marks"
-    worker_py = copy / "feedline" / "_partitions" / "worker.py"  # the copy says where each process imported it
+    worker_py = copy / "feedline" / "_partitions" / "worker.py"
     worker_py.write_text(worker_py.read_text() + f"\nimport os as _os\nopen({str(marks)!r}, 'a').write(f'{{_os.getpid()}}\\n')\n")
-    script = tmp_path / "run.py"
-    script.write_text(WORKER_SCRIPT)
+    (tmp_path / "run.py").write_text(WORKER_SCRIPT)
+    return copy, marks
+
+
+@pytest.mark.slow
+def test_workers_run_the_parents_feedline_not_another_on_the_default_path(corpus: str, small_tokenizer: str,
+                                                                          tmp_path: Path) -> None:
+    """The fork server imports its preloads with the interpreter's default path (the installed
+    feedline here): were feedline preloaded, the workers would run it, not the parent's copy."""
+    copy, marks = _copy_that_marks_its_importers(tmp_path)
     s = spec(corpus, small_tokenizer, 2, "processes", epochs=None)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    subprocess.run([sys.executable, str(script), str(copy), repr(s)], check=True, timeout=120, env=env, cwd=tmp_path)
+    subprocess.run([sys.executable, "run.py", str(copy), repr(s)], check=True, timeout=120, env=env, cwd=tmp_path)
     pids = set(marks.read_text().split())
     assert len(pids) >= 3, f"the workers imported another feedline: only {len(pids)} process(es) imported the copy"
+
+
+@pytest.mark.slow
+def test_workers_fork_with_feedline_imported_where_the_server_finds_the_same_copy(corpus: str, small_tokenizer: str,
+                                                                                  tmp_path: Path) -> None:
+    """With the copy on ``PYTHONPATH`` the fork server imports that very feedline, so it preloads it:
+    the parent and the server import the worker module, and no worker imports it again."""
+    copy, marks = _copy_that_marks_its_importers(tmp_path)
+    s = spec(corpus, small_tokenizer, 2, "processes", epochs=None)
+    env = {**os.environ, "PYTHONPATH": str(copy)}
+    subprocess.run([sys.executable, "run.py", str(copy), repr(s)], check=True, timeout=120, env=env, cwd=tmp_path)
+    pids = marks.read_text().split()
+    assert len(pids) == len(set(pids)) == 2, f"{len(pids)} imports of the worker module, in {len(set(pids))} processes"
 
 
 @pytest.mark.slow

@@ -10,14 +10,9 @@ closes (it died, or it was stopped). The thread notes when the worker was last h
 (:attr:`WorkerProcess.heard`; its heartbeats, ``("alive",)``, go no further), which is how the
 placement tells a silent worker from a slow one.
 
-Workers are started with ``forkserver`` where the platform has it, with the heavy third-party
-modules preloaded (:data:`PRELOAD`: a fork of a server that already imported numpy, pyarrow and
-the tokenizers saves most of a fresh interpreter's imports), and ``spawn`` elsewhere. Neither
-forks the parent, which holds threads and Rayon pools: the fork server is a fresh single-threaded
-process. feedline itself is not preloaded: the fork server imports its preloads with the
-interpreter's default ``sys.path``, not the parent's (CPython 3.10-3.13), so a parent running a
-checkout put on ``sys.path`` by a script, beside an installed feedline, would get workers running
-the installed one; a worker imports feedline after the fork, from the parent's path.
+Workers start from the process's one fork server (:mod:`feedline._core.forkserver`), which
+preloads the heavy third-party modules and, where it would import this very copy, the feedline
+modules a worker runs (registered below); ``spawn`` where the platform has no fork server.
 The factory travels pickled once, as bytes (:func:`pickled`), so a spec that cannot cross to a
 process fails in the caller, with the fix, before anything starts.
 """
@@ -26,29 +21,27 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
-import sys
 import threading
 import time
 from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from typing import Any
 
+from feedline._core.forkserver import context, preload_own
 from feedline._core.prefetch import Prefetch
 from feedline._partitions.frames import FrameReader
 from feedline._partitions.worker import run_worker
 from feedline.errors import FeedlineError, SpecError
 
-__all__ = ["DEAD", "MAIN_GUARD", "PRELOAD", "WorkerProcess", "context", "importing_main", "pickled"]
+__all__ = ["DEAD", "MAIN_GUARD", "WorkerProcess", "context", "importing_main", "pickled"]
 
 DEAD = "dead"
 ALIVE = "alive"
 STATE = "state"
 #: Messages of one worker received and not yet taken, at most (its batches are fewer: credit bounds them).
 RECEIVED = 1024
-#: Modules the fork server imports before it forks workers, those of them this process has imported.
-PRELOAD = ("numpy", "pyarrow", "pyarrow.parquet", "tokenizers", "fastokens", "zstandard", "orjson", "msgpack",
-           "yaml", "sentencepiece")
-
+#: A worker runs these; the fork server preloads them where it would import this copy of feedline.
+preload_own("feedline._partitions.worker", "feedline._pipeline", "feedline._loader")
 
 #: What a script that starts a processes Loader at import time must do.
 MAIN_GUARD = ("worker processes import the script's main module: a script that makes and iterates its Loader at "
@@ -59,16 +52,6 @@ def importing_main() -> bool:
     """Whether this process is a worker still importing its parent's main module
     (``multiprocessing``'s bootstrap: a Loader made at import time, without a main guard)."""
     return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
-
-
-def context() -> BaseContext:
-    """``forkserver`` (preloading :data:`PRELOAD`) where the platform has it, else ``spawn``."""
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        ctx = multiprocessing.get_context("forkserver")
-        # heeded when the server starts (the first worker of this process); never feedline: see the module docstring
-        ctx.set_forkserver_preload([m for m in PRELOAD if m in sys.modules])
-        return ctx
-    return multiprocessing.get_context("spawn")
 
 
 def pickled(make: Any) -> bytes:

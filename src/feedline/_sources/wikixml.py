@@ -31,13 +31,13 @@ import atexit
 import collections
 import concurrent.futures as cf
 import logging
-import multiprocessing as mp
 import os
 import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from feedline._core import forkserver
 from feedline._core.record import Rejection
 from feedline._sources.files import codec_of, is_url, size_of
 from feedline._sources.lines import LineReader, _broken, _locate, _shrank, _shrunk, is_broken, open_decoded
@@ -205,6 +205,7 @@ def parse_workers() -> int:
     return os.cpu_count() or 1
 
 
+forkserver.preload_own(__name__)  # the parse processes run this module's _parse_group
 _pool_lock = threading.Lock()
 _pools: dict[int, _Pool] = {}
 
@@ -221,8 +222,7 @@ class _Pool:
 
     def _start(self) -> None:
         try:
-            method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-            ex = cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context(method))
+            ex = cf.ProcessPoolExecutor(self.workers, mp_context=forkserver.context())  # the process's one server
             self.warm = [ex.submit(_warm) for _ in range(self.workers)]
             atexit.register(ex.shutdown, wait=False, cancel_futures=True)
             self.executor = ex
