@@ -26,8 +26,7 @@ import numpy as np
 from feedline._batching.base import Batch, int_dtype
 from feedline._batching.compact import CompactBatch
 from feedline._batching.pieces import PiecePool
-from feedline._batching.rows import Attention, _piece_positions, _RowFill
-from feedline.errors import TaskError
+from feedline._batching.rows import Attention, _piece_positions, _RowFill, row_counts
 
 __all__ = ["ReadyRows", "rows_to_gather"]
 
@@ -58,20 +57,8 @@ class ReadyRows:
         self.taken = 0
         if attention != "padding":   # laid out a batch at a time (CompactBatch.expand)
             return
-        # the parts of the layout that are counts per piece, for every gathered row at once (as
-        # collate_flat computes them for a batch): seq_lens, cu_seqlens, each row's tokens, each
-        # piece's first token in the laid-out rows, and each token's position in its piece
-        if int(docs.max(initial=0)) > max_docs:
-            raise TaskError(f"a packed row holds {int(docs.max())} documents but max_docs_per_row is {max_docs}")
-        row_first = np.repeat(self._piece_at[:-1], docs)   # per piece: its row's first piece
-        self._seq_lens = np.zeros((n, max_docs), dtype=np.int32)
-        self._seq_lens.reshape(-1)[np.arange(len(lengths)) + np.repeat(np.arange(n) * max_docs, docs) - row_first] = lengths
-        self._cu = np.zeros((n, max_docs + 1), dtype=np.int32)
-        np.cumsum(self._seq_lens, axis=1, out=self._cu[:, 1:])
-        self._totals = self._cu[:, -1].astype(np.int64)
-        if int(self._totals.max(initial=0)) > max_length:
-            raise TaskError(f"a packed row holds {int(self._totals.max())} tokens but max_length is {max_length}")
-        self._first = self._token_at[:-1] - self._token_at[row_first] + np.repeat(np.arange(n) * max_length, docs)
+        # the layout's counts (what collate_flat computes for a batch), for every gathered row at once
+        self._seq_lens, self._cu, self._totals, self._first = row_counts(docs, lengths, max_length, max_docs)
         self._positions = _piece_positions(lengths)
 
     def __len__(self) -> int:

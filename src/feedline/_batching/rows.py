@@ -32,7 +32,7 @@ from feedline._core.block import exclusive_cumsum
 from feedline._core.record import Example
 from feedline.errors import TaskError
 
-__all__ = ["Attention", "Piece", "collate_flat", "collate_rows", "flat_cu_seqlens", "piece_of", "token_fields"]
+__all__ = ["Attention", "Piece", "collate_flat", "collate_rows", "flat_cu_seqlens", "piece_of", "row_counts", "token_fields"]
 
 Attention = Literal["padding", "block_diagonal", "block_causal"]
 
@@ -103,20 +103,7 @@ def collate_flat(docs: np.ndarray, lengths: np.ndarray, values: Mapping[str, np.
     """
     like = values if like is None else like
     n = len(docs)
-    if docs.max(initial=0) > max_docs:
-        raise TaskError(f"a packed row holds {int(docs.max())} documents but max_docs_per_row is {max_docs}")
-    # Every piece of the batch at once, through flat indices (one store per array): its slot in
-    # ``seq_lens`` (row * max_docs + index in the row) and its first token's place in the
-    # batch (row * max_length + the row's tokens before it).
-    rows = np.arange(n, dtype=np.int64)
-    seq_lens = np.zeros((n, max_docs), dtype=np.int32)
-    seq_lens.reshape(-1)[np.arange(len(lengths)) + np.repeat(rows * max_docs - exclusive_cumsum(docs), docs)] = lengths
-    totals = seq_lens.sum(axis=1, dtype=np.int64)
-    if totals.max(initial=0) > max_length:
-        raise TaskError(f"a packed row holds {int(totals.max())} tokens but max_length is {max_length}")
-    cu = np.zeros((n, max_docs + 1), dtype=np.int32)
-    np.cumsum(seq_lens, axis=1, out=cu[:, 1:])
-    first = exclusive_cumsum(lengths) + np.repeat(rows * max_length - exclusive_cumsum(totals), docs)
+    seq_lens, cu, totals, first = row_counts(docs, lengths, max_length, max_docs)
     first = first[lengths > 0]   # an empty piece marks no token
     fill = _RowFill(totals, max_length)
     batch: Batch = {}
@@ -149,6 +136,32 @@ def collate_flat(docs: np.ndarray, lengths: np.ndarray, values: Mapping[str, np.
 #: Up to this many rows, a batch that is not full is laid out row by row (a slice per row and field:
 #: ~1 us each) rather than through one boolean mask over every place of the batch.
 _ROW_BY_ROW = 32
+
+
+def row_counts(docs: np.ndarray, lengths: np.ndarray, max_length: int,
+               max_docs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The counts of packed rows given as ``docs`` pieces per row and each piece's length: per row its
+    ``seq_lens`` (``max_docs`` wide), ``cu_seqlens`` and tokens; per piece its first token's place in
+    the laid-out rows (row * max_length + the row's tokens before it).
+
+    Raises:
+        TaskError: a row holds over ``max_docs`` pieces or over ``max_length`` tokens.
+    """
+    n = len(docs)
+    if docs.max(initial=0) > max_docs:
+        raise TaskError(f"a packed row holds {int(docs.max())} documents but max_docs_per_row is {max_docs}")
+    # every piece at once, through flat indices (one store per array): its slot in ``seq_lens`` is
+    # row * max_docs + its index in the row
+    rows = np.arange(n, dtype=np.int64)
+    seq_lens = np.zeros((n, max_docs), dtype=np.int32)
+    seq_lens.reshape(-1)[np.arange(len(lengths)) + np.repeat(rows * max_docs - exclusive_cumsum(docs), docs)] = lengths
+    totals = seq_lens.sum(axis=1, dtype=np.int64)
+    if totals.max(initial=0) > max_length:
+        raise TaskError(f"a packed row holds {int(totals.max())} tokens but max_length is {max_length}")
+    cu = np.zeros((n, max_docs + 1), dtype=np.int32)
+    np.cumsum(seq_lens, axis=1, out=cu[:, 1:])
+    first = exclusive_cumsum(lengths) + np.repeat(rows * max_length - exclusive_cumsum(totals), docs)
+    return seq_lens, cu, totals, first
 
 
 class _RowFill:
