@@ -4,6 +4,7 @@ llm.c). Fixtures are real text (C4 documents) tokenized with the real GPT-2 toke
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +91,25 @@ def test_each_layout_delivers_its_documents_in_order(layout: str, layouts: dict[
         assert rec["input_ids"].tolist() == want.tolist()
     if "labels" in case:
         assert [r["labels"].tolist() for r in recs[:5]] == [x.tolist() for x in case["labels"][:5]]
+
+
+def test_parquet_row_groups_are_decoded_ahead_each_once(layouts: dict[str, dict], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each row group but the first is decoded on a read-ahead thread while the group before it is
+    read (the next epoch's first included), each exactly once, and the records are those of the file."""
+    reads: list[tuple[int, str]] = []
+    read_row_group = pq.ParquetFile.read_row_group
+
+    def spy(self: pq.ParquetFile, i: int, *args: object, **kwargs: object) -> pa.Table:
+        reads.append((i, threading.current_thread().name))
+        return read_row_group(self, i, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", spy)
+    case = layouts["parquet"]
+    recs = list(records({"sources": [case["source"]], "task": {"kind": "clm"}, "epochs": 2}))
+    assert [r["input_ids"].tolist() for r in recs] == [x.tolist() for x in case["docs"]] * 2
+    groups = pq.ParquetFile(case["source"]["path"]).metadata.num_row_groups
+    assert sorted(i for i, _ in reads) == sorted(list(range(groups)) * 2)  # (threads append in any order)
+    assert [i for i, name in reads if name != "feedline-read-ahead"] == [0]
 
 
 def test_detection(layouts: dict[str, dict]) -> None:

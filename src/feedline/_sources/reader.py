@@ -75,6 +75,11 @@ class Reader(ABC):
         (:class:`~feedline._core.documents.TokenItems`), or ``None`` where the reader has no such path."""
         return None
 
+    def read_ahead(self, split: Split) -> None:
+        """A hint: ``split`` is read next, from its start. A reader whose splits cost much to decode
+        (Parquet row groups) may start decoding it in the background; the default does nothing."""
+        return None
+
     def fetch(self, path: str, positions: Sequence[int]) -> dict[int, dict[str, Any]]:
         """Re-read the records at ``positions``; the default scans the file once."""
         wanted = set(positions)

@@ -34,7 +34,7 @@ from feedline._sources.cache import ObjectCache
 from feedline._sources.deal import deal, fingerprint, moved_share
 from feedline._sources.files import expand, is_url, use_cache
 from feedline._sources.reader import Item, Reader, Split, detect_format, reader_class
-from feedline._sources.taking import chunk_plan, run_sizes, run_states, take_batched
+from feedline._sources.taking import chunk_plan, following_split, run_sizes, run_states, take_batched
 from feedline._spec import SourceSpec
 from feedline.errors import RecordError, SourceError, StateError
 
@@ -262,6 +262,8 @@ class FileSourceIterator(DatasetIterator[Record]):
                 self._batched = batches is not None
                 self._items = batches if batches is not None else reader.read(sp, self.pos, self.line)
                 self._pending, self._at = [], 0
+                if (following := following_split(self)) is not None:
+                    reader.read_ahead(following)
                 return True
             if self.src.partitions > 1 and self._delivered == 0 and self.epoch == 0:
                 return False  # this partition's share holds no record it can deliver (none, or all rejected: they

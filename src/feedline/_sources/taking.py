@@ -19,12 +19,17 @@ from feedline._core.dataset import State
 from feedline._core.documents import ID_BYTES, TokenItems, TokenRecords, chunk_steps
 from feedline._core.record import Record, Rejection
 from feedline._core.report import Rejections
-from feedline._sources.reader import Item
+from feedline._sources.reader import Item, Split
 
 
 class _Source(Protocol):
     @property
     def index(self) -> int: ...
+    @property
+    def splits(self) -> list[Split]: ...
+    epochs: int | None
+
+    def order(self, epoch: int) -> list[int]: ...
 
 
 class FileSourceIterator(Protocol):
@@ -37,9 +42,11 @@ class FileSourceIterator(Protocol):
     def src(self) -> _Source: ...
     rejections: Rejections
     split: int
+    epoch: int
     pos: int | None
     line: int
     _items: Any
+    _order: list[int] | None
     _pending: list[Item] | TokenItems
     _at: int
     _delivered: int
@@ -49,7 +56,18 @@ class FileSourceIterator(Protocol):
     def _next_item(self, items: Iterator[Any]) -> Any: ...
     def _check_nothing(self, *, at_end: bool) -> None: ...
 
-__all__ = ["chunk_plan", "run_sizes", "run_states", "take_batched"]
+__all__ = ["chunk_plan", "following_split", "run_sizes", "run_states", "take_batched"]
+
+
+def following_split(it: FileSourceIterator) -> Split | None:
+    """The split the cursor reads after its current one (the next epoch's first after the last);
+    ``None`` after the last epoch's last (a hint for :meth:`~feedline._sources.reader.Reader.read_ahead`)."""
+    order, n = it._order or [], it.split + 1
+    if n < len(order):
+        return it.src.splits[order[n]]
+    if it.src.epochs is not None and it.epoch + 1 >= it.src.epochs:
+        return None
+    return it.src.splits[it.src.order(it.epoch + 1)[0]]
 
 
 def chunk_plan(it: FileSourceIterator, most: int, budget: int) -> int | None:
