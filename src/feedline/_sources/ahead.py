@@ -2,37 +2,42 @@
 
 A reader told which split comes next (:meth:`~feedline._sources.reader.Reader.read_ahead`) starts
 its decoding here; reading that split then takes the result (:meth:`Ahead.result`, waiting for
-the thread if it has not finished) instead of decoding it again. The decoder must release the GIL
-for this to gain anything (Arrow's Parquet reader does). It runs on a plain thread of its own, one
-per split: nothing outlives the decoding, nothing is shared with the reading thread but the result.
+it if it is not done) instead of decoding it again. The decoder must release the GIL for this to
+gain anything (Arrow's Parquet reader does). Every reader of the process shares one thread
+(``feedline-read-ahead``, started on first use, again in a forked child): starting a thread per
+split made the reading thread wait for the new one to be scheduled, milliseconds on a busy machine.
 A failure there is not raised: the result is ``None`` and the reader decodes the split as before,
 where the same error is raised with its usual message.
 """
 
 from __future__ import annotations
 
-import threading
+import os
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 __all__ = ["Ahead"]
 
+_pool: tuple[int, ThreadPoolExecutor] | None = None  # (the process it serves, the pool)
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None or _pool[0] != os.getpid():  # a forked child has the pool but not its thread
+        _pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="feedline-read-ahead"))
+    return _pool[1]
+
 
 class Ahead:
-    """``decode(*args)`` running on a thread."""
+    """``decode(*args)`` running on the read-ahead thread."""
 
     def __init__(self, decode: Callable[..., Any], *args: Any) -> None:
-        self._out: Any = None
-        self._thread = threading.Thread(target=self._run, args=(decode, args), name="feedline-read-ahead")
-        self._thread.start()
-
-    def _run(self, decode: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        try:
-            self._out = decode(*args)
-        except Exception:  # met again where the split is decoded as before (see the module docstring)
-            self._out = None
+        self._future: Future[Any] = _executor().submit(decode, *args)
 
     def result(self) -> Any:
-        """What ``decode`` returned (``None`` where it failed), once the thread is done."""
-        self._thread.join()
-        return self._out
+        """What ``decode`` returned (``None`` where it failed), once it is done."""
+        try:
+            return self._future.result()
+        except Exception:  # met again where the split is decoded as before (see the module docstring)
+            return None
