@@ -3,6 +3,7 @@
     python bench/gpu_node.py                          # the node: CUDA, BERT-base and GPT-2 small
     python bench/gpu_node.py --wheels /path/to/wheels # first install pyzmq/zstandard/fastokens from wheels
     python bench/gpu_node.py --quick                  # anywhere (CPU): tiny models, few steps, short windows
+    python bench/gpu_node.py --workloads clm-short --workers 0 --partitions 8,14 --skip-training   # a part
 
 Needs only this repository (``src`` is put on the path) and what such a node has (torch,
 transformers, tokenizers, pyarrow, msgpack, aiohttp); ``pyzmq`` is needed for the service runs
@@ -175,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", help="default: cuda when available, else cpu")
     ap.add_argument("--data-root", help="the shared data directory (default: shared/data inside or beside the checkout)")
     ap.add_argument("--wheels", help="a folder of wheels to install pyzmq/zstandard/fastokens from, if missing")
+    ap.add_argument("--workloads", help="the scaling workloads (default: all of bench/scaling.py's)")
     ap.add_argument("--workers", help="the workers curve (default 0,1,4,14; quick 1,14)")
     ap.add_argument("--partitions", help="the K curve, in processes (default 2,8,14 where the spec has partitions; quick 2)")
     ap.add_argument("--seconds", type=float, help="scaling window (default 2.5; quick 1)")
@@ -212,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     t0, result = time.perf_counter(), {"environment": env, "args": vars(args)}
     if not args.skip_scaling:
         places = "processes" if "parallel" in scaling.spec_fields() and args.partitions else ""
-        sargs = argparse.Namespace(workloads=",".join(scaling.WORKLOADS), workers=args.workers,
+        sargs = argparse.Namespace(workloads=args.workloads or ",".join(scaling.WORKLOADS), workers=args.workers,
                                    partitions=("1," + args.partitions) if places else "", placements=places,
                                    mb=args.mb, seconds=args.seconds, warmup=args.warmup, rounds=1, timeout=args.timeout)
         rows = scaling.run(sargs)
