@@ -251,9 +251,9 @@ def test_bucket_keeps_vector_fields_whole(tmp_path, small_tokenizer: str) -> Non
 
 @pytest.mark.parametrize("mean", [1, 3, 70, 1000])
 def test_span_indices_and_piece_positions_match_the_per_piece_definition(mean: int) -> None:
-    """``spans`` and ``_piece_positions`` built from arange and repeat (no cumulative sum) give, piece
+    """``spans`` and ``piece_positions`` built from arange and repeat (no cumulative sum) give, piece
     by piece, ``starts[i] + 0..lengths[i]-1`` and ``0..lengths[i]-1``, empty pieces included."""
-    from feedline._batching.rows import _piece_positions
+    from feedline._batching.rows import piece_positions
     from feedline._core.block import gather_spans, spans
 
     rng = np.random.default_rng(mean)
@@ -262,7 +262,7 @@ def test_span_indices_and_piece_positions_match_the_per_piece_definition(mean: i
         starts = rng.integers(0, 10**9, n)
         want = [s + k for s, m in zip(starts.tolist(), lengths.tolist(), strict=True) for k in range(m)]
         assert spans(starts, lengths).tolist() == want
-        got = _piece_positions(lengths)
+        got = piece_positions(lengths)
         assert got.dtype == np.int32 and got.tolist() == [k for m in lengths.tolist() for k in range(m)]
         buf = np.arange(5000 + 2 * mean, dtype=np.int64) * 7  # gathered as slices or through an index
         starts %= 5000

@@ -26,7 +26,7 @@ import numpy as np
 from feedline._batching.base import Batch, int_dtype
 from feedline._batching.compact import CompactBatch
 from feedline._batching.pieces import PiecePool
-from feedline._batching.rows import Attention, _piece_positions, _RowFill, row_counts
+from feedline._batching.rows import Attention, RowFill, piece_positions, row_counts
 
 __all__ = ["ReadyRows", "rows_to_gather"]
 
@@ -59,7 +59,7 @@ class ReadyRows:
             return
         # the layout's counts (what collate_flat computes for a batch), for every gathered row at once
         self._seq_lens, self._cu, self._totals, self._first = row_counts(docs, lengths, max_length, max_docs)
-        self._positions = _piece_positions(lengths)
+        self._positions = piece_positions(lengths)
 
     def __len__(self) -> int:
         return len(self.compact.docs)
@@ -98,7 +98,7 @@ class ReadyRows:
         p0, p1 = int(self._piece_at[a]), int(self._piece_at[b])
         t0, t1 = int(self._token_at[p0]), int(self._token_at[p1])
         width = c.max_length
-        fill = _RowFill(self._totals[a:b], width)
+        fill = RowFill(self._totals[a:b], width)
         batch: Batch = {}
         for name, v in c.values.items():
             batch[name] = fill.lay(v[t0:t1], c.pad_values.get(name, 0), int_dtype(name, v))
