@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from xdist_groups import pytest_collection_modifyitems  # noqa: F401  (--dist loadgroup on pytest 9.2)
+
 # One OpenMP thread for torch in the test processes and every process they start (set before any
 # test module imports torch): with an xdist worker on each core, torch's default of a thread per
 # core left its threads spinning while they waited for a core (15-25 % more CPU in torch-heavy files).
