@@ -20,6 +20,7 @@ fewer passes (every row is full and the pieces' starts are known).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -81,7 +82,8 @@ def run_rows(blk: ExampleBlock, ends: np.ndarray, i: int, carry: tuple[ExampleBl
     b[0] = at
     b[1:] = e[:-1]
     b -= p0  # the new documents' starts in the batch (0 for the first when nothing is carried)
-    firsts = np.concatenate([b, np.arange(0, n, width)])  # pieces start at documents' and rows' starts
+    bounds = _grid(rows, width, max_docs)[2]  # each row's first token, and the batch's end
+    firsts = np.concatenate([b, bounds[:-1]])  # pieces start at documents' and rows' starts
     firsts.sort()
     keep = np.empty(len(firsts), dtype=bool)
     keep[0] = True
@@ -90,7 +92,7 @@ def run_rows(blk: ExampleBlock, ends: np.ndarray, i: int, carry: tuple[ExampleBl
     lengths = np.empty(len(firsts), dtype=np.int64)
     np.subtract(firsts[1:], firsts[:-1], out=lengths[:-1])
     lengths[-1] = n - firsts[-1]
-    row_first = np.searchsorted(firsts, np.arange(0, n + 1, width))  # each row's first piece (and the end)
+    row_first = np.searchsorted(firsts, bounds)  # each row's first piece (and the end)
     docs = row_first[1:] - row_first[:-1]
     if int(docs.max()) > max_docs:
         return None
@@ -104,24 +106,27 @@ def lay_rows(cut: RunCut, values: Mapping[str, np.ndarray], like: Mapping[str, n
              *, reset_positions: bool, mask_first: bool) -> Batch:
     """:func:`~feedline._batching.rows.collate_flat` of a cut's full rows (``attention: padding``): each
     field's slice reshaped, positions, ``seq_lens`` and ``cu_seqlens`` from the pieces' starts."""
-    rows, pieces = len(cut.docs), len(cut.lengths)
+    rows = len(cut.docs)
     n = rows * width
+    count, slot0, _ = _grid(rows, width, max_docs)
     batch: Batch = {}
     for name, arr in like.items():
         v = values[name]
         batch[name] = v.reshape(rows, width, *v.shape[1:]).astype(int_dtype(name, arr), copy=True)
-    if reset_positions:
-        flat = np.arange(n, dtype=np.int32)
-        flat -= np.repeat(cut.starts.astype(np.int32), cut.lengths)
-        positions = flat.reshape(rows, width)
+    positions: np.ndarray
+    if reset_positions:  # each token's index in the batch less its piece's first (computed in place)
+        positions = np.repeat(cut.starts.astype(np.int32), cut.lengths)
+        np.subtract(count, positions, out=positions)
+        positions = positions.reshape(rows, width)
     else:
-        positions = np.broadcast_to(np.arange(width, dtype=np.int32), (rows, width)).copy()
+        positions = np.broadcast_to(count[:width], (rows, width)).copy()
     if "labels" in batch and mask_first:
         labels = batch["labels"]
         labels.reshape(n, *labels.shape[2:])[cut.starts] = -100
     batch["position_ids"] = positions
+    slot = np.repeat(slot0 - cut.row_first, cut.docs)  # each piece's place in seq_lens: its row's, plus
+    slot += count[:len(cut.lengths)]                     # its index among the row's pieces
     seq_lens = np.zeros((rows, max_docs), dtype=np.int32)
-    slot = np.arange(pieces) + np.repeat(np.arange(rows) * max_docs - cut.row_first, cut.docs)
     seq_lens.reshape(-1)[slot] = cut.lengths
     cu = np.zeros((rows, max_docs + 1), dtype=np.int32)
     np.cumsum(seq_lens, axis=1, out=cu[:, 1:])
@@ -129,6 +134,17 @@ def lay_rows(cut: RunCut, values: Mapping[str, np.ndarray], like: Mapping[str, n
     batch["cu_seqlens"] = cu
     batch["attention_mask"] = np.ones((rows, width), dtype=np.int32)
     return batch
+
+
+@functools.lru_cache(maxsize=8)
+def _grid(rows: int, width: int, max_docs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A batch's ``0, 1, ..., rows * width - 1`` (int32), each row's first place in ``seq_lens`` and
+    each row's first token and the batch's end (read-only; made once per shape, not per batch)."""
+    count = np.arange(rows * width, dtype=np.int32)
+    slot0 = np.arange(rows, dtype=np.int64) * max_docs
+    bounds = np.arange(0, rows * width + 1, width, dtype=np.int64)
+    count.flags.writeable = slot0.flags.writeable = bounds.flags.writeable = False
+    return count, slot0, bounds
 
 
 def cut_values(cut: RunCut) -> dict[str, np.ndarray]:

@@ -101,12 +101,7 @@ def _process(runner: Any, recs: Any, bounds: np.ndarray) -> list[Any]:
 
 def run_end(it: Any) -> int:
     """Where the run of the task map iterator ``it``'s current chunk (which has one) ends in the run's
-    block, over the chunks queued after it."""
-    run, at = it.current.base
-    end = at + len(it.current)
-    for entry in it.inflight:
-        h = entry[2]
-        if not isinstance(h, ExampleBlock) or h.base is None or h.base[0] is not run:
-            break
-        end = h.base[1] + len(h)
-    return end  # type: ignore[no-any-return]
+    block, over the chunks queued after it: the block's end, as a run's chunks are queued together
+    and in order and cover its block (:func:`_process`), and a restore or release drops the queue
+    with the current chunk. (Walking the queued chunks to their end cost ~9 us a batch.)"""
+    return len(it.current.base[0])
