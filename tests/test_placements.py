@@ -468,10 +468,12 @@ def test_the_composing_process_loads_no_tokenizer_where_the_workers_encode(corpu
 
 
 @pytest.mark.slow
-def test_warm_start_makes_no_batch_twice(corpus: str, small_tokenizer: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """When a worker is ready, its partitions' threads here finish the batch they are making and stop;
-    the worker starts after the last of them. The threads used to run on, prefetching, while the worker
-    made again every batch they handed out meanwhile: those were dropped, and what they had prefetched too."""
+def test_warm_start_makes_again_at_most_the_batch_a_thread_was_making(corpus: str, small_tokenizer: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """When a worker is ready, its partitions' threads here are cut: what they queued is handed out, the
+    worker starts after the last of it, and the batch a thread was making is dropped (the worker makes
+    it). The threads used to run on, prefetching, while the worker made again every batch they handed
+    out meanwhile: those were dropped, and what they had prefetched too."""
     from feedline._core import prefetch
 
     handed: dict[int, int] = {}
@@ -497,7 +499,7 @@ def test_warm_start_makes_no_batch_twice(corpus: str, small_tokenizer: str, monk
     loader.close()
     want = collect(Loader(spec(corpus, small_tokenizer, 2, "threads", epochs=None)), limit=len(got))
     assert_batches_equal(want, got, "warm start handed over without making a batch twice")
-    assert closed and all(made == out for made, out in closed), closed
+    assert closed and all(out <= made <= out + 1 for made, out in closed), closed
 
 
 @pytest.mark.slow

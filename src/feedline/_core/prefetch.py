@@ -33,10 +33,11 @@ compete for the GIL, while the consumer is still finishing the element it took (
 releases after making its stream wait for the batch, so its ``next()`` returns in microseconds
 rather than after the thread's next burst of work).
 
-:meth:`finish` asks the thread to stop after the element it is making, keeping what it made: the
-consumer takes those, then ``StopIteration`` with :attr:`Prefetch.finished` set, and
-:meth:`get_state` is the state after the last element made (a handover: a warm-started worker
-starts there, and no element is made twice).
+:meth:`cut` stops the thread at once, keeping the elements it queued: the consumer takes those,
+then ``StopIteration`` with :attr:`Prefetch.finished` set; ``cut`` returns the state after the last
+of them (a handover: a warm-started worker starts there at once, while they are taken). The element
+the thread was making is dropped, never handed out (at most one element's work lost), and the
+thread is not waited for (``detach=True``: it leaves its parent in the background).
 
 State: exactly the parent's state (a prefetch stage adds no fields of its own), so a state
 saved with or without prefetching resumes either way.
@@ -47,6 +48,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -66,12 +68,6 @@ class _End:
 
     def __init__(self, state: State | None) -> None:
         self.state = state
-
-
-class _Finished:
-    """The thread stopped on :meth:`Prefetch.finish`, after the elements before it."""
-
-    __slots__ = ()
 
 
 class _Failed:
@@ -134,8 +130,8 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=0 if hold else depth)
         self._slots = threading.Semaphore(depth)  # hold: the queue's bound, freed by release()
         self._stop = threading.Event()
-        self._finish = threading.Event()
-        #: The thread stopped on :meth:`finish` and every element it made was taken.
+        self._kept: deque[Any] | None = None   # cut: what the thread had queued, handed out next
+        #: The thread was :meth:`cut` and every element it had queued was taken.
         self.finished = False
         self.pulled = 0  # elements the thread took from the parent since the last (re)start
 
@@ -156,17 +152,19 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
     def _take(self, block: bool) -> tuple[Any, State] | None:
         if self._ended:
             raise StopIteration
-        if self._thread is None:
-            self._start()
-        self.release()
-        item = self._get() if block else self._get_nowait()
-        if item is None:
-            return None
-        self._held = self.hold
-        if isinstance(item, _Finished):
-            self._ended = self.finished = True
-            self._halt()
-            raise StopIteration
+        if self._kept is not None:   # cut: what the thread had queued, then the end
+            if not self._kept:
+                self._ended = self.finished = True
+                raise StopIteration
+            item = self._kept.popleft()
+        else:
+            if self._thread is None:
+                self._start()
+            self.release()
+            item = self._get() if block else self._get_nowait()
+            if item is None:
+                return None
+            self._held = self.hold
         if isinstance(item, _End):
             self._ended = True
             self.end_state = item.state
@@ -211,9 +209,24 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
             self._held = False
             self._slots.release()
 
-    def finish(self) -> None:
-        """Stop making elements after the one in the making; those made are still handed out (see the module docstring)."""
-        self._finish.set()
+    def cut(self) -> State | None:
+        """Stop the thread now, keeping what it queued (see the module docstring): the state after
+        the last element kept (after the last handed out, where none is), or ``None`` where the
+        stream's end or an error is among them (handed out in turn: nothing comes after it)."""
+        kept: deque[Any] = deque()
+        if self._thread is not None:
+            self._stop.set()   # the element in the making is the thread's last, and nobody's
+            while True:   # (one the thread queues after this is dropped with its queue)
+                try:
+                    kept.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            self._halt(join=False)
+        self._kept = kept
+        last = kept[-1] if kept else None
+        if isinstance(last, (_End, _Failed)):
+            return None
+        return self.snapshot() if last is None else last[1]  # type: ignore[no-any-return]
 
     def start(self) -> None:
         """Start producing now rather than at the first :meth:`__next__`/:meth:`poll`."""
@@ -242,12 +255,13 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         self._rewind = True
         self._ended = False
         self.end_state = None
-        self._finish.clear()
+        self._kept = None
         self.finished = False
 
     def close(self) -> None:
         """Stop the thread and close the parent. Idempotent; a factory parent is rebuilt on next use."""
         self._halt()
+        self._kept = None   # (a cut's elements not taken are made again, if asked)
         parent, self._parent = self._parent, None
         if parent is not None:
             parent.close()
@@ -282,8 +296,9 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
                                         name=self.name, daemon=True)
         self._thread.start()
 
-    def _halt(self, discard: bool = False) -> None:
-        """Stop the thread; the parent must be rewound to the consumer's state before producing again."""
+    def _halt(self, discard: bool = False, join: bool = True) -> None:
+        """Stop the thread; the parent must be rewound to the consumer's state before producing again
+        (``join=False``, detached: a busy thread is not waited for at all)."""
         t, self._thread = self._thread, None
         if t is None:
             return
@@ -296,7 +311,7 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         except queue.Empty:
             pass
         self._rewind = self._state is not None
-        if self.detach and t is not threading.current_thread():
+        if self.detach and join and t is not threading.current_thread():
             t.join(timeout=0.05)   # a thread waiting to put leaves at once (the queue was just emptied)
         if self.detach and t.is_alive() and t is not threading.current_thread():
             parent, self._parent = self._parent, None   # the next start builds a fresh one
@@ -334,9 +349,6 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
             fn = self._map
             snapshot = getattr(parent, "snapshot", parent.get_state)
             while not stop.is_set():
-                if self._finish.is_set():
-                    self._put(q, stop, _Finished(), slots)
-                    return
                 try:
                     element = next(parent)
                 except StopIteration:

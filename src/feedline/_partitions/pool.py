@@ -95,6 +95,14 @@ class WorkerPool:
                 notices.clear((id(self), "wait", p))
             return w, msg
 
+    def idle(self) -> None:
+        """Wait until :attr:`woken` is set (a worker spoke, or a warm start's thread queued a batch:
+        its ``wake``), at most a heartbeat, watching for silent workers; then clear it (the caller
+        looks at everything after this, so nothing set meanwhile is missed)."""
+        if not self.woken.wait(timeout=self.beat):
+            self.watch()
+        self.woken.clear()
+
     def _woke(self, w: int) -> None:
         """Worker ``w``'s receiving stage queued a message into an empty queue (its thread)."""
         self._spoke.append(w)

@@ -16,14 +16,18 @@ the worker, so memory is bounded.
 
 **Warm start.** A worker needs a while before its first batch (a process, its imports, the
 tokenizer): until it says it is ready, its partitions run here, on threads (as ``threads`` runs
-them), so the first steps never wait for a process. Until step 1 is out only the partition asked
-first runs; then the other partitions start here and the workers start: started sooner, on few
-cores, they would slow the thread that gives it. When a worker is ready, each of its
-partitions' threads is asked to finish (:meth:`Prefetch.finish`): it stops after the batch it is
-making, the batches it made are still handed out, and the worker is started from the state after
-the last of them, restoring while they are taken. No batch is made twice (a partition is one
-deterministic stream wherever it runs). A partition whose worker died runs here again until its
-new worker is ready.
+them), so the first steps never wait for a process. Only step 1's partition runs before step 1 is
+out; then the workers start (started sooner, on few cores, they would slow the thread that gives
+it), and a partition starts here only when it is asked for and its worker is not ready yet (one
+whose worker is ready first never runs here). The moment a worker is ready, its partitions'
+threads are cut (:meth:`Prefetch.cut`): the batches they had queued are still handed out, and
+the worker starts at once from the state after the last of them, restoring while they are taken.
+The batch a thread was making is dropped, never handed out, and not waited for (at most one
+batch's work per partition is made twice): with K threads sharing this process's interpreter,
+waiting for each one's batch in turn and then for each worker's restore in turn stalled a
+16-core node for 3-6 s after the workers were ready. A partition is one deterministic stream
+wherever it runs, so the batches and states are those of ``threads``. A partition whose worker
+died runs here again (when asked for) until its new worker is ready.
 
 The parent keeps each partition's state after the last batch it handed out (or the last state
 sent and the batches after it). A worker that dies (killed, out of memory) is restarted from those
@@ -86,11 +90,12 @@ def warm_start(setting: bool | str, workers: int) -> bool:
     return usable_cores() >= workers + 2
 
 
-def _local(make: Make, p: int, prefetch: int) -> Callable[[State | None], Prefetch]:
-    """Partition ``p`` on a thread here, from a state (detached: a handover never waits for it)."""
+def _local(make: Make, p: int, prefetch: int, wake: Callable[[], None]) -> Callable[[State | None], Prefetch]:
+    """Partition ``p`` on a thread here, from a state (detached: a handover never waits for it;
+    ``wake``: a batch made wakes a composing stage waiting for it or for a worker)."""
 
     def open_here(state: State | None) -> Prefetch:
-        stage = Prefetch(lambda: iter(make(p)), prefetch, name=f"feedline-partition-{p}", detach=True)
+        stage = Prefetch(lambda: iter(make(p)), prefetch, name=f"feedline-partition-{p}", detach=True, wake=wake)
         if state is not None:
             stage.set_state(materialize(state))
         return stage
@@ -118,12 +123,12 @@ class ProcessPlacement(Placement):
         remote = WorkerStream(self, p, state)
         if not self.warm:
             return remote
-        return Handover(_local(self.make, p, self.options.prefetch), remote)
+        return Handover(_local(self.make, p, self.options.prefetch, self.pool.woken.set), remote)
 
     def serving(self) -> list[str]:
         """Where each partition's batches come from now: ``worker`` or ``local`` (for tests and monitoring)."""
-        return ["worker" if (s := self.streams.get(p)) is not None and s.begun
-                and (s.owner is None or s.owner.mode == "remote") else "local" for p in range(self.k)]
+        return ["worker" if (s := self.streams.get(p)) is not None and s.begun and (
+            s.owner is None or (s.owner.mode == "remote" and s.owner.local is None)) else "local" for p in range(self.k)]
 
     # ----------------------------------------------------------------- the streams' calls
     def generation(self) -> int:
@@ -186,6 +191,10 @@ class ProcessPlacement(Placement):
     def wait(self, p: int | None = None) -> None:
         """Handle the next message of any worker (waits for one, watching for silent workers and for partition ``p``)."""
         self._handle(*self.pool.wait(p))
+
+    def idle(self) -> None:
+        """Wait until a worker says something or a thread here queues a batch (at most a heartbeat)."""
+        self.pool.idle()
 
     def drain(self) -> None:
         """Handle every message already received from any worker (never waits)."""

@@ -9,11 +9,16 @@ generation (``gen``, new at every open and ``set_state``) tells its messages fro
 earlier start of the partition, which are dropped. When its worker dies the stream begins again
 from that state once the new worker is ready, so the stream goes on exactly.
 
-:class:`Handover` is warm start: the partition on a thread here (a :class:`Prefetch` over its
-pipeline) until its worker says it is ready; then the thread is asked to finish
-(:meth:`Prefetch.finish`: the batches it made are still handed out) and the worker starts from the
-state after the last of them, so no batch is made twice. When the worker dies, the partition runs
-here again until the new one is ready.
+:class:`Handover` is warm start: the partition runs on a thread here (a :class:`Prefetch` over its
+pipeline) only while it is asked for and its worker is not ready; a partition whose worker is
+ready when it is first asked for (or restored) never runs here. The moment its worker says it is
+ready, the thread is cut (:meth:`Prefetch.cut`): the batches it had queued are still handed out,
+and the worker starts at once from the state after the last of them, restoring while they are
+taken. The batch the thread was making then is dropped, never handed out (the worker makes it:
+at most one batch's work per partition made twice), and the thread is not waited for: the
+handovers of all partitions start together, none waits for a thread here that shares this
+process's interpreter with K others. When the worker dies, the partition runs here again (when
+asked for) until the new one is ready.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ class Router(Protocol):
     def ask_state(self, p: int, gen: int, seq: int) -> State | None: ...   # of the worker; None: not kept
     def replay_state(self, p: int, base: State | None, n: int) -> State: ...   # here: n batches after base
     def wait(self, p: int | None = None) -> None: ...   # handle the next message of any worker
+    def idle(self) -> None: ...   # wait for a worker's message or a local thread's batch (the ``wake`` of both)
     def drain(self) -> None: ...   # handle those already received
 
 
@@ -122,14 +128,16 @@ class WorkerStream:
     def worker_ready(self) -> bool:
         return self.router.worker_ready(self.p)
 
-    def begin(self) -> None:
+    def begin(self, after: State | None = None) -> None:
         """Start the partition in its worker from the state after the last batch handed out (the
-        worker makes again and drops the batches after the last state it sent, if any)."""
+        worker makes again and drops the batches after the last state it sent, if any), or from
+        ``after`` (a handover's cut: the batches before it are handed out from here meanwhile)."""
         self.begun, self.owed = True, 0   # a start gives the worker its whole credit again
         self.gen = self.router.generation()   # (the batches' numbers start again)
-        self.anchor, self.anchor_seq = self.base, -1 - self.n
+        base, n = (self.base, self.n) if after is None else (after, 0)
+        self.anchor, self.anchor_seq = base, -1 - n
         every = 1 if self.router.eager else ANCHOR_EVERY
-        self.router.send(self.p, ("start", self.gen, {self.p: (materialize(self.base), self.n)}, every))
+        self.router.send(self.p, ("start", self.gen, {self.p: (materialize(base), n)}, every))
 
     def _state_of(self, gen: int, seq: int, anchor: State | None, n: int) -> State:
         """The state after batch ``seq`` of start ``gen``, ``n`` batches after ``anchor``: the worker's,
@@ -190,20 +198,15 @@ class WorkerStream:
 
 
 class Handover:
-    """Warm start: partition ``p`` on a thread here until ``remote``'s worker is ready, then there."""
+    """Warm start: partition ``p`` on a thread here while ``remote``'s worker is not ready, then there (see the module docstring)."""
 
     def __init__(self, local: Callable[[State | None], Prefetch], remote: WorkerStream) -> None:
         self._make_local, self.remote = local, remote
         remote.owner = self
-        self.local: Prefetch | None = None
-        self.mode = "local"      # local | finishing (the thread hands out what it made) | remote
+        self.local: Prefetch | None = None   # the thread here; once cut, what it made, handed out first
+        self.mode = "local"      # local | remote (the worker begun) | ending (the thread's end or error is queued)
         self.end_state: State | None = None
         self.failed: BaseException | None = None
-
-    def _local(self) -> Prefetch:
-        if self.local is None:
-            self.local = self._make_local(self.remote.taken)
-        return self.local
 
     def _close_local(self) -> None:
         local, self.local = self.local, None
@@ -211,31 +214,25 @@ class Handover:
             local.close()
 
     def ready(self) -> None:
-        """The worker is ready: the thread finishes first, or the worker takes over at once."""
+        """The worker is ready: it begins at once, after the last batch the thread here queued (if it ran)."""
         if self.mode != "local":
             return
-        if self.local is not None and self.local.running:
-            self.local.finish()
-            self.mode = "finishing"
-        else:
-            self._take_over()
-
-    def _take_over(self) -> None:
-        self._close_local()
+        after = self.local.cut() if self.local is not None else None
+        if self.local is not None and after is None:   # the thread's end (or error) is queued: it ends here
+            self.mode = "ending"
+            return
         self.mode = "remote"
-        self.remote.begin()
+        self.remote.begin(after)
 
     def lost(self) -> None:
-        """The worker died: here again (a fresh thread from the last state handed out) until the next one is ready."""
-        if self.mode == "local" or self.remote.ended:
+        """The worker died: its partition runs here again (from the last batch handed out) until the next one is ready."""
+        if self.mode != "remote" or self.remote.ended:
             return
-        self._close_local()
+        self._close_local()   # (what a cut kept and was not handed out is made again)
         self.mode = "local"
-        self._local().start()
 
     def start(self) -> None:
-        if self.mode != "remote":
-            self._local().start()
+        """Start the worker (the thread here starts only when a batch is asked for before it is ready)."""
         self.remote.start()
 
     def __iter__(self) -> Handover:
@@ -246,28 +243,30 @@ class Handover:
             raise self.failed
         if self.remote.ended:
             raise StopIteration
+        router = self.remote.router
         while True:
-            if self.remote.router.attached(self.remote):
-                self.remote.router.drain()
-                if self.mode == "local" and self.remote.worker_ready():   # (ready before this stage was restored)
+            if not router.attached(self.remote) and self.remote.worker_ready():
+                self.start()   # (a stage opened, or restored, while its worker is ready: it never runs here)
+            if router.attached(self.remote):
+                router.drain()   # hears "ready"s, batches, deaths
+                if self.mode == "local" and self.remote.worker_ready():   # (ready before this stage was attached)
                     self.ready()
-            if self.mode == "remote":
+            if self.mode == "remote" and self.local is None:
                 try:
-                    got = next(self.remote)
+                    return next(self.remote)
                 except _Handback:
                     continue
                 except StopIteration:
                     self.end_state = self.remote.end_state
                     raise
-                return got
-            local = self._local()
+            if self.local is None:
+                self.local = self._make_local(self.remote.taken)
+            local = self.local
             try:
-                got = next(local)
+                got = local.poll()
             except StopIteration:
                 self._close_local()
-                if local.finished:   # every batch it made was handed out: its worker starts after the last
-                    self.remote.took(local.get_state())
-                    self._take_over()
+                if local.finished:   # cut, and every batch it had made was handed out: the worker's from here
                     continue
                 self.remote.ended, self.end_state = True, local.end_state
                 raise
@@ -275,6 +274,9 @@ class Handover:
                 self.failed = e
                 self._close_local()
                 raise
+            if got is None:   # not made yet: wait for it or for the worker's "ready", whichever comes first
+                router.idle()
+                continue
             self.remote.took(got[1])
             return got
 

@@ -324,8 +324,10 @@ class ParallelSpec:
             called ``ray.init`` itself keeps its session (size a local instance there).
         num_cpus: CPUs each Ray actor (``placement: ray``) or map task (``map: ray``) reserves.
         prefetch: batches each partition runs ahead of the composing stage.
-        warm_start: with ``processes``, run each partition on a thread here until its worker
-            process is ready, so the first steps never wait for processes to start; ``auto`` (the
+        warm_start: with ``processes``, run a partition on a thread here when it is asked for
+            before its worker process is ready, so the first steps never wait for processes to
+            start; the moment the worker is ready it takes over, after the batches the thread
+            made (the one the thread was making is dropped: the worker makes it). ``auto`` (the
             default) does so when the machine has a core for each worker beside two for this
             process: with fewer, the workers' start takes the cores the threads serve from, and
             waiting for the workers (``false``) reaches the full rate sooner.
