@@ -1,4 +1,6 @@
-"""The HF Trainer recipe of docs/adapters.md under torchrun with two ranks against one `feedline serve`."""
+"""torchrun with two ranks (one launch: two interpreters importing torch and the HF Trainer are its cost):
+in-process slices in lockstep (docs/adapters.md, "torchrun / DDP"), then the HF Trainer recipe of
+docs/adapters.md against one `feedline serve`."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from service_helpers import make_spec, start_server, stop, tokenizer_path, write_spec
@@ -19,14 +23,33 @@ pytest.importorskip("accelerate", reason="the HF Trainer needs accelerate")
 
 WORKER = textwrap.dedent("""
     import json, os, sys, time
+    import numpy as np
     import torch
+    import torch.distributed as dist
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
     import feedline
     from feedline.torch import TorchLoader, passthrough_collate
 
     torch.set_num_threads(1)
-    address, out, vocab = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    address, out, vocab, spec_path = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     rank = int(os.environ["RANK"])
+
+    # 1. in-process: each rank runs the pipeline and keeps its slice, in lockstep
+    dist.init_process_group("gloo")                   # the Trainer below takes this group as it is
+    loader = TorchLoader(spec_path, int64=False)      # rank and world size from torchrun's environment
+    assert (loader.rank, loader.world_size) == (dist.get_rank(), dist.get_world_size())
+    batches = []
+    for batch in loader:
+        flag = torch.ones(1)
+        dist.all_reduce(flag)                      # a DDP-style collective every step: a rank that
+        batches.append({k: v.numpy() for k, v in batch.items()})   # stopped early would hang the other
+    steps = torch.tensor([len(batches)])
+    dist.all_reduce(steps, op=dist.ReduceOp.MAX)
+    np.savez(f"{out}/slices{rank}.npz", **{f"{i}:{k}": v for i, b in enumerate(batches) for k, v in b.items()})
+    with open(f"{out}/slices{rank}.json", "w") as f:
+        json.dump({"steps": len(batches), "max_steps": int(steps), "state_step": loader.state_dict()["step"]}, f)
+
+    # 2. the HF Trainer against the service: the plain recipe refused, the documented fix trained
 
     class FeedlineTrainer(Trainer):
         def get_train_dataloader(self):
@@ -59,11 +82,26 @@ WORKER = textwrap.dedent("""
 """)
 
 
+def load_rank(out: Path, rank: int) -> tuple[dict[str, Any], list[dict[str, np.ndarray]]]:
+    info = json.loads((out / f"slices{rank}.json").read_text())
+    arrays = np.load(out / f"slices{rank}.npz")
+    batches: list[dict[str, np.ndarray]] = [{} for _ in range(info["steps"])]
+    for name in arrays.files:
+        i, field = name.split(":")
+        batches[int(i)][field] = arrays[name]
+    return info, batches
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_plain_trainer_under_torchrun_fails_fast_and_the_fix_trains(tmp_path: Path) -> None:
+def test_torchrun_ranks_get_their_slices_in_lockstep_and_the_plain_trainer_fails_fast_where_the_fix_trains(
+        tmp_path: Path, corpus: str, small_tokenizer: str) -> None:
     import feedline
+    from feedline.testing import assert_batches_equal, collect
 
+    local = {"sources": [{"path": corpus}], "tokenizer": small_tokenizer, "seed": 1, "shuffle": {"buffer": 20},
+             "task": {"kind": "clm", "max_length": 40}, "batching": {"strategy": "pad", "batch_size": 6}}
+    local_path = write_spec(tmp_path / "local.json", local)
     tok = tokenizer_path(tmp_path)
     spec = make_spec(tmp_path, tok, docs=60, batch_size=4)
     proc, address = start_server(write_spec(tmp_path / "spec.json", spec), "--heartbeat", "0.2", "--timeout", "3")
@@ -74,11 +112,25 @@ def test_plain_trainer_under_torchrun_fails_fast_and_the_fix_trains(tmp_path: Pa
             env.pop(key, None)
         vocab = feedline.load_tokenizer(tok).vocab_size
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               str(tmp_path / "worker.py"), address, str(tmp_path), str(vocab)]
+               str(tmp_path / "worker.py"), address, str(tmp_path), str(vocab), local_path]
         run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=200)
         assert run.returncode == 0, run.stderr[-3000:]
     finally:
         stop(proc)
+    # 1. in-process: each rank's batches are its slice of the global ones, and both ranks stopped together
+    glob = collect(feedline.Loader(local))
+    infos, slices = [], []
+    for rank in range(2):
+        info, got = load_rank(tmp_path, rank)
+        infos.append(info)
+        slices.append(got)
+        assert_batches_equal(collect(feedline.Loader(local, rank=rank, world_size=2)), got, where=f"rank {rank}")
+    assert infos[0]["steps"] == infos[1]["steps"] == infos[0]["max_steps"] == len(glob) > 3
+    assert infos[0]["state_step"] == infos[1]["state_step"] == len(glob)
+    for g, a, b in zip(glob, *slices, strict=True):  # together the two slices are exactly each global batch's rows
+        rows = sorted(map(tuple, np.concatenate([a["input_ids"], b["input_ids"]]).tolist()))
+        assert rows == sorted(map(tuple, g["input_ids"].tolist()))
+    # 2. the Trainer through the service
     for rank in range(2):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
         print(f"\nrank {rank}: plain Trainer refused after {result['plain_s']:.1f}s: {result['plain'][:90]}...")

@@ -1,12 +1,7 @@
-"""Training through TorchLoader: loss falls, torchrun ranks stay in lockstep, the HF Trainer runs."""
+"""Training through TorchLoader: loss falls, the HF Trainer runs (torchrun: test_service_trainer.py)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +13,6 @@ from conftest import SHARED_DATA
 torch = pytest.importorskip("torch")
 
 import feedline  # noqa: E402
-from feedline.testing import assert_batches_equal, collect  # noqa: E402
 from feedline.torch import TorchLoader, passthrough_collate  # noqa: E402
 
 
@@ -65,70 +59,8 @@ def test_tiny_model_loss_falls_over_100_steps(corpus: str, small_tokenizer: str)
     assert last < first - 0.5, f"loss on {what} did not fall: {first:.3f} -> {last:.3f}"
 
 
-WORKER = textwrap.dedent("""
-    import json, sys
-    import numpy as np
-    import torch
-    import torch.distributed as dist
-    from feedline.torch import TorchLoader
-
-    spec_path, out = sys.argv[1], sys.argv[2]
-    dist.init_process_group("gloo")
-    loader = TorchLoader(spec_path, int64=False)     # rank and world size from torchrun's environment
-    rank = dist.get_rank()
-    assert (loader.rank, loader.world_size) == (rank, dist.get_world_size())
-    batches = []
-    for batch in loader:
-        flag = torch.ones(1)
-        dist.all_reduce(flag)                      # a DDP-style collective every step: a rank that
-        batches.append({k: v.numpy() for k, v in batch.items()})   # stopped early would hang the other
-    steps = torch.tensor([len(batches)])
-    dist.all_reduce(steps, op=dist.ReduceOp.MAX)
-    np.savez(f"{out}/rank{rank}.npz", **{f"{i}:{k}": v for i, b in enumerate(batches) for k, v in b.items()})
-    with open(f"{out}/rank{rank}.json", "w") as f:
-        json.dump({"steps": len(batches), "max_steps": int(steps), "state_step": loader.state_dict()["step"]}, f)
-    dist.destroy_process_group()
-""")
-
-
-def load_rank(out: Path, rank: int) -> tuple[dict[str, Any], list[dict[str, np.ndarray]]]:
-    info = json.loads((out / f"rank{rank}.json").read_text())
-    arrays = np.load(out / f"rank{rank}.npz")
-    batches: list[dict[str, np.ndarray]] = [{} for _ in range(info["steps"])]
-    for name in arrays.files:
-        i, field = name.split(":")
-        batches[int(i)][field] = arrays[name]
-    return info, batches
-
-
-@pytest.mark.slow
-def test_torchrun_two_ranks_get_their_slices_and_stop_together(tmp_path: Path, corpus: str, small_tokenizer: str) -> None:
-    spec = {"sources": [{"path": corpus}], "tokenizer": small_tokenizer, "seed": 1, "shuffle": {"buffer": 20},
-            "task": {"kind": "clm", "max_length": 40}, "batching": {"strategy": "pad", "batch_size": 6}}
-    spec_path = tmp_path / "spec.json"
-    spec_path.write_text(json.dumps(spec))
-    (tmp_path / "worker.py").write_text(WORKER)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("RANK", None)
-    env.pop("WORLD_SIZE", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(tmp_path / "worker.py"), str(spec_path), str(tmp_path)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    glob = collect(feedline.Loader(spec))
-    infos = []
-    for rank in range(2):
-        info, got = load_rank(tmp_path, rank)
-        infos.append(info)
-        assert_batches_equal(collect(feedline.Loader(spec, rank=rank, world_size=2)), got, where=f"rank {rank}")
-    assert infos[0]["steps"] == infos[1]["steps"] == infos[0]["max_steps"] == len(glob) > 3
-    assert infos[0]["state_step"] == infos[1]["state_step"] == len(glob)
-    # together the two slices are exactly each global batch's rows
-    _, r0 = load_rank(tmp_path, 0)
-    _, r1 = load_rank(tmp_path, 1)
-    for g, a, b in zip(glob, r0, r1, strict=True):
-        rows = sorted(map(tuple, np.concatenate([a["input_ids"], b["input_ids"]]).tolist()))
-        assert rows == sorted(map(tuple, g["input_ids"].tolist()))
+# torchrun: the in-process slices of two ranks in lockstep are checked in test_service_trainer.py, in the one
+# torchrun launch that also runs the HF Trainer against the service (each launch: ~7 CPU-s of interpreters and imports)
 
 
 @pytest.mark.parametrize("dataloader", ["trainer", "passthrough"])
