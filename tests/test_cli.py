@@ -114,19 +114,22 @@ def test_inspect_highlighting_keeps_the_spaces_between_words(corpus: str, bert_p
 
 @pytest.mark.slow
 def test_demo_all_prints_a_line_per_task_and_a_table(capsys: pytest.CaptureFixture[str]) -> None:
-    r = run("demo", "--all", "--tasks", "clm,chat", "--steps", "30", "--seq-len", "64", "--batch-size", "8",
-            "--in-process", "--no-progress")
-    assert r.returncode == 0, r.stderr
-    lines = r.stdout.splitlines()
-    assert lines[0].startswith("clm: 30 steps, loss ") and lines[0].endswith("ok") and "tokens/s" in lines[0]
-    assert lines[1].startswith("chat: 30 steps") and "data wait" in lines[1]
-    table = lines[lines.index("") + 1:]
-    assert table[0].split()[:2] == ["task", "steps"] and [t.split()[0] for t in table[1:]] == ["clm", "chat"]
-    # one step cannot lower the loss: the run fails with a reason (in this process: the exit code is main's
-    # return value, which the subprocess above showed becomes the process's; no second torch import)
+    """In this process, through ``main`` (the torch import and training of a subprocess, ~3 CPU-s, spared): the
+    exit code is main's return value, which test_demo_trains_with_falling_loss and
+    test_exit_codes_and_one_line_reasons show becomes the process's."""
     torch = pytest.importorskip("torch")
     threads = torch.get_num_threads()
     try:
+        code = main(["demo", "--all", "--tasks", "clm,chat", "--steps", "30", "--seq-len", "64", "--batch-size", "8",
+                     "--in-process", "--no-progress"])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        lines = out.splitlines()
+        assert lines[0].startswith("clm: 30 steps, loss ") and lines[0].endswith("ok") and "tokens/s" in lines[0]
+        assert lines[1].startswith("chat: 30 steps") and "data wait" in lines[1]
+        table = lines[lines.index("") + 1:]
+        assert table[0].split()[:2] == ["task", "steps"] and [t.split()[0] for t in table[1:]] == ["clm", "chat"]
+        # one step cannot lower the loss: the run fails with a reason
         code = main(["demo", "--all", "--tasks", "clm", "--steps", "1", "--seq-len", "32", "--batch-size", "4",
                      "--in-process", "--no-progress"])
     finally:
