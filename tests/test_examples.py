@@ -70,8 +70,10 @@ def test_t5_span(run_example) -> None:  # type: ignore[no-untyped-def]
 @pytest.mark.slow
 def test_goemotions_trainer_learns_then_batch_inference(run_example, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     needs("transformers", "accelerate")
+    # 200 steps: the fewest that learn; 32 tokens a text (GoEmotions' are short): a fifth less CPU, and still dev
+    # micro-F1 0.353 against the baseline's 0.270 (0.398 at 48; with a zero classifier bias it stays at the baseline)
     out = run_example("goemotions_trainer.py", "--work", str(tmp_path / "goe"), "--steps", "200", "--layers", "1",
-                      "--eval-batches", "10")
+                      "--seq-len", "32", "--eval-batches", "10")
     assert out[-1]["steps"] == 200
     assert 0.0 < out[-1]["baseline_micro_f1"] < 1.0  # the most frequent label alone, printed beside the F1
     # its point: the model learned more than the label priors (it stayed at the baseline with a zero classifier bias)
