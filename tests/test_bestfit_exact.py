@@ -104,6 +104,27 @@ def test_placements_equal_the_previous_loop(seed: int) -> None:
     assert list(again.ready) == list(want.ready)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_whole_row_items_close_at_once_in_window_order(seed: int) -> None:
+    """Pieces of a whole row (documents longer than a row cut into rows: most pieces of long documents)
+    go to ready rows of their own ahead of the window's other items, in arrival order, and take a bin
+    id each (ties among the other bins still go to the oldest); placements stay the reference's."""
+    rng = random.Random(2000 + seed)
+    capacity = rng.choice([8, 64, 1024])
+    window, open_bins, max_items = rng.choice([1, 5, 50, 400]), rng.choice([0, 1, 8]), rng.choice([None, 1, 4])
+    got = BestFitPacker[int](capacity, window=window, open_bins=open_bins, max_items=max_items)
+    want = Reference(capacity, window, open_bins, max_items)
+    for i in range(3000):
+        length = capacity if rng.random() < 0.6 else rng.randint(1, capacity)
+        got.push(length, i)
+        want.push(length, i)
+        if i % 499 == 0:
+            assert list(got.ready) == list(want.ready) and got.open_contents() == want.open_contents()
+    got.flush()
+    want.flush()
+    assert list(got.ready) == list(want.ready)
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_held_bin_fast_path_keeps_best_fit_on_ties(seed: int) -> None:
     """The loop holds the last bin out of the sorted rooms while best fit would pick it again: with
