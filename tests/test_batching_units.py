@@ -267,3 +267,31 @@ def test_span_indices_and_piece_positions_match_the_per_piece_definition(mean: i
         buf = np.arange(5000 + 2 * mean, dtype=np.int64) * 7  # gathered as slices or through an index
         starts %= 5000
         assert gather_spans(buf, starts, lengths).tolist() == buf[spans(starts, lengths)].tolist()
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_piece_pool_keep_finds_held_rows_and_joins_spans(seed: int) -> None:
+    """The pool's keep finds the kept ids' rows by marking its id range where that is small and by
+    sorting where it is not (ids given in any order; an id not held is a KeyError, in range or not),
+    and its compaction copies runs of live pieces that lie end to end as one span: the rows are a
+    sort and a search's, the spans the pieces' tokens in order."""
+    from feedline._batching.pieces import _held_rows, _merged
+
+    rng = np.random.default_rng(seed)
+    spread = 1 if seed % 2 else 40  # ids close together (marked) or far apart (sorted)
+    table = np.sort(rng.choice(3000 * spread, size=3000, replace=False)).astype(np.int64)
+    ids = rng.permutation(rng.choice(table, size=int(rng.integers(1, 3000)), replace=False))
+    assert _held_rows(table, ids).tolist() == np.searchsorted(table, np.sort(ids)).tolist()
+    missing = np.setdiff1d(np.arange(table[0], table[-1]), table)
+    if len(missing):
+        with pytest.raises(KeyError):
+            _held_rows(table, np.append(ids, missing[0]))
+    with pytest.raises(KeyError):
+        _held_rows(table, np.append(ids[1:], table[-1] + 1))
+    lengths = rng.integers(1, 200, size=500)
+    starts = np.cumsum(lengths + rng.choice([0, 0, 0, 5], size=500)) - lengths  # some end to end, some not
+    a, n = _merged(starts, lengths)
+    assert len(a) < len(starts)
+    flat = np.arange(int(starts[-1] + lengths[-1]))
+    assert np.concatenate([flat[s:s + k] for s, k in zip(a, n)]).tolist() == \
+        np.concatenate([flat[s:s + k] for s, k in zip(starts, lengths)]).tolist()

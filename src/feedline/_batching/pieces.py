@@ -26,7 +26,7 @@ import numpy as np
 from feedline._batching.base import Batch
 from feedline._batching.compact import CompactBatch
 from feedline._batching.rows import Attention
-from feedline._core.block import gather_spans, spans
+from feedline._core.block import gather_spans
 
 __all__ = ["PiecePool", "lookup_refs"]
 
@@ -99,7 +99,7 @@ class PiecePool:
 
     def keep(self, ids: np.ndarray) -> None:
         """Keep only the pieces ``ids`` (every other is forgotten); compacts the arena when mostly dead."""
-        want = np.sort(np.asarray(ids, dtype=np.int64))
+        want = np.asarray(ids, dtype=np.int64)
         if self._new:
             first = self.next_id - sum(len(n[1]) for n in self._new)
             ids_all = np.concatenate([self.ids, np.arange(first, self.next_id, dtype=np.int64)])
@@ -109,14 +109,12 @@ class PiecePool:
             self._new = []
         else:
             ids_all, refs, lengths, at = self.ids, self._refs, self._lengths, self._at
-        rows = np.searchsorted(ids_all, want)
-        if len(want) and (rows.max() >= len(ids_all) or not np.array_equal(ids_all[rows], want)):
-            raise KeyError("piece pool: a piece id to keep is not held")
-        self.ids, self._refs, self._lengths, self._at = want, refs[rows], lengths[rows], at[rows]
+        rows = _held_rows(ids_all, want)
+        self.ids, self._refs, self._lengths, self._at = ids_all[rows], refs.take(rows, axis=0), lengths[rows], at[rows]
         live = int(self._lengths.sum())
         if self.used > _GROWTH * live + _SLACK:
-            src = spans(self._at, self._lengths)
-            self.arena = {name: buf[src] for name, buf in self.arena.items()}
+            starts, lengths = _merged(self._at, self._lengths)  # live pieces next to each other: one span
+            self.arena = {name: gather_spans(buf, starts, lengths) for name, buf in self.arena.items()}
             self._at = np.zeros(len(want), dtype=np.int64)
             if len(want) > 1:
                 np.cumsum(self._lengths[:-1], out=self._at[1:])
@@ -153,6 +151,50 @@ class PiecePool:
         also returns the number of real tokens."""
         compact = self.compact(rows, max_length, max_docs, pad_values, mask_first=mask_first, attention=attention)
         return compact.expand(), compact.tokens()
+
+
+def _held_rows(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """The rows of ``ids`` (any order) in the sorted id ``table``, ascending: ``table[rows]`` is
+    ``ids`` sorted. Where the table spans few ids beyond its own (the pool's pieces: ids given in
+    arrival order), one mark per id of its range instead of a sort and a search (~60 against ~20 us
+    for 2,000 of 3,000 ids); otherwise, and for ids held twice, sorted and searched.
+
+    Raises:
+        KeyError: an id is not in ``table``.
+    """
+    n = len(table)
+    if n and len(ids) and int(table[-1]) - int(table[0]) < 8 * n:
+        lo, hi = int(table[0]), int(table[-1])
+        if lo <= int(ids.min()) and int(ids.max()) <= hi:
+            marked = np.zeros(hi - lo + 1, dtype=bool)
+            marked[ids - lo] = True
+            rows = np.flatnonzero(marked[table - lo])
+            if len(rows) == len(ids):
+                return rows
+    want = np.sort(ids)
+    rows = np.searchsorted(table, want)
+    if len(want) and (rows.max() >= n or not np.array_equal(table[rows], want)):
+        raise KeyError("piece pool: a piece id to keep is not held")
+    return rows
+
+
+def _merged(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Spans ``[starts[i], starts[i] + lengths[i])`` in order, each run of them that lie end to end
+    joined into one (the same tokens, in the same order). The live pieces at a compaction lie in
+    arrival order with the delivered ones between: ~2,000 pieces of ~70 tokens join into ~300-600
+    spans, which :func:`~feedline._core.block.gather_spans` copies as slices (no index of one int64
+    per token).
+
+        >>> [a.tolist() for a in _merged(np.array([0, 3, 9, 11]), np.array([3, 2, 2, 4]))]
+        [[0, 9], [5, 6]]
+    """
+    if len(starts) < 2:
+        return starts, lengths
+    ends = starts + lengths
+    first = np.flatnonzero(starts[1:] != ends[:-1]) + 1  # where a new span starts
+    heads = np.concatenate([[0], first])
+    tails = np.concatenate([first - 1, [len(starts) - 1]])
+    return starts[heads], ends[tails] - starts[heads]
 
 
 def _find(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
