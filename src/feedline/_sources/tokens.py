@@ -117,13 +117,14 @@ class TokensReader(Reader):
                 del ahead[next(iter(ahead))]
 
     def _whole_group(self, split: Split) -> tuple[int, Any] | None:
-        """``split``'s one block where it is a whole row group; ``None`` otherwise."""
+        """``split``'s one block where it is a whole row group; ``None`` otherwise. Decoded on this one
+        thread (Arrow's pool would take the core the batches are made on; there is time enough)."""
         pf = open_parquet(split.path)
         first = 0
         for g in range(pf.metadata.num_row_groups):
             n = pf.metadata.row_group(g).num_rows
             if first == split.start and first + n == split.end:
-                return first, pf.read_row_group(g, columns=self._columns(pf.schema_arrow.names))
+                return first, pf.read_row_group(g, columns=self._columns(pf.schema_arrow.names), use_threads=False)
             first += n
         return None
 
