@@ -124,6 +124,7 @@ def test_gpu_check_without_cuda_says_what_to_pass(run_example) -> None:  # type:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("jax")  # on the worker that imports jax for every JAX test (test_jax_loader.py)
 def test_jax_flax(run_example, corpus: str) -> None:  # type: ignore[no-untyped-def]
     needs("jax", "flax", "optax")
     out = run_example("jax_flax.py", "--data", corpus, "--steps", "20", "--seq-len", "32", "--batch-size", "4", "--d-model", "32",

@@ -8,36 +8,48 @@ from typing import Any
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax")
+import feedline
+from feedline.errors import FeedlineError
+from feedline.testing import assert_batches_equal, collect
 
-import feedline  # noqa: E402
-from feedline.errors import FeedlineError  # noqa: E402
-from feedline.jax import JaxLoader, global_batch  # noqa: E402
-from feedline.testing import assert_batches_equal, collect  # noqa: E402
+# jax imported by the tests, not at collection, and every JAX test (these, the example's, the recipe's) on one
+# xdist worker: the others never import it (~1 CPU-s each)
+pytestmark = pytest.mark.xdist_group("jax")
+
+
+@pytest.fixture(scope="module")
+def jax() -> Any:
+    return pytest.importorskip("jax")
 
 
 @pytest.fixture
-def spec(corpus: str, small_tokenizer: str) -> dict[str, Any]:
+def spec(jax: Any, corpus: str, small_tokenizer: str) -> dict[str, Any]:
     return {"sources": [{"path": corpus}], "tokenizer": small_tokenizer, "seed": 5,
             "shuffle": {"buffer": 20}, "task": {"kind": "clm", "max_length": 32},
             "batching": {"strategy": "pad", "batch_size": 4}}
 
 
-def test_single_process_batches_equal_the_numpy_loaders(spec: dict[str, Any]) -> None:
+def test_single_process_batches_equal_the_numpy_loaders(jax: Any, spec: dict[str, Any]) -> None:
+    from feedline.jax import JaxLoader
+
     loader = JaxLoader(spec)
     assert (loader.process_index, loader.process_count) == (jax.process_index(), jax.process_count()) == (0, 1)
     assert_batches_equal(collect(feedline.Loader(spec)), list(loader))
 
 
 def test_each_process_gets_its_slice(spec: dict[str, Any]) -> None:
+    from feedline.jax import JaxLoader
+
     for p in range(2):
         got = list(JaxLoader(spec, process_index=p, process_count=2))
         assert_batches_equal(collect(feedline.Loader(spec, rank=p, world_size=2)), got, where=f"process {p}")
         assert all(len(b["input_ids"]) == 2 for b in got)
 
 
-def test_sharding_yields_global_arrays(spec: dict[str, Any]) -> None:
+def test_sharding_yields_global_arrays(jax: Any, spec: dict[str, Any]) -> None:
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from feedline.jax import JaxLoader, global_batch
 
     mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
     ref = collect(feedline.Loader(spec), limit=3)
@@ -52,6 +64,8 @@ def test_sharding_yields_global_arrays(spec: dict[str, Any]) -> None:
 
 
 def test_resume_is_exact(spec: dict[str, Any]) -> None:
+    from feedline.jax import JaxLoader
+
     ref = collect(feedline.Loader(spec))
     loader = JaxLoader(spec)
     it = iter(loader)
@@ -65,6 +79,8 @@ def test_resume_is_exact(spec: dict[str, Any]) -> None:
 
 
 def test_wraps_a_built_loader(spec: dict[str, Any]) -> None:
+    from feedline.jax import JaxLoader
+
     inner = feedline.Loader(spec, rank=1, world_size=2)
     loader = JaxLoader(inner)
     assert (loader.process_index, loader.process_count) == (1, 2)

@@ -144,6 +144,7 @@ def test_lightning_recipe_resumes_model_and_data(workdir: Path, run_here) -> Non
     assert (last["global_step"], last["feedline"]["step"]) == (30, 30)
 
 
+@pytest.mark.xdist_group("jax")  # on the worker that imports jax for every JAX test (test_jax_loader.py)
 def test_jax_recipe(workdir: Path, run_here) -> None:  # type: ignore[no-untyped-def]
     needs("jax", "optax")
     out = run_here(workdir, "train_jax.py")
