@@ -29,9 +29,11 @@ def test_every_task_has_a_demo() -> None:
 @pytest.mark.parametrize("task", ["mlm", "sop", "span", "classify", "multilabel", "chat"])
 @pytest.mark.slow
 def test_demo_loss_falls(task: str) -> None:
+    # 20 steps: the mean loss of the last 4 below that of the first 4 by 0.155 (multilabel) to 1.10 (span); at 40 by
+    # 0.166 to 2.37 for twice the training
     out = io.StringIO()
-    summary = run_demo(task=task, steps=40, seq_len=64, batch_size=8, in_process=True, out=out)
-    assert summary.steps == 40
+    summary = run_demo(task=task, steps=20, seq_len=64, batch_size=8, in_process=True, out=out)
+    assert summary.steps == 20
     assert summary.last_loss < summary.first_loss - 0.1, out.getvalue()[-2000:]
     assert "trained" in out.getvalue()
 
