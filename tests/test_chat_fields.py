@@ -4,8 +4,6 @@ once; every kept reply trains a stop (``task.stop``); counts in ``stats()`` and 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -209,7 +207,9 @@ def test_no_stop_token_to_train_is_an_error_naming_the_fix(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-def test_rejections_by_reason_in_stats_and_scan(tmp_path: Path, glm4_dir: str) -> None:
+def test_rejections_by_reason_in_stats_and_scan(tmp_path: Path, glm4_dir: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from feedline._cli.__main__ import main
+
     rows = json.loads(shared("chat", "llama_factory", "glaive_toolcall_en_demo.json").read_text())[:40]
     data = tmp_path / "glaive.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -222,10 +222,11 @@ def test_rejections_by_reason_in_stats_and_scan(tmp_path: Path, glm4_dir: str) -
     assert sum(len(b["input_ids"]) for b in batches) == len(rows) - len(dropped)
     assert loader.stats()["rejected"] == {"unrendered_content": len(dropped)}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    r = subprocess.run([sys.executable, "-m", "feedline", "scan", str(tmp_path / "spec.json"), "--task", "--json"],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    report = json.loads(r.stdout)
+    capsys.readouterr()
+    code = main(["scan", str(tmp_path / "spec.json"), "--task", "--json"])  # in this process: the report is the point
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    report = json.loads(out)
     assert report["rejected"] == {"unrendered_content": len(dropped)} and report["examples"] == len(rows) - len(dropped)
     assert report["rejected_samples"][0].startswith(f"{data}:{dropped[0]}: unrendered_content (the chat template does not render")
 
