@@ -32,11 +32,12 @@ from __future__ import annotations
 import functools
 import os
 import pickle
+import select
 import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -71,23 +72,48 @@ def _beat(send: Callable[[Any], None], every: float) -> None:
         return  # the pipe is closed: the worker is stopping
 
 
-class _Commands:
-    """The parent's messages, as the worker's receiving stage reads them (EOF: the parent closed the pipe)."""
+class _Waker:
+    """What the worker's loop waits on: the parent's pipe, and a pipe of its own that a partition's
+    thread writes to when it queues a batch into an empty queue (:meth:`wake`)."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+        self.r, self.w = os.pipe()
+        os.set_blocking(self.r, False)
+        os.set_blocking(self.w, False)
+        self.both, self.parent = select.poll(), select.poll()
+        for poller, fds in ((self.both, (conn.fileno(), self.r)), (self.parent, (conn.fileno(),))):
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
 
-    def __iter__(self) -> _Commands:
-        return self
+    def wake(self) -> None:
+        try:
+            os.write(self.w, b"\0")
+        except BlockingIOError:   # (the pipe is full: the loop is woken already)
+            pass
+        except OSError:   # (the worker is stopping)
+            pass
 
-    def __next__(self) -> Any:
-        return self.conn.recv()
+    def wait(self) -> None:
+        """Until the parent spoke or a partition woke the loop (the wakes so far are taken)."""
+        self.both.poll()
+        try:
+            while os.read(self.r, 4096):
+                pass
+        except BlockingIOError:
+            pass
 
-    def get_state(self) -> dict[str, Any]:
-        return {}   # (a stream of messages is not resumed)
-
-    def close(self) -> None:
-        pass
+    def commands(self) -> Iterator[tuple[Any, ...]]:
+        """The parent's messages already on the pipe; ``("stop",)`` where it closed it (EOF), or
+        reading failed (the parent then restarts this worker)."""
+        while self.parent.poll(0):
+            try:
+                msg = self.conn.recv()
+            except Exception:
+                msg = ("stop",)
+            yield msg
+            if msg[0] == "stop":
+                return
 
 
 def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: int, threads: int,
@@ -95,9 +121,10 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
     """Serve partitions ``owned`` over ``conn`` until told to stop or the parent goes away.
 
     Each started partition runs on a thread of its own (a :class:`Prefetch` ``prefetch`` batches
-    deep), so the partitions of one worker start together and overlap their waits, and the pipe is
-    read by one more (a :class:`Prefetch` over the parent's messages); this thread sends what the
-    partitions made as credit allows, woken by either.
+    deep), so the partitions of one worker start together and overlap their waits; this thread
+    reads the parent's messages and sends what the partitions made as credit allows, woken by
+    either (a poll on the parent's pipe and on a pipe the partitions' threads write to: no thread
+    between the parent's pipe and this one, so a credit costs no hand-off).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, name="feedline-parent-watch", daemon=True).start()
@@ -118,9 +145,7 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
             warm()
         except Exception:  # the partition's own start reports it, as the parent's would
             pass
-    woken = threading.Event()   # the parent spoke, or a partition made a batch into an empty queue
-    commands = Prefetch(_Commands(conn), 1024, wake=woken.set, name="feedline-worker-reader")
-    commands.start()
+    woken = _Waker(conn)   # the parent spoke, or a partition made a batch into an empty queue
     stages: dict[int, Prefetch] = {}
     credit = dict.fromkeys(owned, 0)
     gens = dict.fromkeys(owned, -1)   # each partition's start, as the parent numbered it
@@ -131,17 +156,9 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
     try:
         send(("ready",))
         while True:
-            woken.wait()
-            woken.clear()   # (a batch or a message after this sets it again: none is missed)
+            woken.wait()   # (a batch or a message after this wakes it again: none is missed)
             out: list[tuple[Any, ...]] = []
-            while True:
-                try:
-                    got = commands.poll()
-                except Exception:   # EOF: the parent closed the pipe (anything else: it restarts this worker)
-                    return
-                if got is None:
-                    break
-                msg = got[0]
+            for msg in woken.commands():
                 if msg[0] == "stop":
                     return
                 if msg[0] == "credit" and msg[1] == gens[msg[2]]:
@@ -159,7 +176,7 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
                         if old is not None:
                             old.close()
                         credit[p] = prefetch
-                        stage = Prefetch(functools.partial(_open, make, p), prefetch, wake=woken.set,
+                        stage = Prefetch(functools.partial(_open, make, p), prefetch, wake=woken.wake,
                                          name=f"feedline-partition-{p}")
                         try:   # building the pipeline may fail (a missing file, a bad spec): the parent raises it
                             if state is not None:
@@ -199,11 +216,11 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
                 send(out[0] if len(out) == 1 else ("many", out))
     except (EOFError, OSError, BrokenPipeError):
         return  # the parent closed the pipe
-    finally:   # (the reading stage's thread, a daemon inside recv(), ends with the process)
+    finally:
         for stage in stages.values():
             stage.close()
         with lock:
-            writer.close()
+            writer.close()   # (the wake pipe closes with the process: a thread still stopping may write to it)
 
 
 def _open(make: Callable[[int], Any], p: int) -> Any:
