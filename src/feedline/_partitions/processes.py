@@ -16,10 +16,11 @@ the worker, so memory is bounded.
 
 **Warm start.** A worker needs a while before its first batch (a process, its imports, the
 tokenizer): until it says it is ready, its partitions run here, on threads (as ``threads`` runs
-them), so the first steps never wait for a process. Only step 1's partition runs before step 1 is
-out; then the workers start (started sooner, on few cores, they would slow the thread that gives
-it), and a partition starts here only when it is asked for and its worker is not ready yet (one
-whose worker is ready first never runs here). The moment a worker is ready, its partitions'
+them), so the first steps never wait for a process. Where the machine has a core for each worker
+beside two for this process (``auto``'s rule), every worker starts at the first ask, as without
+warm start, while step 1 is made here; on fewer cores they start once step 1 is out (started
+sooner, they would slow the thread that gives it). A partition starts here only when it is asked
+for and its worker is not ready yet (one whose worker is ready first never runs here). The moment a worker is ready, its partitions'
 threads are cut (:meth:`Prefetch.cut`): the batches they had queued are still handed out, and
 the worker starts at once from the state after the last of them, restoring while they are taken.
 The batch a thread was making is dropped, never handed out, and not waited for (at most one
@@ -76,7 +77,7 @@ def warm_start(setting: bool | str, workers: int) -> bool:
     """Whether partitions run on threads here until their workers are ready (``parallel.warm_start``).
 
     ``auto``: when the machine has a core for each worker to start on beside two for this process
-    (its partition threads meanwhile, and the consumer). With fewer, the workers' start (imports,
+    (its partition threads meanwhile, and the consumer): :func:`spare_cores`. With fewer, the workers' start (imports,
     the tokenizer: ~1 CPU second each) and their restore from the threads' states take the cores
     the threads serve from: on 2 cores with K = 2, the first batch came at 0.2 s warm against
     0.7 s cold, but by 3 s cold had delivered 18-19 M tokens of clm-short against 8-12 M
@@ -87,6 +88,11 @@ def warm_start(setting: bool | str, workers: int) -> bool:
     """
     if isinstance(setting, bool):
         return setting
+    return spare_cores(workers)
+
+
+def spare_cores(workers: int) -> bool:
+    """Whether the machine has a core for each of ``workers`` worker processes beside two for this one."""
     return usable_cores() >= workers + 2
 
 
@@ -110,7 +116,10 @@ class ProcessPlacement(Placement):
         super().__init__(make, k, options)
         self.workers = min(k, options.processes or usable_cores())
         self.warm = warm_start(options.warm_start, self.workers)
-        self.together = not self.warm   # cold: a worker starts all its partitions as soon as it can
+        # every worker starts at the first ask: cold, or warm with a core for each (the workers' start
+        # then takes no core from step 1's thread here: on the 16-core node, started after step 1
+        # they were ready at ~1.0 s, against ~0.8 s started with it)
+        self.together = not self.warm or spare_cores(self.workers)
         self.pool = WorkerPool(k, self.workers, options)   # (stops its workers when collected, if never closed)
         self.restarts = self.pool.restarts   # each worker's restarts so far (deaths and silences)
         self.pids = self.pool.pids           # the worker processes running now (for tests and monitoring)
@@ -135,9 +144,9 @@ class ProcessPlacement(Placement):
         return next(self._gens)
 
     def attach(self, stream: WorkerStream) -> None:
-        """``stream`` receives its partition's messages; its worker starts (without warm start, every worker)."""
+        """``stream`` receives its partition's messages; its worker starts (every worker, where they start together)."""
         self.streams[stream.p] = stream
-        for w in range(self.workers) if not self.warm else [self.pool.owner(stream.p)]:
+        for w in range(self.workers) if self.together else [self.pool.owner(stream.p)]:
             self.pool.get(w)
 
     def attached(self, stream: WorkerStream) -> bool:
