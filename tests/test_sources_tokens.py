@@ -250,3 +250,31 @@ def test_writing_an_indexed_dataset_makes_its_folder_and_never_leaves_half_a_pai
     with pytest.raises(ValueError, match=r"document 1: token ids 0\.\.70000 do not fit uint16"):
         write_indexed_dataset(str(tmp_path / "big"), [[1], [0, 70000]], np.uint16)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["not"]   # no big.bin without its .idx, no temporaries
+
+
+def test_a_forked_child_decodes_the_group_itself() -> None:
+    """A child forked while a row group is decoded ahead in the parent finds no thread to finish it
+    there: it decodes the group itself (it used to wait forever on the parent's future)."""
+    import os
+    import signal
+    import time
+
+    from feedline._sources.ahead import Ahead
+
+    gate = threading.Event()
+    ahead = Ahead(gate.wait)  # held on the read-ahead thread until the gate opens
+    pid = os.fork()
+    if pid == 0:  # the child: the future's thread is not here
+        os._exit(0 if ahead.result() is None else 1)
+    try:
+        deadline = time.monotonic() + 20
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if done[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child waited on the parent's read-ahead for 20 s")
+    finally:
+        gate.set()
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+    assert ahead.result() is True

@@ -7,7 +7,8 @@ gain anything (Arrow's Parquet reader does). Every reader of the process shares 
 (``feedline-read-ahead``, started on first use, again in a forked child): starting a thread per
 split made the reading thread wait for the new one to be scheduled, milliseconds on a busy machine.
 A failure there is not raised: the result is ``None`` and the reader decodes the split as before,
-where the same error is raised with its usual message.
+where the same error is raised with its usual message. A forked child gets ``None`` too (no thread
+there completes the parent's future).
 """
 
 from __future__ import annotations
@@ -34,9 +35,13 @@ class Ahead:
 
     def __init__(self, decode: Callable[..., Any], *args: Any) -> None:
         self._future: Future[Any] = _executor().submit(decode, *args)
+        self._pid = os.getpid()
 
     def result(self) -> Any:
-        """What ``decode`` returned (``None`` where it failed), once it is done."""
+        """What ``decode`` returned (``None`` where it failed, or in a forked child, whose copy of
+        the future no thread completes), once it is done."""
+        if os.getpid() != self._pid:
+            return None
         try:
             return self._future.result()
         except Exception:  # met again where the split is decoded as before (see the module docstring)
