@@ -84,6 +84,22 @@ def test_version_prints_the_package_version() -> None:
     assert r.returncode == 0 and r.stdout.strip() == f"feedline {feedline.__version__}"
 
 
+def test_a_command_imports_its_own_module_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    """``feedline scan`` builds the parser of scan alone: the service's modules (zmq, prometheus,
+    ~0.2 s a process) stay unimported; ``feedline --help`` and an unknown command still list all."""
+    script = ("import sys\nfrom feedline._cli.__main__ import main\n"
+              "try:\n    main(['--debug', 'scan', '--help'])\nexcept SystemExit:\n    pass\n"
+              "print(sorted(m for m in sys.modules if m.startswith('feedline._cli.commands.')), 'zmq' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "['feedline._cli.commands.scan'] False"
+    assert "usage: feedline scan" in r.stdout
+    for argv in (["--help"], ["scna"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        out = " ".join(capsys.readouterr())
+        assert all(name in out for name in _commands()), argv
+
 def test_serve_help_shows_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     from feedline.service import ServerOptions
 
