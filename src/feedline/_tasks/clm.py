@@ -187,17 +187,18 @@ class CausalLM(Task):
         return block
 
     def _run(self, recs: TokenRecords) -> ExampleBlock | None:
-        """A run of pre-tokenized documents as arrays: their ids copied once (as int32), no object per
-        document; ``None`` when one would be rejected (:meth:`_stored` then says why)."""
+        """A run of pre-tokenized documents as arrays: their ids as int32 (one copy from a narrower type,
+        none from int32), no object per document; ``None`` when one would be rejected (:meth:`_stored`
+        then says why)."""
         opts: CausalLMOptions = self.options
         lengths = recs.lengths
         if not len(recs) or not lengths.all():
             return None
         span = recs.span()
         if span is None:
-            flat, starts = recs.ids[spans(recs.starts, lengths)].astype(np.int32), exclusive_cumsum(lengths)
-        else:
-            flat, starts = recs.ids[span[0]:span[1]].astype(np.int32), recs.starts - span[0]
+            flat, starts = recs.ids[spans(recs.starts, lengths)].astype(np.int32, copy=False), exclusive_cumsum(lengths)
+        else:  # int32 ids (Parquet/Arrow columns) are taken as they are, a view (read only: batches copy them)
+            flat, starts = recs.ids[span[0]:span[1]].astype(np.int32, copy=False), recs.starts - span[0]
         vocab = self.ctx.tokenizer.vocab_size if self.ctx.tokenizer is not None else None
         if not _in_range(recs.ids.dtype, flat, vocab):
             return None
