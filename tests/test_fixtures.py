@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from conftest import _RayCluster
 
 
@@ -36,6 +38,7 @@ def test_xdist_workers_share_one_feedline_cache(tmp_path_factory, monkeypatch) -
     assert run_cache_dir(tmp_path_factory) == str(base / "feedline-cache")
 
 
+@pytest.mark.slow  # a pytest -n 2 run of its own
 def test_the_tests_of_one_xdist_group_run_on_one_worker(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """``make test``'s ``--dist loadgroup``: every Ray test on one worker, one cluster a run (pytest 9.2 keeps
     a node's id where xdist 3.8 does not write its group suffix; each worker started a cluster)."""
