@@ -14,7 +14,9 @@ Arrow IPC file, a Megatron ``.bin/.idx`` pair, a nanoGPT flat ``uint16`` file an
 
 Each contender runs in a fresh process, reads its file endlessly (``epochs: null``; LitData's
 loader is re-iterated) and delivers rows of 1024, 16 a batch: feedline ``task: clm, max_length:
-1024`` with ``batching: concat`` or ``pack`` (tokens counted from ``seq_lens``); LitData
+1024`` with ``batching: concat`` or ``pack`` (tokens counted from ``seq_lens``), by default with
+``Loader(spec, prefetch=0)``, each batch made in the caller's thread as LitData's in-process loader
+does (``--prefetch 4``: the default loader, which hands batches over from a thread); LitData
 ``StreamingDataset(TokensLoader(block_size=1025))`` + ``StreamingDataLoader(batch_size=16)``,
 ``num_workers`` 0 (in-process) and 2 (1024 tokens counted per row: the 1,025th is the shifted
 label). The measure is the issue's steady state: tokens delivered from 1 s after the first batch,
@@ -152,7 +154,7 @@ def spec(path: Path, layout: str, strategy: str) -> dict[str, Any]:
             "batching": {"strategy": strategy, "batch_size": BATCH}}
 
 
-def _batches(name: str, paths: dict[str, Path]) -> Any:
+def _batches(name: str, paths: dict[str, Path], prefetch: int = 0) -> Any:
     """The contender's endless stream of tokens per batch."""
     if name.startswith("litdata"):
         from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
@@ -165,17 +167,17 @@ def _batches(name: str, paths: dict[str, Path]) -> Any:
     import feedline
 
     layout, strategy = FEEDLINE[name]
-    with feedline.Loader(spec(paths[layout], layout, strategy)) as loader:
+    with feedline.Loader(spec(paths[layout], layout, strategy), prefetch=prefetch) as loader:
         for batch in loader:
             yield int(batch["seq_lens"].sum())
 
 
-def measure(name: str, paths: dict[str, Path], seconds: float, warmup: float = 1.0) -> dict[str, Any]:
+def measure(name: str, paths: dict[str, Path], seconds: float, warmup: float = 1.0, prefetch: int = 0) -> dict[str, Any]:
     """One contender in this process: first batch, then the steady window's tokens per wall and CPU second."""
     t0 = time.perf_counter()
     first = w0 = c0 = None
     tokens = 0
-    for n in _batches(name, paths):
+    for n in _batches(name, paths, prefetch):
         now = time.perf_counter()
         if first is None:
             first = now - t0
@@ -190,9 +192,10 @@ def measure(name: str, paths: dict[str, Path], seconds: float, warmup: float = 1
     raise RuntimeError(f"{name}: the stream ended")
 
 
-def run_one(name: str, docs: str, mtok: float, seconds: float) -> dict[str, Any]:
+def run_one(name: str, docs: str, mtok: float, seconds: float, prefetch: int = 0) -> dict[str, Any]:
     """:func:`measure` in a fresh process."""
-    cmd = [sys.executable, __file__, "--one", name, "--docs", docs, "--mtok", str(mtok), "--seconds", str(seconds)]
+    cmd = [sys.executable, __file__, "--one", name, "--docs", docs, "--mtok", str(mtok), "--seconds", str(seconds),
+           "--prefetch", str(prefetch)]
     got = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120)
     if got.returncode:
         return {"error": (got.stderr.strip().splitlines() or ["?"])[-1]}
@@ -206,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=8, help="the steady window per run (default 8)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the tables show medians (default 3)")
     ap.add_argument("--only", nargs="*", choices=CONTENDERS, help="contenders to run (default: all)")
+    ap.add_argument("--prefetch", type=int, default=0, help="feedline's Loader(prefetch=...): 0 (default) makes "
+                    "each batch in the caller's thread, as LitData in-process; 4 is the default loader's thread")
     ap.add_argument("--quick", action="store_true", help="one round of 3 s windows (bench/run.py --quick)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -213,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.rounds, args.seconds = 1, 3.0
     if args.one:
-        print(json.dumps(measure(args.one, build(args.mtok, args.docs, extras=True), args.seconds)))
+        print(json.dumps(measure(args.one, build(args.mtok, args.docs, extras=True), args.seconds, prefetch=args.prefetch)))
         return 0
     kinds = ("short", "long") if args.docs == "both" else (args.docs,)
     names = args.only or list(CONTENDERS)
@@ -226,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
         for _ in range(args.rounds):
             for n in names:
-                runs[n].append(run_one(n, kind, args.mtok, args.seconds))
+                runs[n].append(run_one(n, kind, args.mtok, args.seconds, args.prefetch))
         rows = []
         for n, rs in runs.items():
             ok = [r for r in rs if "error" not in r]
@@ -246,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
                 if k in r:
                     r[k] /= 1e6
         print(f"\n# {kind} documents (mean {lengths.mean():.0f} tokens with EOS), {args.mtok:g} M tokens, rows of "
-              f"{ROW}, {BATCH} a batch, {args.seconds:g} s windows, medians of {args.rounds} rounds\n")
+              f"{ROW}, {BATCH} a batch, {args.seconds:g} s windows, medians of {args.rounds} rounds, feedline "
+              f"prefetch={args.prefetch}\n")
         print(table(rows, [("contender", "contender", ""), ("tokens_per_s", "M tok/s", ".1f"),
                            ("ratio", "vs LitData", ".2f"), ("tokens_per_cpu_s", "M tok/CPU s", ".1f"),
                            ("cpu_ratio", "vs LitData (CPU)", ".2f"), ("first_batch_s", "first batch s", ".3f"),

@@ -159,10 +159,37 @@ def test_endless_reading_of_a_source_with_no_good_record_fails_clearly(tmp_path:
 
 @pytest.mark.parametrize("prefetch", [0, -2, 1.5, True])
 def test_a_prefetch_that_is_not_a_positive_integer_is_refused(corpus: str, small_tokenizer: str, prefetch: object) -> None:
-    """``prefetch=0`` used to mean the default silently; now every loader names the argument."""
-    with pytest.raises(SpecError, match=r"prefetch=.* must be an integer >= 1"):
-        feedline.Loader(spec_for(corpus, small_tokenizer), prefetch=prefetch)  # type: ignore[arg-type]
+    """``prefetch=0`` used to mean the default silently; now every loader names the argument (in-process,
+    0 is the synchronous loader: see the next test)."""
+    if prefetch != 0:
+        with pytest.raises(SpecError, match=r"prefetch=.* must be an integer >= 0"):
+            feedline.Loader(spec_for(corpus, small_tokenizer), prefetch=prefetch)  # type: ignore[arg-type]
     with pytest.raises(SpecError, match=r"prefetch=.* must be an integer in \[1, 1024\]"):
         feedline.Loader("tcp://127.0.0.1:9", prefetch=prefetch)  # type: ignore[arg-type]
     with pytest.raises(SpecError, match=r"prefetch=2000 must be an integer in \[1, 1024\]"):
         feedline.Loader("tcp://127.0.0.1:9", prefetch=2000)
+
+
+def test_prefetch_0_makes_each_batch_in_the_callers_thread_with_the_same_batches_and_states(
+        corpus: str, small_tokenizer: str) -> None:
+    """``Loader(spec, prefetch=0)``: no thread; the threaded loader's batches and states, and each resumes the other."""
+    import threading
+
+    spec = spec_for(corpus, small_tokenizer)
+    ref, ref_states = collect(Loader(spec), with_states=True)
+    before = set(threading.enumerate())
+    with Loader(spec, prefetch=0) as loader:
+        got, states = collect(loader, with_states=True)
+        assert not [t.name for t in set(threading.enumerate()) - before if t.name.startswith("feedline-loader")]
+        assert loader.step == len(ref)
+    assert_batches_equal(ref, got)
+    assert states == ref_states
+    k = len(ref) // 2
+    with Loader(spec, state=ref_states[k - 1], prefetch=0) as loader:  # a threaded state, resumed inline ...
+        assert_batches_equal(ref[k:], collect(loader))
+    with Loader(spec, prefetch=0) as loader:  # ... and an inline state after a close, then threaded
+        assert_batches_equal(ref[:2], collect(loader, limit=2))
+        loader.close()
+        assert_batches_equal(ref[2:4], collect(loader, limit=2))
+        mid = loader.state_dict()
+    assert_batches_equal(ref[4:], collect(Loader(spec, state=mid)))

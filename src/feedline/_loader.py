@@ -9,6 +9,8 @@ In-process, a :class:`~feedline._core.prefetch.Prefetch` stage runs the rank's s
 (``GlobalStream`` then ``RankSlice``) ``prefetch`` batches ahead on a thread; each batch travels
 with the state after it, so :meth:`Loader.state_dict` always describes exactly what the caller
 has received, however far prefetching ran. Iterating again continues where the last left off.
+``prefetch=0`` makes each batch in the caller's thread when it is asked for
+(:class:`~feedline._core.inline.Inline`: no thread, no hand-off; same batches and states).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 from feedline._batching.base import Batch
 from feedline._batching.planner import RankSlice
+from feedline._core.inline import Inline
 from feedline._core.options import check_count
 from feedline._core.prefetch import Prefetch
 from feedline._pipeline import GlobalStream, Pipeline
@@ -78,7 +81,8 @@ class Loader(ABC):
         world_size: number of ranks sharing each global batch.
         state: a :meth:`state_dict` to resume from (any world size).
         stream: for a service with several streams, the stream name (refused in-process).
-        prefetch: batches prepared ahead (default: the spec's ``prefetch``).
+        prefetch: batches prepared ahead (default: the spec's ``prefetch``); in-process, ``0`` makes
+            each batch in the caller's thread when it is asked for (no background thread).
     """
 
     rank: int
@@ -157,8 +161,9 @@ class InProcessLoader(Loader):
         self.rank, self.world_size = rank, world_size
         self.pipeline = Pipeline(self.spec)
         self.spec_hash = self.spec.hash()
-        self.prefetch = self.spec.prefetch if prefetch is None else check_count(prefetch, "prefetch")
-        self._stage = Prefetch(self._rank_stream, self.prefetch, name="feedline-loader")
+        self.prefetch = self.spec.prefetch if prefetch is None else check_count(prefetch, "prefetch", low=0)
+        self._stage: Prefetch | Inline = (Prefetch(self._rank_stream, self.prefetch, name="feedline-loader") if self.prefetch
+                                          else Inline(self._rank_stream))
         if state is not None:
             self._stage.set_state(check_state(state, self.spec.accepted_hashes(), self.spec.partitions))
 
@@ -210,5 +215,5 @@ class InProcessLoader(Loader):
 
     def __del__(self) -> None:
         stage = getattr(self, "_stage", None)  # absent when __init__ refused the spec
-        if stage is not None:
+        if isinstance(stage, Prefetch):
             stage._stop.set()
