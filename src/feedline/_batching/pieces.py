@@ -4,7 +4,8 @@ A piece is a slice of one example's tokens. :class:`PiecePool` gives each piece 
 (in arrival order) and keeps, for the pieces still held (the window being placed, open rows,
 rows not yet delivered), their state refs ``[source, file, position, epoch, sub, start]``,
 lengths and where their tokens are. Tokens are appended to one growing array per field (the
-*arena*: one copy per chunk of examples, not per piece); when delivered pieces make up most of
+*arena*: one copy per chunk of examples, not per piece; typed as the batches, so ids stored as
+uint16 are converted in that copy); when delivered pieces make up most of
 it, the live tokens are copied to a fresh arena. The packer moves ids; a batch gathers its rows'
 tokens with one index computation (:meth:`PiecePool.collate`), and the state's refs are one
 lookup (:func:`lookup_refs`)::
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from feedline._batching.base import Batch
+from feedline._batching.base import Batch, int_dtype
 from feedline._batching.compact import CompactBatch
 from feedline._batching.rows import Attention
 from feedline._core.block import gather_spans
@@ -76,7 +77,7 @@ class PiecePool:
                     self.alias[name] = first[id(arr)]
                 else:
                     first[id(arr)] = name
-            self.arena = {name: np.empty((max(n, _SLACK), *arr.shape[1:]), dtype=arr.dtype)
+            self.arena = {name: np.empty((max(n, _SLACK), *arr.shape[1:]), dtype=int_dtype(name, arr))
                           for name, arr in fields.items() if name not in self.alias}
         if self.arena.keys() | self.alias.keys() != fields.keys():
             raise ValueError(f"pack: examples with fields {sorted(fields)} after examples with {sorted(self.arena)}")
@@ -88,7 +89,7 @@ class PiecePool:
         if self.used + n > len(next(iter(self.arena.values()))):
             size = max(2 * len(next(iter(self.arena.values()))), self.used + n)
             for name, buf in self.arena.items():
-                grown = np.empty((size, *buf.shape[1:]), dtype=np.result_type(buf, fields[name]))
+                grown = np.empty((size, *buf.shape[1:]), dtype=np.result_type(buf, int_dtype(name, fields[name])))
                 grown[:self.used] = buf[:self.used]
                 self.arena[name] = grown
         base = self.used

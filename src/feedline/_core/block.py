@@ -84,6 +84,10 @@ def gather_spans(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np
     return buf[spans(starts, lengths)]
 
 
+#: Signed integer types an example's ids are widened from (unsigned ones always are).
+_NARROW = (np.dtype(np.int8), np.dtype(np.int16))
+
+
 @dataclass(slots=True)
 class ExampleBlock:
     """The examples of one chunk of records, as columns; see the module docstring.
@@ -111,14 +115,15 @@ class ExampleBlock:
         return len(self.starts)
 
     def __getitem__(self, i: int) -> Example:
-        """Example ``i`` (its fields are copies, so a buffered example never holds the chunk)."""
+        """Example ``i`` (its fields are copies, so a buffered example never holds the chunk; ids
+        stored narrower, such as a memory map's uint16, are int32 copies)."""
         s = int(self.starts[i])
         e = s + int(self.lengths[i])
         made: dict[int, np.ndarray] = {}
         fields = {}
         for name, arr in self.fields.items():
             if id(arr) not in made:
-                made[id(arr)] = arr[s:e].copy()
+                made[id(arr)] = arr[s:e].astype(np.int32) if arr.dtype.kind == "u" or arr.dtype in _NARROW else arr[s:e].copy()
             fields[name] = made[id(arr)]
         r = self.refs[i]
         return Example((int(r[0]), int(r[1]), int(r[2])), int(r[3]), int(r[4]), fields)

@@ -187,18 +187,20 @@ class CausalLM(Task):
         return block
 
     def _run(self, recs: TokenRecords) -> ExampleBlock | None:
-        """A run of pre-tokenized documents as arrays: their ids as int32 (one copy from a narrower type,
-        none from int32), no object per document; ``None`` when one would be rejected (:meth:`_stored`
-        then says why)."""
+        """A run of pre-tokenized documents as arrays, no object per document: ids of at most 32 bits as
+        stored (a view of the memory map or column where they lie end to end), wider ones as int32;
+        ``None`` when one would be rejected (:meth:`_stored` then says why). Batchers copy ids into
+        int32 batches (:func:`~feedline._batching.base.int_dtype`), so a narrow type (uint16) is
+        converted once, in that copy; a single example (``block[i]``) is an int32 copy."""
         opts: CausalLMOptions = self.options
         lengths = recs.lengths
         if not len(recs) or not lengths.all():
             return None
         span = recs.span()
         if span is None:
-            flat, starts = recs.ids[spans(recs.starts, lengths)].astype(np.int32, copy=False), exclusive_cumsum(lengths)
-        else:  # int32 ids (Parquet/Arrow columns) are taken as they are, a view (read only: batches copy them)
-            flat, starts = recs.ids[span[0]:span[1]].astype(np.int32, copy=False), recs.starts - span[0]
+            flat, starts = _narrow(recs.ids[spans(recs.starts, lengths)]), exclusive_cumsum(lengths)
+        else:  # a view (read only: batches copy it)
+            flat, starts = _narrow(recs.ids[span[0]:span[1]]), recs.starts - span[0]
         vocab = self.ctx.tokenizer.vocab_size if self.ctx.tokenizer is not None else None
         if not _in_range(recs.ids.dtype, flat, vocab):
             return None
@@ -214,6 +216,11 @@ class CausalLM(Task):
         return self.reject(rec, "token_out_of_range",
                            f"ids {lo}..{hi}" + (f", vocabulary {vocab}" if vocab is not None else "") +
                            "; check the source's tokens.dtype and the tokenizer")
+
+
+def _narrow(ids: np.ndarray) -> np.ndarray:
+    """``ids`` as they are when integers of at most 32 bits, else as int32."""
+    return ids if ids.dtype.kind in "ui" and ids.dtype.itemsize <= 4 else ids.astype(np.int32)
 
 
 def _in_range(stored: np.dtype[Any], ids: np.ndarray, vocab: int | None) -> bool:
