@@ -36,7 +36,7 @@ LLMC_MAGIC = 20240520
 LLMC_HEADER = 256 * 4
 _LLMC_DTYPES = {1: np.uint16, 2: np.uint32}
 _SAMPLE = 1 << 16
-_BLOCK = 1 << 20
+_BLOCK = 1 << 22  # tokens searched for separators at once: a run of documents (runahead.RUN_BYTES) is at most this
 _MIN_INFER = 4096
 
 
