@@ -26,12 +26,14 @@ import numpy as np
 from feedline._batching.base import Batch, int_dtype
 from feedline._batching.compact import CompactBatch
 from feedline._batching.pieces import PiecePool
-from feedline._batching.rows import Attention, RowFill, piece_positions, row_counts
+from feedline._batching.rows import COUNTING_UP_TO, Attention, RowFill, lay_positions, piece_positions, row_counts
 
 __all__ = ["ReadyRows", "rows_to_gather"]
 
 #: Ready rows are gathered together up to about this many slots (whole batches; at least one).
 _GATHER_SLOTS = 1 << 18
+#: Up to this many pieces a row on average, a batch's positions are laid a slice a piece.
+_SLICED_PIECES = 2
 
 
 def rows_to_gather(ready: int, batch_rows: int, max_length: int) -> int:
@@ -45,6 +47,7 @@ class ReadyRows:
     """Rows of kept piece ids gathered as one compact batch, handed out a batch at a time."""
 
     __slots__ = ("_cu", "_first", "_piece_at", "_positions", "_seq_lens", "_token_at", "_totals", "compact", "taken")
+    _positions: np.ndarray | None
 
     def __init__(self, pool: PiecePool, rows: Sequence[Sequence[int]], max_length: int, max_docs: int,
                  pad_values: Mapping[str, Any], *, mask_first: bool, attention: Attention) -> None:
@@ -59,7 +62,10 @@ class ReadyRows:
             return
         # the layout's counts (what collate_flat computes for a batch), for every gathered row at once
         self._seq_lens, self._cu, self._totals, self._first = row_counts(docs, lengths, max_length, max_docs)
-        self._positions = piece_positions(lengths)
+        # few pieces a row (long documents): each batch's positions are laid a slice a piece (~0.6 us
+        # each) instead of computed for every gathered token and laid out again (~30 us a batch of 16 K)
+        few = len(lengths) <= _SLICED_PIECES * n and max_length <= COUNTING_UP_TO
+        self._positions = None if few else piece_positions(lengths)
 
     def __len__(self) -> int:
         return len(self.compact.docs)
@@ -105,7 +111,10 @@ class ReadyRows:
         if "labels" in batch and c.mask_first:
             labels = batch["labels"]
             labels.reshape(rows * width, *labels.shape[2:])[self._first[p0:p1] - a * width] = -100
-        batch["position_ids"] = fill.lay(self._positions[t0:t1], 0, np.dtype(np.int32))
+        if self._positions is None:
+            batch["position_ids"] = lay_positions(self._first[p0:p1] - a * width, c.lengths[p0:p1], rows, width)
+        else:
+            batch["position_ids"] = fill.lay(self._positions[t0:t1], 0, np.dtype(np.int32))
         batch["seq_lens"] = self._seq_lens[a:b].copy()
         batch["cu_seqlens"] = self._cu[a:b].copy()
         batch["attention_mask"] = fill.lay(None, 0, np.dtype(np.int32))
