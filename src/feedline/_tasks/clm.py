@@ -219,8 +219,15 @@ class CausalLM(Task):
 
 
 def _narrow(ids: np.ndarray) -> np.ndarray:
-    """``ids`` as they are when integers of at most 32 bits, else as int32."""
-    return ids if ids.dtype.kind in "ui" and ids.dtype.itemsize <= 4 else ids.astype(np.int32)
+    """``ids`` as they are when integers of at most 32 bits, else as int32; a plain ndarray (a view of
+    a ``np.memmap`` is one too: slicing a memmap runs Python code, ~1 us a slice, several a batch).
+
+        >>> type(_narrow(np.arange(4, dtype=np.uint16).view(np.memmap)[1:]))
+        <class 'numpy.ndarray'>
+    """
+    if ids.dtype.kind not in "ui" or ids.dtype.itemsize > 4:
+        ids = ids.astype(np.int32)
+    return ids if type(ids) is np.ndarray else ids.view(np.ndarray)
 
 
 def _in_range(stored: np.dtype[Any], ids: np.ndarray, vocab: int | None) -> bool:
