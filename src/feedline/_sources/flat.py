@@ -91,7 +91,8 @@ class FlatTokens:
         n = size // dtype.itemsize
         if header is not None and int(header[2]) != n:
             raise SourceError(f"{path}: the llm.c header announces {int(header[2])} tokens, the file holds {n}; it is truncated")
-        self.tokens = np.memmap(path, mode="r", dtype=dtype, offset=offset, shape=(n,)) if n else np.zeros(0, dtype)
+        # a plain ndarray view of the map (slicing an np.memmap runs Python code; the map stays open through its base)
+        self.tokens = np.memmap(path, mode="r", dtype=dtype, offset=offset, shape=(n,)).view(np.ndarray) if n else np.zeros(0, dtype)
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -92,7 +92,8 @@ class MegatronIndex:
         if (self.doc_index[0] != 0 or self.doc_index[-1] != seqs or np.any(np.diff(self.doc_index) < 0)
                 or (seqs and (ends.max() > nbytes or self.pointers.min() < 0))):
             raise SourceError(f"{idx}: the index does not match {bin_} ({nbytes} bytes); the pair is corrupt or mismatched")
-        self.data = np.memmap(bin_, mode="r", dtype=self.dtype) if nbytes else np.zeros(0, self.dtype)
+        # a plain ndarray view of the map (slicing an np.memmap runs Python code; the map stays open through its base)
+        self.data = np.memmap(bin_, mode="r", dtype=self.dtype).view(np.ndarray) if nbytes else np.zeros(0, self.dtype)
 
     def __len__(self) -> int:
         return len(self.doc_index) - 1
