@@ -208,13 +208,22 @@ class PackIterator(DatasetIterator[Batch]):
         if got is None:
             return False
         block = got if isinstance(got, ExampleBlock) else _block_of(got)
-        cum = np.cumsum(self._counts(block.lengths))
+        cum = self._pieces_upto(block.lengths, room)
         # one example at a time while fewer than ``room`` pieces are added (count_nonzero, unlike
         # searchsorted, keeps the GIL: handing it to the task thread costs up to a switch interval)
         k = min(int(np.count_nonzero(cum < room)) + 1, len(block))
         self.parent.consume(k)  # type: ignore[attr-defined]
         self._add(block.slice(0, k))
         return True
+
+    def _pieces_upto(self, lengths: np.ndarray, room: int) -> np.ndarray:
+        """The cumulative pieces of the examples, as far as needed to tell which first reach ``room``
+        (a run's block holds up to ~60 K short documents; a window needs ~1,000 of them)."""
+        if len(lengths) > room:  # each example gives at least a piece, unless it is empty
+            head = np.cumsum(self._counts(lengths[:room]))
+            if head[-1] >= room:
+                return head
+        return np.cumsum(self._counts(lengths))
 
     def _add(self, block: ExampleBlock) -> None:
         """Cut the block's examples into pieces of at most a row and hand them to the packer."""
