@@ -180,10 +180,13 @@ class ConcatIterator(DatasetIterator[Batch]):
         if blk is None or self._empty:
             return 0
         i = self._used
-        ends = self._ends[i:] - (int(self._ends[i - 1]) if i else 0)
+        base = int(self._ends[i - 1]) if i else 0
         c = self.carry
+        head = 0 if c is None else int(c[0].lengths[0]) - c[1]
+        # the examples up to the one holding the ``want`` rows' last token (a run's block may hold ~60 K more)
+        stop = int(np.searchsorted(self._ends, base + want * self.max_length - head, side="left")) + 1
+        ends = self._ends[i:stop] - base
         if c is not None:
-            head = int(c[0].lengths[0]) - c[1]
             ends = np.concatenate([[head], ends + head])
         cut = cut_rows(ends, want, self.max_length, self.opts.max_docs_per_row)
         if cut is None:
