@@ -235,3 +235,17 @@ def test_a_run_with_an_id_past_the_vocabulary_is_rejected(tmp_path: Path, docs: 
     with Loader(spec) as ld:
         collect(ld)
         assert ld.stats()["rejected"] == {"token_out_of_range": 1}
+
+
+@pytest.mark.parametrize("layout", ["megatron", "flat"])
+def test_clm_keeps_a_runs_uint16_ids_as_a_view_of_the_map(layout: str, sources: dict, docs: list[np.ndarray]) -> None:
+    """A run's block holds the stored uint16 ids, a plain ndarray view of the memory map (the batch or the
+    pack pool converts them to int32 in its own copy); one example of it is an int32 copy."""
+    pipeline = Pipeline(Spec.load(_spec(sources[layout], "concat")))
+    recs = iter(pipeline.records()).take(200)
+    block = pipeline.task.process_block(recs)
+    ids = block.fields["input_ids"]
+    assert type(ids) is np.ndarray and ids.dtype == np.uint16 and np.shares_memory(ids, recs.ids)
+    assert block.fields["labels"] is ids
+    ex = block[3]
+    assert ex.fields["input_ids"].dtype == np.int32 and ex.fields["input_ids"].tolist() == docs[3].tolist()
