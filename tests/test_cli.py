@@ -1,7 +1,14 @@
-"""The command line as a user runs it: real subprocesses, exit codes, help with examples."""
+"""The command line as a user runs it: exit codes, help with examples, outputs.
+
+Real subprocesses where the process is what is tested (exit codes, a fresh interpreter's imports,
+standard error a pipe); elsewhere ``main`` in this process, with the arguments, standard input and
+outputs a subprocess would have (each ``python -m feedline`` costs ~0.6-0.9 CPU-s of interpreter start
+and imports).
+"""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -16,6 +23,22 @@ EXE = [sys.executable, "-m", "feedline"]
 
 def run(*args: str, stdin: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*EXE, *args], input=stdin, capture_output=True, text=True, timeout=240, env=env)
+
+
+@pytest.fixture
+def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):  # type: ignore[no-untyped-def]
+    """``feedline ARGS`` through ``main`` in this process: its return value (the exit code, see
+    test_exit_codes_and_one_line_reasons), standard output and error, as :func:`run` gives them."""
+
+    def call(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        if stdin is not None:
+            monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+        capsys.readouterr()
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(list(args), code, out, err)
+
+    return call
 
 
 def help_of(*args: str, capsys: pytest.CaptureFixture[str]) -> str:
@@ -45,32 +68,41 @@ def test_exit_codes_and_one_line_reasons(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_inspect_highlights_loss_tokens(corpus: str, small_tokenizer: str) -> None:
+def test_inspect_highlights_loss_tokens(corpus: str, small_tokenizer: str, cli) -> None:  # type: ignore[no-untyped-def]
     spec = {"sources": [corpus], "tokenizer": small_tokenizer, "task": {"kind": "clm", "max_length": 16},
             "batching": {"strategy": "pad", "batch_size": 2}}
-    r = run("inspect", "-", "--json", "-n", "2", stdin=json.dumps(spec))
+    r = cli("inspect", "-", "--json", "-n", "2", stdin=json.dumps(spec))
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["task"] == "clm" and len(out["batches"]) == 2
     assert out["batches"][0]["fields"]["input_ids"] == {"shape": [2, 16], "dtype": "int32"}
     row = out["batches"][0]["rows"][0]
     assert row["loss_tokens"] == row["tokens"] and row["text"].startswith("[[Document")
-    plain = run("inspect", "-", "--no-color", stdin=json.dumps(spec))
+    plain = cli("inspect", "-", "--no-color", stdin=json.dumps(spec))
     assert "input_ids" in plain.stdout and "[[" in plain.stdout
 
 
 @pytest.mark.slow
-def test_train_tokenizer_command(tmp_path: Path, corpus: str) -> None:
-    r = run("train-tokenizer", corpus, "-o", str(tmp_path / "tok"), "--kind", "wordpiece", "--vocab-size", "300")
+def test_train_tokenizer_command(tmp_path: Path, corpus: str, cli) -> None:  # type: ignore[no-untyped-def]
+    r = cli("train-tokenizer", corpus, "-o", str(tmp_path / "tok"), "--kind", "wordpiece", "--vocab-size", "300")
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "tok" / "tokenizer.json").exists() and "wordpiece" in r.stdout
 
 
 @pytest.mark.slow
-def test_demo_trains_with_falling_loss(tmp_path: Path) -> None:
-    r = run("demo", "--steps", "40", "--seq-len", "64", "--batch-size", "8")
-    assert r.returncode == 0, r.stderr
-    summary = r.stderr.strip().splitlines()[-1]
+def test_demo_trains_with_falling_loss(capsys: pytest.CaptureFixture[str]) -> None:
+    """Through a real ``feedline serve`` (the demo's default), from ``main`` in this process: a subprocess would
+    add an interpreter and a torch import (~2.5 CPU-s); test_exit_codes_and_one_line_reasons shows that main's
+    return value becomes the exit code."""
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    try:
+        code = main(["demo", "--steps", "40", "--seq-len", "64", "--batch-size", "8"])
+    finally:
+        torch.set_num_threads(threads)
+    err = capsys.readouterr().err
+    assert code == 0, err
+    summary = err.strip().splitlines()[-1]
     first, last = (float(x) for x in summary.split("loss ")[1].split(",")[0].split(" -> "))
     assert last < first - 0.5, summary
     assert "waited for data" in summary
@@ -111,13 +143,13 @@ def test_serve_help_shows_the_defaults(capsys: pytest.CaptureFixture[str]) -> No
 
 
 @pytest.mark.slow
-def test_inspect_highlighting_keeps_the_spaces_between_words(corpus: str, bert_path: str) -> None:
+def test_inspect_highlighting_keeps_the_spaces_between_words(corpus: str, bert_path: str, cli) -> None:  # type: ignore[no-untyped-def]
     from feedline._tokenize import load_tokenizer
 
     spec = {"sources": [corpus], "tokenizer": bert_path, "seed": 5,
             "task": {"kind": "mlm", "max_length": 64, "mlm_probability": 0.3},
             "batching": {"strategy": "pad", "batch_size": 2}}
-    r = run("inspect", "-", "--json", "-n", "1", stdin=json.dumps(spec))
+    r = cli("inspect", "-", "--json", "-n", "1", stdin=json.dumps(spec))
     assert r.returncode == 0, r.stderr
     tok = load_tokenizer(bert_path)
     batch = next(iter(__import__("feedline").Loader(spec)))
@@ -131,8 +163,7 @@ def test_inspect_highlighting_keeps_the_spaces_between_words(corpus: str, bert_p
 @pytest.mark.slow
 def test_demo_all_prints_a_line_per_task_and_a_table(capsys: pytest.CaptureFixture[str]) -> None:
     """In this process, through ``main`` (the torch import and training of a subprocess, ~3 CPU-s, spared): the
-    exit code is main's return value, which test_demo_trains_with_falling_loss and
-    test_exit_codes_and_one_line_reasons show becomes the process's."""
+    exit code is main's return value, which test_exit_codes_and_one_line_reasons shows becomes the process's."""
     torch = pytest.importorskip("torch")
     threads = torch.get_num_threads()
     try:
@@ -157,7 +188,7 @@ def test_demo_all_prints_a_line_per_task_and_a_table(capsys: pytest.CaptureFixtu
 @pytest.mark.parametrize("command", ["count-tokens", "export"])
 @pytest.mark.slow
 def test_progress_bars_only_when_asked_or_on_a_terminal(command: str, corpus: str, small_tokenizer: str,
-                                                        tmp_path: Path) -> None:
+                                                        tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
     if command == "count-tokens":
         args = [corpus, "-o", str(tmp_path / "c.tsv")]
     else:
@@ -168,7 +199,7 @@ def test_progress_bars_only_when_asked_or_on_a_terminal(command: str, corpus: st
     piped = run(command, *args)                      # standard error is a pipe here: no bar
     assert piped.returncode == 0, piped.stderr
     assert bar not in piped.stderr and "/s]" not in piped.stderr
-    forced = run(command, *args, "--progress")
+    forced = cli(command, *args, "--progress")       # in this process: standard error is pytest's capture
     assert forced.returncode == 0, forced.stderr
     assert bar in forced.stderr and "/s]" in forced.stderr   # tqdm's bar, on standard error
-    assert bar not in run(command, *args, "--no-progress").stderr
+    assert bar not in cli(command, *args, "--no-progress").stderr
