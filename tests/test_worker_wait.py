@@ -5,12 +5,14 @@ one Windows takes, where pipes are not selectable)."""
 
 from __future__ import annotations
 
+import doctest
 import multiprocessing
 import threading
 import time
 
 import pytest
 
+from feedline._partitions.waker import Waker
 from feedline._partitions.worker import _Waker
 
 
@@ -66,3 +68,30 @@ def test_a_closed_parent_pipe_reads_as_stop(pair) -> None:  # type: ignore[no-un
     parent.close()
     waker.wait(10)   # an EOF wakes the wait
     assert list(waker.commands()) == [("stop",)]
+
+
+def test_waker_docstring_examples() -> None:
+    from feedline._partitions import waker
+
+    assert doctest.testmod(waker).failed == 0
+
+
+@pytest.mark.parametrize("poll", [True, False], ids=["poll", "connection-wait"])
+def test_a_waker_over_many_pipes_names_those_with_something_to_read(poll: bool) -> None:
+    """The composing process's wait on every worker's pipe: the ready ones by key, a closed one
+    among them (its end is read as the worker's death), none once discarded, None on a timeout."""
+    pipes = [multiprocessing.Pipe(duplex=True) for _ in range(3)]
+    waker = Waker(poll)
+    for w, (_, child) in enumerate(pipes):
+        waker.add(child, w)
+    assert waker.wait(0.05) is None
+    pipes[2][0].send(("batch",))
+    pipes[0][0].close()
+    assert sorted(waker.wait(5) or []) == [0, 2]
+    waker.discard(0)
+    pipes[0][1].close()
+    assert waker.wait(5) == [2]   # (level-triggered: still unread)
+    assert pipes[2][1].recv() == ("batch",)
+    threading.Timer(0.2, waker.wake).start()
+    assert waker.wait(5) == []    # woken, nothing to read
+    waker.close()

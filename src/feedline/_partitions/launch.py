@@ -1,14 +1,17 @@
-"""One partition worker process as the parent sees it: started in the background, its pipe, the stage receiving its messages.
+"""One partition worker process as the parent sees it: started in the background, and its pipe, read by the composing stage.
 
 A :class:`WorkerProcess` starts its process on a thread of its own, so that starting ``N`` workers
 never waits for one after another (a spawned child reads its arguments only once it has imported
-what unpickling them needs, and the parent's ``start`` blocks until then), and the same thread
-then receives the worker's messages: it is a :class:`~feedline._core.prefetch.Prefetch` stage over
-them (the package's one thread-and-queue stage), whose ``wake`` tells the pool that a worker spoke
-(:meth:`WorkerProcess.take` never waits); ``("dead",)`` is the last message when the worker's pipe
-closes (it died, or it was stopped). The thread notes when the worker was last heard from
-(:attr:`WorkerProcess.heard`; its heartbeats, ``("alive",)``, go no further), which is how the
-placement tells a silent worker from a slow one.
+what unpickling them needs, and the parent's ``start`` blocks until then). Its messages are read
+by the composing thread itself when the pool's wait (:mod:`.waker`) says its pipe has one
+(:meth:`WorkerProcess.take`): no thread and no queue between a worker's pipe and the composing
+stage, so a batch costs this process one wake-up, not two. A thread asking for a state
+(:meth:`WorkerProcess.ask`: a checkpoint, while the composing thread may be waiting for its
+consumer) reads the pipe itself meanwhile, keeping what else comes for the composing stage.
+``("dead",)`` is the last message when the worker's pipe closes (it died, or it was stopped).
+Reading notes when the worker was last heard from (:attr:`WorkerProcess.heard`; its heartbeats,
+``("alive",)``, go no further), which is how the placement tells a silent worker from a slow one
+(a pipe is read before a silence is judged).
 
 Workers start from the process's one fork server (:mod:`feedline._core.forkserver`), which
 preloads the heavy third-party modules and, where it would import this very copy, the feedline
@@ -23,13 +26,14 @@ import multiprocessing
 import pickle
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from typing import Any
 
 from feedline._core.forkserver import context, preload_own
-from feedline._core.prefetch import Prefetch
 from feedline._partitions.frames import FrameReader
+from feedline._partitions.waker import Readable
 from feedline._partitions.worker import run_worker
 from feedline.errors import FeedlineError, SpecError
 
@@ -38,8 +42,6 @@ __all__ = ["DEAD", "MAIN_GUARD", "WorkerProcess", "context", "importing_main", "
 DEAD = "dead"
 ALIVE = "alive"
 STATE = "state"
-#: Messages of one worker received and not yet taken, at most (its batches are fewer: credit bounds them).
-RECEIVED = 1024
 #: A worker runs these; the fork server preloads them where it would import this copy of feedline.
 preload_own("feedline._partitions.worker", "feedline._pipeline", "feedline._loader")
 
@@ -64,46 +66,9 @@ def pickled(make: Any) -> bytes:
                         "and a script that starts a Loader at import time needs `if __name__ == '__main__':`") from e
 
 
-class _Messages:
-    """A worker's messages, as its receiving stage reads them: the process is started at the first
-    read, and heartbeats are noted (:attr:`WorkerProcess.heard`) and skipped."""
-
-    def __init__(self, worker: WorkerProcess) -> None:
-        self.worker = worker
-
-    def __iter__(self) -> _Messages:
-        return self
-
-    def __next__(self) -> tuple[Any, ...]:
-        w = self.worker
-        if not w.started.is_set():
-            try:
-                w.process.start()
-            finally:
-                w.child.close()
-                w.started.set()
-        try:
-            while True:
-                msg = w.reader.recv()   # EOF/OSError: raised to the pool, which counts the worker dead
-                w.heard, w.spoke = time.monotonic(), True
-                if msg[0] == STATE:
-                    w.answer(msg)
-                elif msg[0] != ALIVE:
-                    return msg  # type: ignore[no-any-return]
-        except BaseException:
-            w.answer(None)   # nobody waits for an answer from a worker that is gone
-            raise
-
-    def get_state(self) -> dict[str, Any]:
-        return {}   # (a stream of messages is not resumed)
-
-    def close(self) -> None:
-        self.worker.reader.close()
-
-
 class WorkerProcess:
     """Worker ``index`` serving partitions ``owned``, started at once in the background; ``wake``
-    is called when it has said something into an empty queue (see :meth:`take`)."""
+    is called when a thread other than the composing one read its messages (see :meth:`take`)."""
 
     def __init__(self, ctx: BaseContext, index: int, make: bytes, owned: list[int], prefetch: int, threads: int,
                  wake: Callable[[], None], beat: float = 1.0) -> None:
@@ -116,25 +81,81 @@ class WorkerProcess:
         self.named = 0.0                # the silence a warning named last (the placement's)
         self.conn, self.child = ctx.Pipe(duplex=True)
         self.reader = FrameReader(self.conn)   # what the worker sends (this end sends on the Connection)
+        self.readable = Readable(self.conn)
         self.process = ctx.Process(target=run_worker, args=(self.child, make, owned, prefetch, threads, beat),  # type: ignore[attr-defined]
                                    name=f"feedline-partitions-{index}", daemon=True)
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()      # sending
+        self.reading = threading.Lock()   # reading: the composing thread, or one asking for a state
+        self.read: deque[tuple[Any, ...]] = deque()   # read by an asking thread, for the composing one
+        self.gone = False                 # its pipe closed, or it failed to start: (DEAD,) is its last message
+        self.wake = wake
         self.started = threading.Event()  # start() returned (or failed)
         self.asked: dict[tuple[int, int, int], list[Any]] = {}   # states asked for: (gen, p, seq) -> [Event, state]
-        self.messages = Prefetch(_Messages(self), RECEIVED, wake=wake, name=f"feedline-partitions-recv-{index}")
-        self.messages.start()
+        threading.Thread(target=self._start, name=f"feedline-partitions-start-{index}", daemon=True).start()
+
+    def _start(self) -> None:
+        try:
+            self.process.start()
+        except BaseException:   # counted as a death (the placement says why)
+            self.gone = True
+            self.read.append((DEAD,))
+        finally:
+            self.child.close()
+            self.started.set()
+            self.wake()
+
+    def take(self) -> tuple[Any, ...] | None:
+        """The worker's next message, if one is on its pipe (``("dead",)`` once its pipe closed); never
+        waits for one (heartbeats are noted, :attr:`heard`, and states asked for answered on the way)."""
+        if self.read:
+            return self.read.popleft()
+        if self.gone or not self.started.is_set():
+            return None
+        with self.reading:
+            if self.read:   # (an asking thread read it meanwhile: in order)
+                return self.read.popleft()
+            return self._read(keep=False)
+
+    def _read(self, keep: bool, timeout: float = 0.0) -> tuple[Any, ...] | None:
+        """Read what is on the pipe (within ``timeout``), holding :attr:`reading`: the first message for
+        the composing stage is returned, or, with ``keep``, every one is queued for it in :attr:`read`."""
+        while not self.gone and self.readable(timeout):
+            timeout = 0.0
+            try:
+                msg = self.reader.recv()   # EOF/OSError: the worker is gone (died, or was stopped)
+            except BaseException:
+                self.gone, msg = True, (DEAD,)
+                self.answer(None)   # nobody waits for an answer from a worker that is gone
+            else:
+                self.heard, self.spoke = time.monotonic(), True
+                if msg[0] == STATE:
+                    self.answer(msg)
+                    continue
+                if msg[0] == ALIVE:
+                    continue
+            if not keep:
+                return msg  # type: ignore[no-any-return]
+            self.read.append(msg)
+            self.wake()
+        return None
 
     def ask(self, key: tuple[int, int, int], wait: float) -> Any:
         """The state after batch ``seq`` of partition ``p``'s start ``gen`` (``key``), asked of the
-        worker (its answer is taken off the pipe by the receiving stage, so any thread may ask);
-        ``None`` when it no longer keeps it, is gone, or says nothing for ``wait`` seconds."""
+        worker from any thread (which reads the pipe itself while the composing thread does not, keeping
+        what else comes for it); ``None`` when it no longer keeps it, is gone, or says nothing for
+        ``wait`` seconds."""
         box: list[Any] = [threading.Event(), None]
         self.asked[key] = box
         self.send((STATE, *key))
         deadline = time.monotonic() + wait
-        while not box[0].wait(0.2):
-            if not self.messages.running or time.monotonic() > deadline:
-                break
+        while not box[0].is_set() and not self.gone and time.monotonic() < deadline:
+            if self.started.is_set() and self.reading.acquire(timeout=0.05):
+                try:
+                    self._read(keep=True, timeout=0.05)
+                finally:
+                    self.reading.release()
+            else:
+                box[0].wait(0.05)
         self.asked.pop(key, None)
         return box[1]
 
@@ -145,14 +166,6 @@ class WorkerProcess:
             if box is not None:
                 box[1] = msg[4] if msg is not None else None
                 box[0].set()
-
-    def take(self) -> tuple[Any, ...] | None:
-        """The worker's next message, if one came (``("dead",)`` once its pipe closed); never waits."""
-        try:
-            got = self.messages.poll()
-        except BaseException:  # EOF/OSError: the worker is gone (or never started: counted as a death)
-            return (DEAD,)
-        return None if got is None else got[0]  # type: ignore[no-any-return]
 
     @property
     def exitcode(self) -> int | None:
@@ -167,7 +180,7 @@ class WorkerProcess:
             try:
                 self.conn.send(msg)
             except (OSError, ValueError):
-                pass  # a dead worker: its receiver reports it
+                pass  # a dead worker: its pipe says so when read
 
     def kill(self) -> None:
         if self.process.pid is not None and self.process.is_alive():
@@ -182,6 +195,6 @@ class WorkerProcess:
             if self.process.is_alive():
                 self.process.kill()
                 self.process.join(timeout=5)
+        self.gone = True
+        self.reader.close()   # a thread reading leaves recv() with EOFError
         self.conn.close()
-        self.reader.close()   # its receiving thread leaves recv() with EOFError
-        self.messages.close()

@@ -1,9 +1,10 @@
 """A placement's worker processes: started when first asked for, their messages taken in turn, silent ones named.
 
 Worker ``w`` of ``N`` serves partitions ``w, w + N, ...`` (:class:`~feedline._partitions.launch.WorkerProcess`:
-its process started in the background, a stage receiving its messages, which sets :attr:`WorkerPool.woken`
-when one comes). :meth:`WorkerPool.wait` hands the placement the next message of a worker in the
-pool (taken from each in turn; a worker stopped since is no longer asked), and while it waits it watches the workers' heartbeats: a
+its process started in the background, its pipe). :meth:`WorkerPool.wait` waits on every worker's
+pipe at once (a :class:`~feedline._partitions.waker.Waker`, which a warm start's threads here wake
+too) and hands the placement the next message of a worker in the pool, read on the caller's thread
+(taken from the workers that have one, in turn; a worker stopped since is no longer asked), and while it waits it watches the workers' heartbeats: a
 worker silent for a quarter of ``parallel.hang_timeout`` (at most 30 s) is named in a warning with
 its partitions and pid, and one silent for all of it is killed, so its pipe closes and the placement
 restarts it like one that died. Workers exit with the pool (:meth:`WorkerPool.close`), and with a
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
 import weakref
 from collections import deque
@@ -25,6 +25,7 @@ from typing import Any
 from feedline._core import notices
 from feedline._core.cores import usable_cores
 from feedline._partitions.launch import MAIN_GUARD, WorkerProcess, context
+from feedline._partitions.waker import Waker
 from feedline._spec import ParallelSpec
 from feedline.errors import FeedlineError
 
@@ -48,10 +49,12 @@ class WorkerPool:
         weakref.finalize(self, _kill_all, self.procs)  # a pool dropped without close() stops its workers
         self.make_bytes: bytes | None = None   # the pickled factory every worker runs (set before the first get)
         self.restarts = [0] * size
-        self.woken = threading.Event()   # a worker said something (set by its receiving stage)
-        # the workers that spoke into an empty queue, in turn (one asked until it has nothing left):
+        self.waker = Waker()   # every worker's pipe, and a wake (a warm start's thread queued a batch)
+        self.wake = self.waker.wake
+        # the workers whose pipes had something to read, in turn (one asked until it has nothing left):
         # a step asks only those, not every worker (the composer's cost per step does not grow with K)
         self._spoke: deque[int] = deque()
+        self._watched = time.monotonic()   # when watch() last ran
         self.beat = min(1.0, options.hang_timeout / 8)   # the workers' heartbeat, and how often silence is checked
 
     def owner(self, p: int) -> int:
@@ -66,6 +69,7 @@ class WorkerPool:
             threads = max(1, usable_cores() // self.size)
             worker = self.procs[w] = WorkerProcess(context(), w, self.make_bytes, owned, self.options.prefetch,
                                                    threads, functools.partial(self._woke, w), self.beat)
+            self.waker.add(worker.conn, w)
         return worker
 
     def wait(self, p: int | None = None) -> tuple[int, tuple[Any, ...]]:
@@ -74,12 +78,11 @@ class WorkerPool:
         is named too, once per wait: its worker lives, but its pipeline is slow or stuck)."""
         since, named = time.monotonic(), False
         while True:
-            self.woken.clear()   # (a message after this sets it again: none is missed)
             got = self._take()
             if got is None:
-                if self.woken.wait(timeout=self.beat):
+                self._wait(self.beat)
+                if not self._due():
                     continue
-                self.watch()
                 waited = time.monotonic() - since
                 if p is not None and not named and waited >= min(self.options.hang_timeout / 4, 30.0):
                     named, live = True, self.procs[self.owner(p)]
@@ -96,17 +99,34 @@ class WorkerPool:
             return w, msg
 
     def idle(self) -> None:
-        """Wait until :attr:`woken` is set (a worker spoke, or a warm start's thread queued a batch:
-        its ``wake``), at most a heartbeat, watching for silent workers; then clear it (the caller
-        looks at everything after this, so nothing set meanwhile is missed)."""
-        if not self.woken.wait(timeout=self.beat):
-            self.watch()
-        self.woken.clear()
+        """Wait until a worker's pipe has something to read or :attr:`wake` was called (a warm start's
+        thread queued a batch), at most a heartbeat, watching for silent workers (the caller looks at
+        everything after this; a wake meanwhile ends the next wait, so nothing is missed)."""
+        self._wait(self.beat)
+        self._due()
+
+    def _due(self) -> bool:
+        """:meth:`watch`, where a heartbeat passed since it last ran (the live workers' heartbeats are
+        read and never end a wait: a stopped worker is told among busy ones)."""
+        now = time.monotonic()
+        if now - self._watched < self.beat:
+            return False
+        self._watched = now
+        self.watch()
+        return True
+
+    def _wait(self, timeout: float) -> bool:
+        """Wait for a pipe or a wake (``False``: ``timeout`` passed); the workers with something to read join the turn."""
+        ready = self.waker.wait(timeout)
+        if ready is None:
+            return False
+        self._spoke.extend(ready)  # type: ignore[arg-type]
+        return True
 
     def _woke(self, w: int) -> None:
-        """Worker ``w``'s receiving stage queued a message into an empty queue (its thread)."""
+        """Worker ``w``'s messages were read by another thread (asking for a state), or it failed to start."""
         self._spoke.append(w)
-        self.woken.set()
+        self.wake()
 
     def _take(self) -> tuple[int, tuple[Any, ...]] | None:
         """A message already received from a worker in the pool, from those that spoke, in turn
@@ -122,7 +142,8 @@ class WorkerPool:
         return None
 
     def pending(self) -> Iterator[tuple[int, tuple[Any, ...]]]:
-        """The messages already received, as :meth:`wait` gives them (never waits)."""
+        """The messages already on the workers' pipes, as :meth:`wait` gives them (never waits)."""
+        self._wait(0)
         while (got := self._take()) is not None:
             yield got
 
@@ -160,6 +181,7 @@ class WorkerPool:
         """
         worker = self.procs[w]
         assert worker is not None
+        self.waker.discard(w)
         worker.stop()
         self.procs[w] = None
         code = worker.exitcode
@@ -180,6 +202,8 @@ class WorkerPool:
         """Stop every worker: all told first, so they stop together."""
         running = [w for w in self.procs if w is not None]
         self.procs[:] = [None] * self.size
+        for w in range(self.size):
+            self.waker.discard(w)
         notices.clear_owner(id(self))
         for worker in running:
             worker.send(("stop",))

@@ -9,8 +9,9 @@ cores (``RAYON_NUM_THREADS``, which sentencepiece's ``num_threads`` follows too:
 the state after it only every :data:`~feedline._partitions.streams.ANCHOR_EVERY` batches: the
 others stay in the worker until a state is read (a checkpoint: asked of the worker, or made again
 here from the last one sent where the worker no longer keeps it), so a batch's state is pickled
-only when needed; where every step's state is read (the service) each batch carries its own. A
-stage per worker receives them (a :class:`Prefetch` over its pipe). At most ``parallel.prefetch``
+only when needed; where every step's state is read (the service) each batch carries its own. The
+composing thread reads the workers' pipes itself (:mod:`feedline._partitions.pool`: one wait on
+them all; no receiving thread per worker). At most ``parallel.prefetch``
 batches per partition are on their way to the composing stage (credit) and as many made ahead in
 the worker, so memory is bounded.
 
@@ -132,7 +133,7 @@ class ProcessPlacement(Placement):
         remote = WorkerStream(self, p, state)
         if not self.warm:
             return remote
-        return Handover(_local(self.make, p, self.options.prefetch, self.pool.woken.set), remote)
+        return Handover(_local(self.make, p, self.options.prefetch, self.pool.wake), remote)
 
     def serving(self) -> list[str]:
         """Where each partition's batches come from now: ``worker`` or ``local`` (for tests and monitoring)."""

@@ -32,9 +32,7 @@ from __future__ import annotations
 import functools
 import os
 import pickle
-import select
 import signal
-import socket
 import threading
 import time
 from collections import deque
@@ -46,6 +44,7 @@ from feedline._core.deferred import materialize
 from feedline._core.prefetch import Prefetch
 from feedline._partitions.frames import FrameWriter
 from feedline._partitions.remote import portable
+from feedline._partitions.waker import HAS_POLL, Readable, Waker
 
 __all__ = ["KEEP", "run_worker"]
 
@@ -74,52 +73,25 @@ def _beat(send: Callable[[Any], None], every: float) -> None:
 
 
 class _Waker:
-    """What the worker's loop waits on: the parent's pipe, and a socket pair of its own that a
-    partition's thread writes to when it queues a batch into an empty queue (:meth:`wake`).
+    """What the worker's loop waits on: the parent's pipe, and a wake that a partition's thread
+    calls when it queues a batch into an empty queue (:meth:`wake`; :mod:`.waker`: portable)."""
 
-    Portable: where the system has ``poll`` (every platform but Windows), two polls registered
-    once wait on both and on the parent's pipe alone (a wake, its wait and the look at the pipe:
-    ~5 us); on Windows, whose pipes are named pipes that ``select`` does not take,
-    :func:`multiprocessing.connection.wait` (``poll=False``: ~15 us, as it builds its waiter at
-    every call).
-    """
-
-    def __init__(self, conn: Connection, poll: bool = hasattr(select, "poll")) -> None:
+    def __init__(self, conn: Connection, poll: bool = HAS_POLL) -> None:
         self.conn = conn
-        self.r, self.w = socket.socketpair()   # (a loopback pair on Windows)
-        self.r.setblocking(False)
-        self.w.setblocking(False)
-        self.both: Any = None     # select.poll objects (not on Windows)
-        self.parent: Any = None
-        if poll:
-            self.both, self.parent = select.poll(), select.poll()
-            for poller, fds in ((self.both, (conn.fileno(), self.r.fileno())), (self.parent, (conn.fileno(),))):
-                for fd in fds:
-                    poller.register(fd, select.POLLIN)
-
-    def wake(self) -> None:
-        try:
-            self.w.send(b"\0")
-        except OSError:   # full (BlockingIOError: the loop is woken already), or the worker is stopping
-            pass
+        self.waker = Waker(poll)
+        self.waker.add(conn, "parent")
+        self.wake = self.waker.wake
+        self.readable = Readable(conn, poll)
 
     def wait(self, timeout: float | None = None) -> None:
         """Until the parent spoke or a partition woke the loop, at most ``timeout`` seconds (the
         wakes so far are taken)."""
-        if self.both is not None:
-            self.both.poll(None if timeout is None else timeout * 1000)
-        else:
-            wait([self.conn, self.r], timeout)
-        try:
-            while self.r.recv(4096):
-                pass
-        except OSError:   # (BlockingIOError: taken)
-            pass
+        self.waker.wait(timeout)
 
     def commands(self) -> Iterator[tuple[Any, ...]]:
         """The parent's messages already on the pipe; ``("stop",)`` where it closed it (EOF), or
         reading failed (the parent then restarts this worker)."""
-        while self.parent.poll(0) if self.parent is not None else self.conn.poll(0):
+        while self.readable():
             try:
                 msg = self.conn.recv()
             except Exception:
@@ -129,9 +101,7 @@ class _Waker:
                 return
 
     def close(self) -> None:
-        """Close the socket pair (a thread still waking it afterwards is ignored)."""
-        self.r.close()
-        self.w.close()
+        self.waker.close()
 
 
 def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: int, threads: int,
