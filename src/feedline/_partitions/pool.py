@@ -50,7 +50,6 @@ class WorkerPool:
         self.make_bytes: bytes | None = None   # the pickled factory every worker runs (set before the first get)
         self.restarts = [0] * size
         self.waker = Waker()   # every worker's pipe, and a wake (a warm start's thread queued a batch)
-        self.wake = self.waker.wake
         # the workers whose pipes had something to read, in turn (one asked until it has nothing left):
         # a step asks only those, not every worker (the composer's cost per step does not grow with K)
         self._spoke: deque[int] = deque()
@@ -122,6 +121,10 @@ class WorkerPool:
             return False
         self._spoke.extend(ready)  # type: ignore[arg-type]
         return True
+
+    def wake(self) -> None:
+        """End the composing thread's wait (a warm start's thread queued a batch; any thread)."""
+        self.waker.wake()
 
     def _woke(self, w: int) -> None:
         """Worker ``w``'s messages were read by another thread (asking for a state), or it failed to start."""
@@ -199,16 +202,17 @@ class WorkerPool:
         return worker
 
     def close(self) -> None:
-        """Stop every worker: all told first, so they stop together."""
+        """Stop every worker: all told first, so they stop together; the wait's socket pair is
+        closed (a pool used again waits on a new one)."""
         running = [w for w in self.procs if w is not None]
         self.procs[:] = [None] * self.size
-        for w in range(self.size):
-            self.waker.discard(w)
         notices.clear_owner(id(self))
         for worker in running:
             worker.send(("stop",))
         for worker in running:
             worker.stop()
+        self.waker.close()
+        self.waker = Waker()
 
     def pids(self) -> list[int]:
         """The worker processes running now."""
