@@ -66,10 +66,14 @@ def run_here(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The page's make_spec.py, run once: spec.yaml and the demo assets."""
+    """The page's make_spec.py, run once (as ``__main__`` in this process): spec.yaml and the demo assets."""
     d = tmp_path_factory.mktemp("recipes")
     (d / "make_spec.py").write_text(recipes()["make_spec.py"])
-    run(d, sys.executable, "make_spec.py")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(d)
+        mp.setattr(sys, "argv", ["make_spec.py"])
+        runpy.run_path(str(d / "make_spec.py"), run_name="__main__")
+    assert (d / "spec.yaml").is_file()
     return d
 
 
