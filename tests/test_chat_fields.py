@@ -22,6 +22,10 @@ from test_tasks_chat_templates import glm4_tokenizer
 
 pytest.importorskip("transformers")
 
+# On one xdist worker with the other chat-template modules (--dist loadgroup otherwise spreads the tests over
+# every worker): the large tokenizers (0.4-0.8 CPU s each to parse) and transformers' references load once.
+pytestmark = pytest.mark.xdist_group("chat")
+
 # ChatML pieces; each template below leaves one thing out
 _OPEN = "{%- for m in messages %}"
 _CLOSE = "{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"

@@ -25,6 +25,10 @@ from feedline._tasks.base import TaskContext
 from feedline._tasks.clm import CausalLM, CausalLMOptions
 from feedline._tokenize.load import load_tokenizer
 
+# On one xdist worker (--dist loadgroup otherwise spreads the tests over every worker): the module's
+# fixtures, tokenizers and first-use imports are set up once, not once a worker.
+pytestmark = pytest.mark.xdist_group("columnar")
+
 
 @pytest.fixture(scope="module")
 def tok() -> Any:

@@ -13,6 +13,10 @@ from conftest import shared
 from feedline._cli.__main__ import main
 from feedline.errors import SpecError
 
+# On one xdist worker (--dist loadgroup otherwise spreads the tests over every worker): the module's
+# fixtures, tokenizers and first-use imports are set up once, not once a worker.
+pytestmark = pytest.mark.xdist_group("epoch_steps")
+
 
 def _spec(strategy: str, tok: str, **over: Any) -> dict[str, Any]:
     batching = {"strategy": strategy, "batch_size": 8, **over.pop("batching", {})}

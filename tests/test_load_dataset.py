@@ -13,6 +13,10 @@ from feedline.errors import SpecError, StateError
 
 datasets = pytest.importorskip("datasets")
 
+# On one xdist worker with the other load_dataset modules (--dist loadgroup otherwise spreads the tests over
+# every worker): datasets' builders and their imports (pandas for CSV) and the module data are set up once.
+pytestmark = pytest.mark.xdist_group("load_dataset")
+
 
 def hf_rows(builder: str, files: list[str], **kw: object) -> list[dict]:
     return list(datasets.load_dataset(builder, data_files=files, split="train", streaming=True, **kw))

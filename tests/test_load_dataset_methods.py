@@ -17,6 +17,10 @@ from hf_compare import check
 
 datasets = pytest.importorskip("datasets")
 
+# On one xdist worker with the other load_dataset modules (--dist loadgroup otherwise spreads the tests over
+# every worker): datasets' builders and their imports (pandas for CSV) and the module data are set up once.
+pytestmark = pytest.mark.xdist_group("load_dataset")
+
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:

@@ -20,6 +20,10 @@ from hf_compare import check, typed
 
 datasets = pytest.importorskip("datasets")
 
+# On one xdist worker with the other load_dataset modules (--dist loadgroup otherwise spreads the tests over
+# every worker): datasets' builders and their imports (pandas for CSV) and the module data are set up once.
+pytestmark = pytest.mark.xdist_group("load_dataset")
+
 
 def same(builder: str, files: Any, cuts: int = 3, **kw: Any) -> list[Any]:
     """Rows equal datasets' (values and types), and a resume at random rows continues exactly."""

@@ -24,6 +24,10 @@ from feedline._spec import SourceSpec, Spec
 
 datasets = pytest.importorskip("datasets")
 
+# On one xdist worker with the other load_dataset modules (--dist loadgroup otherwise spreads the tests over
+# every worker): datasets' builders and their imports (pandas for CSV) and the module data are set up once.
+pytestmark = pytest.mark.xdist_group("load_dataset")
+
 
 def hf_rows(builder: str, path: Path, **kw: Any) -> list[dict[str, Any]]:
     return list(datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True, **kw))

@@ -23,8 +23,11 @@ datasets = pytest.importorskip("datasets")
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, default_collate  # noqa: E402
 
+# On one xdist worker with the other load_dataset modules (--dist loadgroup otherwise spreads the tests over
+# every worker): datasets' builders and their imports (pandas for CSV) and the module data are set up once.
 # torch warns of more workers than this machine's 2 cores; feedline warns of more workers than files (tested apart)
-pytestmark = [pytest.mark.filterwarnings("ignore:This DataLoader will create"),
+pytestmark = [pytest.mark.xdist_group("load_dataset"),
+              pytest.mark.filterwarnings("ignore:This DataLoader will create"),
               pytest.mark.filterwarnings("ignore:Too many dataloader workers")]
 
 

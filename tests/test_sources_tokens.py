@@ -22,6 +22,10 @@ from feedline._tokenize.load import load_tokenizer
 from feedline.errors import SourceError, SpecError
 from feedline.testing import assert_batches_equal, assert_resumes_exactly, collect
 
+# On one xdist worker (--dist loadgroup otherwise spreads the tests over every worker): the module's
+# fixtures, tokenizers and first-use imports are set up once, not once a worker.
+pytestmark = pytest.mark.xdist_group("sources_tokens")
+
 EOS = 50256
 
 

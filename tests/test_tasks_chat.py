@@ -15,6 +15,10 @@ from feedline._tasks.base import TaskContext
 from feedline._tasks.chat import Chat, normalize_conversation
 from feedline._tokenize.load import load_tokenizer
 
+# On one xdist worker with the other chat-template modules (--dist loadgroup otherwise spreads the tests over
+# every worker): the large tokenizers (0.4-0.8 CPU s each to parse) and transformers' references load once.
+pytestmark = pytest.mark.xdist_group("chat")
+
 # ChatML with generation blocks around what the model writes (as TRL's qwen2_5 training template)
 GENERATION_TEMPLATE = (
     "{%- for message in messages %}"

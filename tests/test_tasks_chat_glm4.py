@@ -29,6 +29,10 @@ from test_tasks_chat_templates import GLM4_STOPS, glm4_tokenizer
 
 pytest.importorskip("transformers")
 
+# On one xdist worker with the other chat-template modules (--dist loadgroup otherwise spreads the tests over
+# every worker): the large tokenizers (0.4-0.8 CPU s each to parse) and transformers' references load once.
+pytestmark = pytest.mark.xdist_group("chat")
+
 STOPS = GLM4_STOPS  # GLM-4's generation_config.json eos_token_id: <|endoftext|>, <|user|>, <|observation|>
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "observation": "observation", "system": "system"}
 

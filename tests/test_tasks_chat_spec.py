@@ -17,6 +17,10 @@ from feedline.errors import SourceError
 
 pytest.importorskip("transformers")
 
+# On one xdist worker with the other chat-template modules (--dist loadgroup otherwise spreads the tests over
+# every worker): the large tokenizers (0.4-0.8 CPU s each to parse) and transformers' references load once.
+pytestmark = pytest.mark.xdist_group("chat")
+
 
 def _spec(source: Any, kind: str = "chat") -> dict[str, Any]:
     task = {"kind": "chat", "max_length": 2048} if kind == "chat" else {"kind": kind, "max_length": 128}

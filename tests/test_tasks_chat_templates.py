@@ -27,6 +27,10 @@ from feedline._tokenize.load import load_tokenizer
 
 pytest.importorskip("transformers")
 
+# On one xdist worker with the other chat-template modules (--dist loadgroup otherwise spreads the tests over
+# every worker): the large tokenizers (0.4-0.8 CPU s each to parse) and transformers' references load once.
+pytestmark = pytest.mark.xdist_group("chat")
+
 # GLM-4's chat template format (glm-4-9b-chat): tools only from a message's own "tools", a message without
 # content (a tool call) not written at all, no end-of-turn text; every role written as <|role|>, so a
 # tool result keeps its native role "observation" (the task keeps it: the template has a token for it)

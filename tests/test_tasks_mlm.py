@@ -17,6 +17,10 @@ from feedline._tasks.sop import SentenceOrder
 from feedline._tokenize.load import load_tokenizer
 from feedline.errors import SpecError
 
+# On one xdist worker (--dist loadgroup otherwise spreads the tests over every worker): the module's
+# fixtures, tokenizers and first-use imports are set up once, not once a worker.
+pytestmark = pytest.mark.xdist_group("tasks_mlm")
+
 
 def _task(cls, tok: str = "bert-base-uncased", seed: int = 0, **opts):
     return cls(build(cls.Options, opts, "task"), TaskContext(load_tokenizer(str(shared("tokenizers", tok))), seed))

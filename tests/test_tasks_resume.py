@@ -15,6 +15,10 @@ from feedline._tools.predictions import join_predictions
 from feedline.errors import SpecError
 from feedline.testing import assert_batches_equal, assert_resumes_exactly, collect, make_corpus
 
+# On one xdist worker (--dist loadgroup otherwise spreads the tests over every worker): the module's
+# fixtures, tokenizers and first-use imports are set up once, not once a worker.
+pytestmark = pytest.mark.xdist_group("tasks_resume")
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 

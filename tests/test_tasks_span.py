@@ -20,6 +20,10 @@ from feedline._tasks.span import SpanCorruption, noise_mask, span_lengths
 from feedline._tokenize.load import load_tokenizer
 from feedline.testing import assert_resumes_exactly, collect
 
+# On one xdist worker (--dist loadgroup otherwise spreads the tests over every worker): the module's
+# fixtures, tokenizers and first-use imports are set up once, not once a worker.
+pytestmark = pytest.mark.xdist_group("tasks_span")
+
 
 @pytest.mark.parametrize(("inputs", "raw", "targets"), [(128, 141, 29), (256, 284, 58), (512, 568, 114), (1024, 1137, 229), (2048, 2274, 456)])
 def test_lengths_match_the_reference_table(inputs: int, raw: int, targets: int) -> None:

@@ -14,6 +14,10 @@ from feedline._tokenize.spm import read_model
 
 spm = pytest.importorskip("sentencepiece")
 
+# On one xdist worker (--dist loadgroup otherwise spreads the tests over every worker): the module's
+# fixtures, tokenizers and first-use imports are set up once, not once a worker.
+pytestmark = pytest.mark.xdist_group("tokenize_spm")
+
 
 def _prose() -> list[str]:
     """Botchan lines, 100 C4 documents, the naughty strings as documents and as lines."""

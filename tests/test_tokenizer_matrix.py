@@ -28,6 +28,10 @@ from feedline._tokenize.load import load_tokenizer
 
 transformers = pytest.importorskip("transformers")
 
+# On one xdist worker with the other chat-template modules (--dist loadgroup otherwise spreads the tests over
+# every worker): the large tokenizers (0.4-0.8 CPU s each to parse) and transformers' references load once.
+pytestmark = pytest.mark.xdist_group("chat")
+
 
 @dataclass(frozen=True)
 class Reference:

@@ -22,6 +22,10 @@ from feedline._tokenize.wordcache import WordCacheEncoder, wordcache_refusal
 from feedline.errors import TokenizerDivergence, TokenizerError
 from feedline.testing import assert_batches_equal, collect
 
+# On one xdist worker (--dist loadgroup otherwise spreads the tests over every worker): the module's
+# fixtures, tokenizers and first-use imports are set up once, not once a worker.
+pytestmark = pytest.mark.xdist_group("wordcache")
+
 # Texts where splitting at whitespace could go wrong, beside real prose.
 EDGE = [
     "", "   ", "\n\t\r\n", "Hello, world! It's 3.14 (or so)...", "UPPER lower MiXeD Ünïcödé naïve café",
