@@ -20,6 +20,10 @@ from feedline.service import serve_process
 from feedline.testing import assert_batches_equal, collect, make_corpus
 from service_helpers import tokenizer_path
 
+# On one xdist worker (--dist loadgroup otherwise spreads the tests over every worker): the module's
+# fixtures, tokenizers and first-use imports are set up once, not once a worker.
+pytestmark = pytest.mark.xdist_group("compact")
+
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:

@@ -29,7 +29,9 @@ from feedline.testing import assert_batches_equal, collect
 from service_helpers import free_port, make_spec, rows, start_server, stop, tokenizer_path, write_spec
 
 FAST = ["--heartbeat", "0.2", "--timeout", "1.5"]
-pytestmark = pytest.mark.timeout(90)
+# On one xdist worker (--dist loadgroup otherwise spreads the tests over every worker): the module's
+# served stream (a feedline serve process, its tokenizer and first batches) and fixtures start once, not once a worker.
+pytestmark = [pytest.mark.timeout(90), pytest.mark.xdist_group("faults")]
 
 
 @pytest.fixture(scope="module")

@@ -34,6 +34,10 @@ from feedline._core.rng import (
 from feedline._tasks.masking import Masker, MaskingOptions
 from feedline._tokenize.tokenizer import Tokenizer
 
+# On one xdist worker (--dist loadgroup otherwise spreads the tests over every worker): the module's
+# fixtures, tokenizers and first-use imports are set up once, not once a worker.
+pytestmark = pytest.mark.xdist_group("golden")
+
 KEYS = [[8300742390234377914, 16385007620055249013], [8982006246418096033, 6038296735632975053]]
 
 

@@ -15,6 +15,10 @@ import pytest
 
 from service_helpers import make_spec, tokenizer_path, write_spec
 
+# On one xdist worker (--dist loadgroup otherwise spreads the tests over every worker): the module's
+# served stream (a feedline serve process, its tokenizer and first batches) and fixtures start once, not once a worker.
+pytestmark = pytest.mark.xdist_group("hostile_files")
+
 EXE = [sys.executable, "-m", "feedline"]
 TIMEOUT = 30
 

@@ -20,6 +20,10 @@ from feedline._sources.reader import FORMATS
 from feedline._spec.reference import json_schema
 from feedline.errors import SpecError, StateError
 
+# On one xdist worker (--dist loadgroup otherwise spreads the tests over every worker): the module's
+# fixtures, tokenizers and first-use imports are set up once, not once a worker.
+pytestmark = pytest.mark.xdist_group("newcomer_mistakes")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

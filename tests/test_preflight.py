@@ -20,6 +20,10 @@ import yaml
 from conftest import shared
 from feedline._cli.__main__ import main
 
+# On one xdist worker (--dist loadgroup otherwise spreads the tests over every worker): the module's
+# fixtures, tokenizers and first-use imports are set up once, not once a worker.
+pytestmark = pytest.mark.xdist_group("preflight")
+
 
 def _write(tmp_path: Path, name: str, tok: str, **over: Any) -> Path:
     spec: dict[str, Any] = {"sources": [{"path": "docs.jsonl"}], "tokenizer": tok,

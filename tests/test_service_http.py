@@ -22,7 +22,9 @@ from service_helpers import http_get as get
 from service_helpers import make_spec, start_http, tokenizer_path, write_spec
 from service_helpers import stop_http as stop
 
-pytestmark = pytest.mark.timeout(120)
+# On one xdist worker (--dist loadgroup otherwise spreads the tests over every worker): the module's
+# served stream (a feedline serve process, its tokenizer and first batches) and fixtures start once, not once a worker.
+pytestmark = [pytest.mark.timeout(120), pytest.mark.xdist_group("service_http")]
 
 
 def from_msgpack(body: bytes) -> dict[str, Any]:

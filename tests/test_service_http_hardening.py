@@ -12,7 +12,9 @@ import pytest
 
 from service_helpers import http_get, make_spec, start_http, stop_http, tokenizer_path, write_spec
 
-pytestmark = pytest.mark.timeout(180)
+# On one xdist worker (--dist loadgroup otherwise spreads the tests over every worker): the module's
+# corpus, spec and GPT-2 tokenizer are set up once, not once a worker.
+pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("service_http_hardening")]
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,10 @@ from feedline.service import serve_process
 from feedline.testing import assert_batches_equal, make_corpus
 from service_helpers import tokenizer_path
 
+# On one xdist worker (--dist loadgroup otherwise spreads the tests over every worker): the module's
+# fixtures, tokenizers and first-use imports are set up once, not once a worker.
+pytestmark = pytest.mark.xdist_group("service_seams")
+
 
 def _bad_corpus(tmp: Path) -> dict[str, Any]:
     lines = [json.dumps({"text": f"document number {i} " * 8}) for i in range(30)]

@@ -17,6 +17,10 @@ from feedline._spec.reference import json_schema, markdown, undocumented
 from feedline.errors import SpecError, StateError
 from feedline.service import serve_process
 
+# On one xdist worker (--dist loadgroup otherwise spreads the tests over every worker): the module's
+# fixtures, tokenizers and first-use imports are set up once, not once a worker.
+pytestmark = pytest.mark.xdist_group("spec_reference")
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "spec.md"
 
 

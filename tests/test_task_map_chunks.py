@@ -17,6 +17,10 @@ from feedline._spec import Spec
 from feedline._tasks.map import TaskMap, ThreadRunner
 from feedline._tasks.sizing import read_chunk, record_size, records_size
 
+# On one xdist worker (--dist loadgroup otherwise spreads the tests over every worker): the module's
+# fixtures, tokenizers and first-use imports are set up once, not once a worker.
+pytestmark = pytest.mark.xdist_group("task_map_chunks")
+
 
 @pytest.fixture(scope="module")
 def wiki_spec(tmp_path_factory: pytest.TempPathFactory) -> Spec:
