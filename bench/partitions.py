@@ -7,6 +7,7 @@
     .venv/bin/python bench/partitions.py --transport                     # a batch's cost on the pipe
     .venv/bin/python bench/partitions.py --one-core --k 1,14             # a partition's rate on one core
     .venv/bin/python bench/partitions.py --cpu --k 0,1,8,14              # CPU per token and per step
+    .venv/bin/python bench/partitions.py --cpu --k 0,1,8 --base ../main  # the same, A/B against another checkout
 
 Rates: for each workload (``bench/contenders.py``: packed GPT-2 rows of 1024 on short records,
 padded BERT rows of 128 on documents), each K runs an endless stream for ``--warmup`` seconds after
@@ -37,7 +38,9 @@ real tokens and reads the CPU seconds (user + system) of the whole process tree 
 the fork server, the workers) and of this process alone. K = 0 is the plain loader in this
 process; K = 1 is ``partitions: 1`` in a worker process (``--placement``); K > 1 as for rates.
 Per setting, medians of ``--rounds`` interleaved rounds: tree CPU seconds per million tokens (and
-as a ratio to K = 0 and to K = 1) and the composing process's CPU ms per step. On 2 cores K = 14
+as a ratio to K = 0 and to K = 1) and the composing process's CPU ms per step. ``--base CHECKOUT``
+runs every setting under that checkout's ``src`` too, in the same rounds in alternating order (on a
+shared machine only such same-run ratios mean anything), and prints this one's ratios to it. On 2 cores K = 14
 needs ``--warmup 12``: with less, the window still holds its 14 pipelines' start (0.1 M tok/s).
 """
 
@@ -126,29 +129,43 @@ def cpu_child(name: str, k: int, placement: str, mb: float, seconds: float, warm
 
 
 def cpu_costs(args: argparse.Namespace, ks: list[int]) -> None:
+    """``--cpu``; with ``--base``, each setting runs under both checkouts in the same rounds (this one
+    and the base, in alternating order), and a table per checkout is printed, then this one's ratios to the base's."""
     import scaling
 
     names = [n for n in args.workloads.split(",") if n in scaling.WORKLOADS] or ["clm-short", "clm-docs"]
+    here = str(Path(__file__).resolve().parent.parent / "src")
+    trees = {"this": here, **({"base": str(Path(args.base).resolve() / "src")} if args.base else {})}
     for name in names:
         scaling.spec_for(name, args.mb, 0)  # corpora written before any clock starts
-        runs: dict[int, list[dict[str, float]]] = {k: [] for k in ks}
-        for _ in range(args.rounds):
+        runs: dict[tuple[str, int], list[dict[str, float]]] = {(t, k): [] for t in trees for k in ks}
+        for r in range(args.rounds):
             for k in ks:
-                got = in_fresh_process("cpu", name, str(k), args.placement, str(args.mb), str(args.seconds),
-                                       str(args.warmup))
-                if got:
-                    runs[k].append(got)
-        med = {k: {f: statistics.median(r[f] for r in rs) for f in rs[0]} for k, rs in runs.items() if rs}
-        print(f"\n{name}: tree CPU s per M tokens and this process's CPU ms per step, {args.seconds:g} s from "
-              f"{args.warmup:g} s after the first batch, medians of {args.rounds} interleaved fresh processes "
-              f"(K = 0: in-process; K >= 1: {args.placement})")
-        print("| K | M tok/s | tree CPU s / M tok | x K=0 | x K=1 | composer CPU ms/step | each run (CPU s / M) |\n"
-              "|---|---:|---:|---:|---:|---:|---|")
-        for k, m in med.items():
-            r0, r1 = (med[j]["cpu_s_per_m"] if j in med else float("nan") for j in (0, 1))
-            print(f"| {k} | {m['tokens_per_s'] / 1e6:.2f} | {m['cpu_s_per_m']:.3f} | {m['cpu_s_per_m'] / r0:.2f} | "
-                  f"{m['cpu_s_per_m'] / r1:.2f} | {m['ms_per_step']:.3f} | "
-                  f"{', '.join(format(r['cpu_s_per_m'], '.3f') for r in runs[k])} |", flush=True)
+                for t in (list(trees) if r % 2 == 0 else list(trees)[::-1]):
+                    got = in_fresh_process("cpu", name, str(k), args.placement, str(args.mb), str(args.seconds),
+                                           str(args.warmup), env={**os.environ, "PYTHONPATH": trees[t]})
+                    if got:
+                        runs[(t, k)].append(got)
+        med = {key: {f: statistics.median(r[f] for r in rs) for f in rs[0]} for key, rs in runs.items() if rs}
+        for t in trees:
+            print(f"\n{name} ({t}: {trees[t]}): tree CPU s per M tokens and this process's CPU ms per step, "
+                  f"{args.seconds:g} s from {args.warmup:g} s after the first batch, medians of {args.rounds} "
+                  f"interleaved fresh processes (K = 0: in-process; K >= 1: {args.placement})")
+            print("| K | M tok/s | tree CPU s / M tok | x K=0 | x K=1 | composer CPU ms/step | each run (CPU s / M) |\n"
+                  "|---|---:|---:|---:|---:|---:|---|")
+            for k in ks:
+                if (t, k) not in med:
+                    continue
+                m = med[(t, k)]
+                r0, r1 = (med[(t, j)]["cpu_s_per_m"] if (t, j) in med else float("nan") for j in (0, 1))
+                print(f"| {k} | {m['tokens_per_s'] / 1e6:.2f} | {m['cpu_s_per_m']:.3f} | {m['cpu_s_per_m'] / r0:.2f} | "
+                      f"{m['cpu_s_per_m'] / r1:.2f} | {m['ms_per_step']:.3f} | "
+                      f"{', '.join(format(r['cpu_s_per_m'], '.3f') for r in runs[(t, k)])} |", flush=True)
+        if args.base:
+            print(f"{name}: this / base, tree CPU per token (composer CPU per step): " + ", ".join(
+                f"K={k} {med[('this', k)]['cpu_s_per_m'] / med[('base', k)]['cpu_s_per_m']:.2f} "
+                f"({med[('this', k)]['ms_per_step'] / med[('base', k)]['ms_per_step']:.2f})"
+                for k in ks if ("this", k) in med and ("base", k) in med), flush=True)
 
 
 # ------------------------------------------------------------------------------- --first
@@ -174,10 +191,10 @@ def first_child(name: str, k: int, placement: str) -> dict[str, float]:
     return out
 
 
-def in_fresh_process(*child_args: str, timeout: float = 300) -> dict[str, Any] | None:
+def in_fresh_process(*child_args: str, timeout: float = 300, env: dict[str, str] | None = None) -> dict[str, Any] | None:
     cmd = [sys.executable, __file__, "--child", *child_args]
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=timeout).stdout
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=timeout, env=env).stdout
         return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
         tail = (getattr(e, "stderr", "") or "").strip().splitlines()[-1:] or [type(e).__name__]
@@ -282,6 +299,7 @@ def main() -> None:
     ap.add_argument("--one-core", action="store_true", help="one partition's rate on one pinned core")
     ap.add_argument("--cpu", action="store_true", help="tree CPU per M tokens and the composer's CPU per step")
     ap.add_argument("--mb", type=float, default=48, help="--cpu: corpus size per workload (no text twice)")
+    ap.add_argument("--base", help="--cpu: another checkout (its root) run in the same interleaved rounds, for A/B ratios")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
