@@ -13,6 +13,7 @@ import pytest
 from conftest import shared
 from feedline import Loader
 from feedline._batching import pack, readyrows
+from feedline._batching.compact import CompactBatch
 from feedline._pipeline import Pipeline
 from feedline._spec import Spec
 from feedline._testing import assert_resumes_exactly, collect
@@ -110,3 +111,24 @@ def test_compact_batches_are_views_that_lay_out_to_the_batches(flat_file: str, m
 @pytest.mark.slow
 def test_gathered_rows_resume_exactly_at_every_step(flat_file: str) -> None:
     assert assert_resumes_exactly(_spec(flat_file, first_window=8), every=1, check=3) > 20
+
+
+@pytest.mark.parametrize(("attention", "compacted"), [("padding", False), ("block_causal", True)])
+def test_short_pieces_are_laid_out_from_the_arena_without_a_gathered_copy(flat_file: str, attention: str, compacted: bool,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pieces of ~80 tokens in rows of 64 (padding masks): each gathered set of ready rows is laid out
+    straight from the pool's arena, no compact batch (a gathered copy of the tokens) built in between;
+    block masks still expand compact batches (the counter counts). The batches are checked against
+    the one-batch-at-a-time path by the tests above."""
+    made = []
+    real = CompactBatch.__init__
+
+    def counting(self: CompactBatch, *args: object) -> None:
+        made.append(1)
+        real(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(CompactBatch, "__init__", counting)
+    with Loader(_spec(flat_file, attention=attention)) as ld:
+        batches = collect(ld)
+    assert len(batches) > 20
+    assert bool(made) is compacted, len(made)

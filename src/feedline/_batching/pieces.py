@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,11 +30,28 @@ from feedline._batching.compact import CompactBatch
 from feedline._batching.rows import Attention
 from feedline._core.block import gather_spans
 
-__all__ = ["PiecePool", "lookup_refs"]
+__all__ = ["Located", "PiecePool", "lookup_refs"]
 
 #: The arena is compacted when it holds more than this many times the live tokens (plus a slack).
 _GROWTH = 3
 _SLACK = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    """Rows of pieces in the arena: ``docs`` pieces per row; per piece its ``lengths`` and where its
+    tokens start (``at``) in ``arena`` (own fields); ``fields`` maps each field to its arena field."""
+
+    docs: np.ndarray
+    lengths: np.ndarray
+    at: np.ndarray
+    arena: dict[str, np.ndarray]
+    fields: dict[str, str]
+
+    def values(self) -> dict[str, np.ndarray]:
+        """Per field, every piece's tokens end to end (fields sharing tokens share one array)."""
+        own = {name: gather_spans(buf, self.at, self.lengths) for name, buf in self.arena.items()}
+        return {name: own[kept] for name, kept in self.fields.items()}
 
 
 class PiecePool:
@@ -133,18 +151,21 @@ class PiecePool:
             raise RuntimeError("piece pool: keep() the live pieces before reading them")
         return self.ids, self._refs
 
+    def locate(self, rows: Sequence[Sequence[int]]) -> Located:
+        """Where the tokens of rows of kept piece ids lie (valid until the pool is compacted: it
+        replaces its arena, never writes over held tokens)."""
+        docs = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        ids = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(docs.sum()))
+        k = self._rows(ids)
+        return Located(docs, self._lengths[k], self._at[k], dict(self.arena),
+                       {name: self.alias.get(name, name) for name in self.order})
+
     def compact(self, rows: Sequence[Sequence[int]], max_length: int, max_docs: int, pad_values: Mapping[str, Any], *,
                 mask_first: bool, attention: Attention) -> CompactBatch:
         """Rows of kept piece ids as a :class:`~feedline._batching.compact.CompactBatch` (their
         tokens gathered, not yet laid out)."""
-        docs = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-        ids = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(docs.sum()))
-        k = self._rows(ids)
-        lengths = self._lengths[k]
-        at = self._at[k]
-        own = {name: gather_spans(buf, at, lengths) for name, buf in self.arena.items()}
-        values = {name: own[self.alias.get(name, name)] for name in self.order}
-        return CompactBatch(docs, lengths, values, max_length, max_docs, pad_values, mask_first, attention)
+        loc = self.locate(rows)
+        return CompactBatch(loc.docs, loc.lengths, loc.values(), max_length, max_docs, pad_values, mask_first, attention)
 
     def collate(self, rows: Sequence[Sequence[int]], max_length: int, max_docs: int, pad_values: Mapping[str, Any], *,
                 mask_first: bool, attention: Attention) -> tuple[Batch, int]:

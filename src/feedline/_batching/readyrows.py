@@ -11,9 +11,14 @@ starts) and their tokens' positions computed once, and each batch is the next ro
     batch 1              rows [0, 16)   tokens and positions laid out, counts copied
     batch 2                              rows [16, 32)
 
-The batches are the ones the per-batch path gives, array for array (laying every gathered row
-out at once and copying each batch's rows out measured no faster: that part is bound by memory).
-Block masks (``attention: block_diagonal``/``block_causal``) are laid out a batch at a time.
+Short pieces (under :data:`_LAID_BELOW` tokens on average) are not gathered into a compact copy
+at all: every gathered row is laid out at once straight from the pool's arena (:func:`_lay_rows`:
+one index of each laid-out place's arena token, its padding written after), and a batch is a copy
+of its rows (flat pack of ~59-token documents, 16 x 1024: ~100 us a batch less in-thread CPU than
+gathering, then laying out each batch a row slice at a time). Long pieces are gathered as slices
+and laid out a batch at a time. The batches are the ones the per-batch path gives, array for array.
+Block masks (``attention: block_diagonal``/``block_causal``) are laid out a batch at a time, from
+the compact rows (gathered at the first :meth:`ReadyRows.next_compact`).
 """
 
 from __future__ import annotations
@@ -25,13 +30,17 @@ import numpy as np
 
 from feedline._batching.base import Batch, int_dtype
 from feedline._batching.compact import CompactBatch
-from feedline._batching.pieces import PiecePool
+from feedline._batching.pieces import Located, PiecePool
 from feedline._batching.rows import COUNTING_UP_TO, Attention, RowFill, lay_positions, piece_positions, row_counts
+from feedline._core.block import spans
 
 __all__ = ["ReadyRows", "rows_to_gather"]
 
 #: Ready rows are gathered together up to about this many slots (whole batches; at least one).
 _GATHER_SLOTS = 1 << 18
+#: Pieces shorter than this on average are laid out straight from the arena (:func:`_lay_rows`);
+#: longer ones are gathered as slices (:func:`~feedline._core.block.gather_spans`) and laid out a batch at a time.
+_LAID_BELOW = 160
 #: Up to this many pieces a row on average, a batch's positions are laid a slice a piece.
 _SLICED_PIECES = 2
 
@@ -46,13 +55,18 @@ def rows_to_gather(ready: int, batch_rows: int, max_length: int) -> int:
 class ReadyRows:
     """Rows of kept piece ids gathered as one compact batch, handed out a batch at a time."""
 
-    __slots__ = ("_cu", "_first", "_piece_at", "_positions", "_seq_lens", "_token_at", "_totals", "compact", "taken")
+    __slots__ = ("_args", "_compact", "_cu", "_first", "_laid", "_loc", "_piece_at", "_positions", "_seq_lens",
+                 "_token_at", "_totals", "taken")
     _positions: np.ndarray | None
+    _compact: CompactBatch | None
+    _laid: dict[str, np.ndarray] | None
 
     def __init__(self, pool: PiecePool, rows: Sequence[Sequence[int]], max_length: int, max_docs: int,
                  pad_values: Mapping[str, Any], *, mask_first: bool, attention: Attention) -> None:
-        c = self.compact = pool.compact(rows, max_length, max_docs, pad_values, mask_first=mask_first, attention=attention)
-        n, docs, lengths = len(rows), c.docs, c.lengths
+        loc = self._loc = pool.locate(rows)
+        self._args = (max_length, max_docs, pad_values, mask_first, attention)
+        self._compact = self._laid = None
+        n, docs, lengths = len(rows), loc.docs, loc.lengths
         self._piece_at = np.zeros(n + 1, dtype=np.int64)   # each row's first piece (and the end)
         np.cumsum(docs, out=self._piece_at[1:])
         self._token_at = np.zeros(len(lengths) + 1, dtype=np.int64)   # each piece's first token
@@ -62,13 +76,26 @@ class ReadyRows:
             return
         # the layout's counts (what collate_flat computes for a batch), for every gathered row at once
         self._seq_lens, self._cu, self._totals, self._first = row_counts(docs, lengths, max_length, max_docs)
+        if len(lengths) and int(self._token_at[-1]) < _LAID_BELOW * len(lengths):
+            # short pieces: every gathered row laid out at once, straight from the arena (one index)
+            self._laid = _lay_rows(loc, self._piece_at, self._first, self._totals, max_length, pad_values, mask_first)
+            return
         # few pieces a row (long documents): each batch's positions are laid a slice a piece (~0.6 us
         # each) instead of computed for every gathered token and laid out again (~30 us a batch of 16 K)
         few = len(lengths) <= _SLICED_PIECES * n and max_length <= COUNTING_UP_TO
         self._positions = None if few else piece_positions(lengths)
 
+    @property
+    def compact(self) -> CompactBatch:
+        """Every gathered row as one compact batch (its tokens gathered at the first call)."""
+        if self._compact is None:
+            loc, (max_length, max_docs, pad_values, mask_first, attention) = self._loc, self._args
+            self._compact = CompactBatch(loc.docs, loc.lengths, loc.values(), max_length, max_docs, pad_values,
+                                         mask_first, attention)
+        return self._compact
+
     def __len__(self) -> int:
-        return len(self.compact.docs)
+        return len(self._loc.docs)
 
     def left(self) -> int:
         """Rows not handed out yet."""
@@ -96,10 +123,18 @@ class ReadyRows:
         """The next ``rows`` rows laid out (what :meth:`CompactBatch.expand` gives), and their real
         tokens: their tokens (and positions) laid out as collate_flat lays them, their counts sliced
         from the gathered rows'."""
-        c = self.compact
-        if c.attention != "padding":
+        if self._args[4] != "padding":
             compact = self.next_compact(rows)
             return compact.expand(), compact.tokens()
+        if self._laid is not None:
+            a, b = self._take(rows)
+            out: Batch = {name: laid[a:b].copy() for name, laid in self._laid.items()}
+            out["seq_lens"] = self._seq_lens[a:b].copy()
+            out["cu_seqlens"] = self._cu[a:b].copy()
+            out["attention_mask"] = out.pop("attention_mask")   # the layout's key order
+            t0, t1 = int(self._token_at[self._piece_at[a]]), int(self._token_at[self._piece_at[b]])
+            return out, t1 - t0
+        c = self.compact
         a, b = self._take(rows)
         p0, p1 = int(self._piece_at[a]), int(self._piece_at[b])
         t0, t1 = int(self._token_at[p0]), int(self._token_at[p1])
@@ -119,3 +154,60 @@ class ReadyRows:
         batch["cu_seqlens"] = self._cu[a:b].copy()
         batch["attention_mask"] = fill.lay(None, 0, np.dtype(np.int32))
         return batch, t1 - t0
+
+
+def _lay_rows(loc: Located, piece_at: np.ndarray, first: np.ndarray, totals: np.ndarray, width: int,
+              pad_values: Mapping[str, Any], mask_first: bool) -> dict[str, np.ndarray]:
+    """Every row of ``loc`` laid out ``[rows, width]``: its token fields, ``position_ids`` and
+    ``attention_mask`` (what :func:`~feedline._batching.rows.collate_flat` gives). Each row is its
+    pieces then its padding; one index over the laid-out places (each place's arena token: its
+    segment's shift added to an arange) gathers the tokens straight into the layout, with no
+    gathered copy to lay out again, and the padding (~1 % of the places) is written after."""
+    n, lengths = len(loc.docs), loc.lengths
+    rows = np.arange(n, dtype=np.int64)
+    slot = np.arange(len(lengths), dtype=np.int64) + np.repeat(rows, loc.docs)   # piece p of row r: slot p + r
+    pad_slot = piece_at[1:] + rows                                                # row r's padding: after its pieces
+    pad_first = rows * width + totals
+    seg_len = np.empty(len(lengths) + n, dtype=np.int64)
+    seg_len[slot], seg_len[pad_slot] = lengths, width - totals
+    dest = np.empty_like(seg_len)
+    dest[slot], dest[pad_slot] = first, pad_first
+    src = np.zeros_like(seg_len)
+    src[slot] = loc.at
+    kind = np.int32 if n * width < 1 << 31 else np.int64
+    # each place's index in its segment, and its arena token (padding: any, overwritten)
+    positions = np.subtract(_counting(n * width, kind), np.repeat(dest.astype(kind), seg_len))
+    index = np.add(_counting(n * width, np.int64), np.repeat(src - dest, seg_len))
+    pads = spans(pad_first, width - totals)
+    taken: dict[str, np.ndarray] = {}
+    out: dict[str, np.ndarray] = {}
+    for name, kept in loc.fields.items():
+        buf = loc.arena[kept]
+        if kept in taken:   # a field sharing another's tokens (clm: labels): a copy, padded its own way
+            arr = taken[kept].astype(int_dtype(name, buf), copy=True)
+        else:
+            arr = taken[kept] = np.take(buf, index, axis=0, mode="clip").astype(int_dtype(name, buf), copy=False)
+        arr[pads] = pad_values.get(name, 0)
+        out[name] = arr.reshape(n, width, *buf.shape[1:])
+    if "labels" in out and mask_first:
+        out["labels"].reshape(n * width, *out["labels"].shape[2:])[first] = -100
+    pos = positions.astype(np.int32, copy=False)
+    pos[pads] = 0
+    out["position_ids"] = pos.reshape(n, width)
+    mask = np.ones(n * width, dtype=np.int32)
+    mask[pads] = 0
+    out["attention_mask"] = mask.reshape(n, width)
+    return out
+
+
+_COUNTS: dict[type, np.ndarray] = {}
+
+
+def _counting(n: int, kind: type) -> np.ndarray:
+    """``np.arange(n, dtype=kind)``, read-only, a view of one kept array (grown as needed)."""
+    have = _COUNTS.get(kind)
+    if have is None or len(have) < n:
+        have = np.arange(max(n, 2 * len(have) if have is not None else 0), dtype=kind)
+        have.flags.writeable = False
+        _COUNTS[kind] = have
+    return have[:n]
