@@ -235,11 +235,17 @@ class PackIterator(DatasetIterator[Batch]):
             self.stats.truncated_tokens += int((n[long] - cap).sum())
         else:
             self.stats.split_documents += int(long.sum())
-        ex = np.repeat(np.arange(len(block)), counts)
-        start = (np.arange(len(ex)) - np.repeat(exclusive_cumsum(counts), counts)) * cap
-        lengths = np.minimum(cap, n[ex] - start)
-        refs = np.concatenate([block.refs[ex], start[:, None]], axis=1)
-        ids = self.pool.add(refs, lengths, block.starts[ex] + start, block.fields)
+        if len(n) and int(n.min()) > 0 and not long.any():   # one piece an example (short documents)
+            refs = np.zeros((len(n), 6), dtype=np.int64)
+            refs[:, :5] = block.refs
+            lengths, at = n.astype(np.int64), block.starts   # (a copy: the pool keeps it)
+        else:
+            ex = np.repeat(np.arange(len(block)), counts)
+            start = (np.arange(len(ex)) - np.repeat(exclusive_cumsum(counts), counts)) * cap
+            lengths = np.minimum(cap, n[ex] - start)
+            refs = np.concatenate([block.refs[ex], start[:, None]], axis=1)
+            at = block.starts[ex] + start
+        ids = self.pool.add(refs, lengths, at, block.fields)
         self.packer.add_many(lengths.tolist(), ids)
 
     def __next__(self) -> Batch:

@@ -176,8 +176,11 @@ def _lay_rows(loc: Located, piece_at: np.ndarray, first: np.ndarray, totals: np.
     src[slot] = loc.at
     kind = np.int32 if n * width < 1 << 31 else np.int64
     # each place's index in its segment, and its arena token (padding: any, overwritten)
-    positions = np.subtract(_counting(n * width, kind), np.repeat(dest.astype(kind), seg_len))
-    index = np.add(_counting(n * width, np.int64), np.repeat(src - dest, seg_len))
+    # (in place in the repeats' outputs: no further array of a place each)
+    positions = np.repeat(dest.astype(kind), seg_len)
+    np.subtract(_counting(n * width, kind), positions, out=positions)
+    index = np.repeat(src - dest, seg_len)
+    index += _counting(n * width, np.int64)
     pads = spans(pad_first, width - totals)
     taken: dict[str, np.ndarray] = {}
     out: dict[str, np.ndarray] = {}
