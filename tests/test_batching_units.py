@@ -278,7 +278,7 @@ def test_piece_pool_keep_finds_held_rows_and_joins_spans(seed: int) -> None:
     from feedline._batching.pieces import _held_rows, _merged
 
     rng = np.random.default_rng(seed)
-    spread = 1 if seed % 2 else 40  # ids close together (marked) or far apart (sorted)
+    spread = (1, 16, 100)[seed % 3]  # ids close together or ~16 apart (marked), or far apart (sorted)
     table = np.sort(rng.choice(3000 * spread, size=3000, replace=False)).astype(np.int64)
     ids = rng.permutation(rng.choice(table, size=int(rng.integers(1, 3000)), replace=False))
     assert _held_rows(table, ids).tolist() == np.searchsorted(table, np.sort(ids)).tolist()
