@@ -31,7 +31,15 @@ import numpy as np
 from feedline._batching.base import Batch, int_dtype
 from feedline._batching.compact import CompactBatch
 from feedline._batching.pieces import Located, PiecePool
-from feedline._batching.rows import COUNTING_UP_TO, Attention, RowFill, lay_positions, piece_positions, row_counts
+from feedline._batching.rows import (
+    COUNTING_UP_TO,
+    Attention,
+    RowFill,
+    counting,
+    lay_positions,
+    piece_positions,
+    row_counts,
+)
 from feedline._core.block import spans
 
 __all__ = ["ReadyRows", "rows_to_gather"]
@@ -178,9 +186,9 @@ def _lay_rows(loc: Located, piece_at: np.ndarray, first: np.ndarray, totals: np.
     # each place's index in its segment, and its arena token (padding: any, overwritten)
     # (in place in the repeats' outputs: no further array of a place each)
     positions = np.repeat(dest.astype(kind), seg_len)
-    np.subtract(_counting(n * width, kind), positions, out=positions)
+    np.subtract(counting(n * width, kind), positions, out=positions)
     index = np.repeat(src - dest, seg_len)
-    index += _counting(n * width, np.int64)
+    index += counting(n * width, np.int64)
     pads = spans(pad_first, width - totals)
     taken: dict[str, np.ndarray] = {}
     out: dict[str, np.ndarray] = {}
@@ -202,15 +210,3 @@ def _lay_rows(loc: Located, piece_at: np.ndarray, first: np.ndarray, totals: np.
     out["attention_mask"] = mask.reshape(n, width)
     return out
 
-
-_COUNTS: dict[type, np.ndarray] = {}
-
-
-def _counting(n: int, kind: type) -> np.ndarray:
-    """``np.arange(n, dtype=kind)``, read-only, a view of one kept array (grown as needed)."""
-    have = _COUNTS.get(kind)
-    if have is None or len(have) < n:
-        have = np.arange(max(n, 2 * len(have) if have is not None else 0), dtype=kind)
-        have.flags.writeable = False
-        _COUNTS[kind] = have
-    return have[:n]

@@ -32,7 +32,7 @@ from feedline._core.block import exclusive_cumsum
 from feedline._core.record import Example
 from feedline.errors import TaskError
 
-__all__ = ["COUNTING_UP_TO", "Attention", "Piece", "RowFill", "collate_flat", "collate_rows", "flat_cu_seqlens", "lay_positions", "piece_of",
+__all__ = ["COUNTING_UP_TO", "Attention", "Piece", "RowFill", "collate_flat", "collate_rows", "counting", "flat_cu_seqlens", "lay_positions", "piece_of",
            "piece_positions", "row_counts", "token_fields"]
 
 Attention = Literal["padding", "block_diagonal", "block_causal"]
@@ -240,8 +240,25 @@ def lay_positions(first: np.ndarray, lengths: np.ndarray, rows: int, width: int)
 _SLICES_UP_TO = 64
 #: The longest piece whose positions are a slice of :data:`_COUNTING`.
 COUNTING_UP_TO = 1 << 16
-_COUNTING = np.arange(COUNTING_UP_TO, dtype=np.int32)
-_COUNTING.flags.writeable = False
+_COUNTS: dict[type, np.ndarray] = {}
+
+
+def counting(n: int, kind: type = np.int32) -> np.ndarray:
+    """``np.arange(n, dtype=kind)``, read-only: a view of one kept array per type, grown as needed
+    (positions and gather indices are slices of it or differences from it, not a fresh arange a batch).
+
+        >>> counting(4).tolist()
+        [0, 1, 2, 3]
+    """
+    have = _COUNTS.get(kind)
+    if have is None or len(have) < n:
+        have = np.arange(max(n, 2 * len(have) if have is not None else 0), dtype=kind)
+        have.flags.writeable = False
+        _COUNTS[kind] = have
+    return have[:n]
+
+
+_COUNTING = counting(COUNTING_UP_TO)
 
 
 def flat_cu_seqlens(batch: Mapping[str, np.ndarray]) -> np.ndarray:
