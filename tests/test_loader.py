@@ -193,3 +193,14 @@ def test_prefetch_0_makes_each_batch_in_the_callers_thread_with_the_same_batches
         assert_batches_equal(ref[2:4], collect(loader, limit=2))
         mid = loader.state_dict()
     assert_batches_equal(ref[4:], collect(Loader(spec, state=mid)))
+
+
+def test_a_spec_prefetch_of_0_names_the_value_and_the_in_process_way(tmp_path: Path) -> None:
+    """``prefetch: 0`` in a spec is refused, naming the value and pointing to ``Loader(spec, prefetch=0)``
+    (which the constructor accepts): the message used to say only "prefetch >= 1" beside workers."""
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "hello there"}\n')
+    spec = {"sources": [{"path": str(corpus)}], "tokenizer": "gpt2", "task": {"kind": "clm", "max_length": 8},
+            "batching": {"batch_size": 1}, "prefetch": 0}
+    with pytest.raises(SpecError, match=r"prefetch: 0 must be >= 1 .*Loader\(spec, prefetch=0\)"):
+        Loader(spec)

@@ -147,8 +147,11 @@ class Spec:
     def __post_init__(self) -> None:
         if self.epochs is not None and self.epochs < 1:
             raise SpecError(f"epochs: {self.epochs} must be >= 1, or null for endless")
-        if self.workers < 0 or self.prefetch < 1:
-            raise SpecError("workers must be >= 0 (0 = automatic) and prefetch >= 1")
+        if self.workers < 0:
+            raise SpecError(f"workers: {self.workers} must be >= 0 (0 = automatic)")
+        if self.prefetch < 1:
+            raise SpecError(f"prefetch: {self.prefetch} must be >= 1 (batches made ahead on a thread); to make each "
+                            "batch in the caller's thread instead, pass Loader(spec, prefetch=0) in-process")
         if self.reject_limit < 0:
             raise SpecError(f"reject_limit: {self.reject_limit} must be >= 0 (0 turns the check off)")
         if not isinstance(self.partitions, int) or isinstance(self.partitions, bool) or self.partitions < 1:
