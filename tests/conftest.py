@@ -106,7 +106,11 @@ class _RayCluster:
             import ray
             from ray.cluster_utils import Cluster
 
-            c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+            # no worker processes started ahead of need: a raylet otherwise starts one per CPU when it comes up
+            # and when the first driver joins, and most of them are never used (each ~3 CPU-s of imports)
+            config = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
+            c = Cluster(initialize_head=True,
+                        head_node_args={"num_cpus": 1, "include_dashboard": False, "_system_config": config})
             for _ in range(2):
                 c.add_node(num_cpus=1)
             c.wait_for_nodes()
