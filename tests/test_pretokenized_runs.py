@@ -249,3 +249,39 @@ def test_clm_keeps_a_runs_uint16_ids_as_a_view_of_the_map(layout: str, sources: 
     assert block.fields["labels"] is ids
     ex = block[3]
     assert ex.fields["input_ids"].dtype == np.int32 and ex.fields["input_ids"].tolist() == docs[3].tolist()
+
+
+@pytest.mark.parametrize("batch_rows", [600, 200])
+def test_arrow_blocks_end_at_record_batches_and_view_the_file(batch_rows: int, docs: list[np.ndarray],
+                                                              tmp_path: Path) -> None:
+    """An Arrow file's blocks end where its record batches end (600 rows: no Arrow memory is allocated, the
+    ids are views of the mapped file; batches of 200, under the 512 rows that make a block of their own,
+    are joined up to 8,192 rows into one copy), and pack and concat give the per-record path's batches
+    and states either way."""
+    from feedline._sources.reader import Split
+
+    table = pa.table({"input_ids": pa.array([x.tolist() for x in docs], pa.list_(pa.int32()))})
+    path = tmp_path / "b.arrow"
+    with pa.OSFile(str(path), "wb") as f, pa.ipc.new_file(f, table.schema) as w:
+        w.write_table(table, max_chunksize=batch_rows)
+    reader = TokensReader(Spec.load(_spec({"path": str(path), "format": "tokens"}, "pack")).sources[0])
+    spans, allocated, held = [], [], pa.total_allocated_bytes()  # (the table written above)
+    for items in reader.read_batches(Split(0, str(path)), 0, 0):
+        spans.append((int(items.position[0]), int(items.position[-1]) + 1))
+        allocated.append(pa.total_allocated_bytes() - held)
+    assert spans[0][0] == 0 and spans[-1][1] == len(docs)
+    if batch_rows == 600:
+        assert spans == [(a, min(a + 600, len(docs))) for a in range(0, len(docs), 600)]
+        assert max(allocated) == 0
+    else:
+        assert spans == [(0, len(docs))] and max(allocated) > 0
+    for strategy in ("pack", "concat"):
+        spec = _spec({"path": str(path), "format": "tokens"}, strategy, epochs=2)
+        got, got_states = _batches_and_states(spec)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(TokensReader, "read_batches", lambda self, split, position, line: None)
+            want, want_states = _batches_and_states(spec)
+        assert len(got) == len(want) > 20
+        for a, b in zip(got, want, strict=True):
+            assert all(np.array_equal(a[k], b[k]) for k in b)
+        assert got_states == want_states
