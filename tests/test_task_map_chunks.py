@@ -176,3 +176,25 @@ def test_workers_lowered_is_said_once(wiki_spec: Spec, monkeypatch: pytest.Monke
     assert [r.getMessage() for r in caplog.records if "requested" in r.getMessage()] == [
         f"workers: 5 requested, 3 used for task {task.kind!r}: the tokenizer's own pool is off "
         "(TOKENIZERS_PARALLELISM) and 3 cores are usable"]
+
+
+def test_a_fresh_stream_tokenizes_one_chunk_ahead_then_ramps_up_to_ahead_chunks(wiki_spec: Spec) -> None:
+    """After a start, the next chunk is made beside the one the consumer reads, and more only as the
+    text handed out grows: a stream read for a few batches tokenizes one chunk beyond them (before:
+    ``ahead`` = 3 chunks from the second chunk on, 1.6x-4x the text for a short read)."""
+    log: list[tuple[int, int]] = []
+    tm, owner = _map(wiki_spec, log, chunk_bytes=30_000)  # one thread: 3 chunks ahead at most
+    it = iter(tm)
+    owner.append(it)
+    submitted: list[int] = []  # chunks submitted when the consumer reached chunk 1, 2, ...
+    current = None
+    got = []
+    for ex in it:
+        got.append((ex.key, {k: v.tobytes() for k, v in ex.fields.items()}))
+        if it.current_state is not current:
+            current = it.current_state
+            submitted.append(len(log))
+    it.close()
+    assert submitted[:3] == [1, 3, 4]  # the first alone, then one ahead (the old code: [1, 4, 5])
+    assert max(n - k for k, n in enumerate(submitted, 1)) == 2  # later the whole ``ahead``: 3 in flight
+    assert got == _examples(*_map(wiki_spec, [], chunk_bytes=30_000, inflight_bytes=1 << 40))  # same examples

@@ -4,9 +4,12 @@ Records are read in the caller's thread in chunks of at most ``chunk`` records a
 :data:`CHUNK_BYTES` of text (:mod:`feedline._tasks.sizing`); a :class:`ChunkRunner` runs each
 chunk's :meth:`Task.process` somewhere (a thread pool here; Ray workers in :mod:`feedline._ray.map`),
 up to ``runner.ahead`` chunks and :data:`INFLIGHT_BYTES` of text in flight; examples come out in
-record order. Bounding chunks by size keeps the head of the queue short: a count of records alone
-made a chunk of 256 Wikipedia articles (~2 M BERT tokens), and ``workers + 2`` of them in flight on
-one tokenizer thread pool made the first of them finish ~``workers`` times later. The state is the parent's state *at the start of the current chunk* plus how many of its
+record order. Bounding chunks by size keeps the head of the queue short (256 Wikipedia articles
+made one chunk of ~2 M BERT tokens). After a start or restore the work ahead ramps up: the text
+queued behind the chunk waited for stays under half the text handed out, so while chunks double
+(below) the next chunk is made beside the one read, and a stream read for a few batches tokenizes
+one chunk beyond them, not ``ahead`` chunks; when chunks are submitted never changes where they
+end. The state is the parent's state *at the start of the current chunk* plus how many of its
 examples were already yielded; a restore re-reads and re-processes that one chunk and skips,
 which gives the same examples because tasks are pure functions of (record, seed, epoch, key).
 The runner never appears in the state, so a state resumes under any runner. Chunks are read
@@ -58,20 +61,11 @@ from feedline.errors import SourceError, StateError
 
 log = logging.getLogger("feedline")
 
-__all__ = [
-    "CHUNK_BYTES",
-    "INFLIGHT_BYTES",
-    "ChunkRunner",
-    "TaskMap",
-    "ThreadRunner",
-    "thread_count",
-    "usable_cores",
-    "useful_threads",
-]
+__all__ = ["CHUNK_BYTES", "INFLIGHT_BYTES", "ChunkRunner", "TaskMap", "ThreadRunner", "thread_count", "usable_cores",
+           "useful_threads"]
 
 #: At most this many records a chunk (short records reach it long before :data:`CHUNK_BYTES`).
 DEFAULT_CHUNK = 256
-
 
 #: The first chunk after a start or restore holds this many records; each next one twice as many,
 #: up to ``chunk``. Long documents (Wikipedia articles) then reach the first batch without waiting
@@ -79,6 +73,7 @@ DEFAULT_CHUNK = 256
 #: names the size of the chunk it points into, so a restore re-reads exactly that chunk (and
 #: re-counts exactly its rejections).
 FIRST_CHUNK = 8
+
 
 class ChunkRunner(Protocol):
     """Where chunks are processed: ``submit`` returns a handle, ``result`` waits for it.
@@ -211,6 +206,7 @@ class TaskMapIterator(DatasetIterator[Example]):
         #  rejections made reading it, parent state at its end, its text size)
         self.inflight: collections.deque[tuple[State, int, Any, dict[str, int], State, int]] = collections.deque()
         self.inflight_size = 0  # text size of the chunks in flight
+        self.taken = 0  # text size of the chunks handed out since the start or restore (see _room)
         self.exhausted = False
         self.current: list[Example] | ExampleBlock = []
         self.current_state: State | None = None
@@ -229,11 +225,10 @@ class TaskMapIterator(DatasetIterator[Example]):
     def _submit(self) -> None:
         """Read chunks until ``runner.ahead`` chunks or the byte budget are in flight, or the parent
         is exhausted; only one before the first chunk's examples are out (the first batch waits for
-        nothing else)."""
+        nothing else), then as :meth:`_room` allows."""
         ahead = self.runner.ahead if self.current_state is not None else 1
         budget = getattr(self.runner, "ahead_bytes", None)  # None: chunks only (a Ray cluster's CPUs)
-        while not self.exhausted and len(self.inflight) < ahead and (
-                budget is None or not self.inflight or self.inflight_size < budget):
+        while not self.exhausted and len(self.inflight) < ahead and (budget is None or self._room(budget)):
             state = self._next_start if self._next_start is not None else self.parent.get_state()
             if self.exact is None and self._runs and self.current_state is not None and read_run(self, state):
                 continue
@@ -256,12 +251,20 @@ class TaskMapIterator(DatasetIterator[Example]):
             self.inflight_size += size
             self.inflight.append((state, len(recs), self.runner.submit(recs), read, end, size))
 
+    def _room(self, budget: int) -> bool:
+        """Another chunk may go: under ``budget`` in flight, and less text queued behind the chunk waited
+        for than half the text handed out since the start or restore (see the module docstring)."""
+        if not self.inflight:
+            return True
+        return self.inflight_size < budget and 2 * (self.inflight_size - self.inflight[0][5]) < self.taken
+
     def _advance(self) -> bool:
         self._submit()
         if not self.inflight:
             return False
         state, self.current_size, handle, read, self.current_end, size = self.inflight.popleft()
         self.inflight_size -= size
+        self.taken += size
         outputs = self.runner.result(handle, state) if handle is not None else []
         self.current_state = state
         examples: list[Example] | ExampleBlock
@@ -383,7 +386,7 @@ class TaskMapIterator(DatasetIterator[Example]):
             if isinstance(handle, cf.Future):
                 handle.cancel()
         self.inflight.clear()
-        self.inflight_size, self.exact = 0, None  # other handles (Ray refs) are freed when dropped
+        self.inflight_size, self.exact, self.taken = 0, None, 0  # other handles (Ray refs) are freed when dropped
 
     @property
     def rejected(self) -> dict[str, int]:
