@@ -146,6 +146,26 @@ def test_chunk_steps_is_read_chunk_on_the_sizes_ahead() -> None:
         assert (planned is None and ended) or planned == len(got), (sizes.tolist(), most, budget)
 
 
+@pytest.mark.slow
+def test_read_chunk_takes_the_rest_of_a_run_at_once() -> None:
+    """A chunk that crosses the end of its parent's run (``run_sizes``: a Parquet row group's last
+    records) takes the records inside the run in one take and goes on with the doubling takes from
+    there: the same records and size as the doubling takes, in fewer takes."""
+    rng = np.random.default_rng(2)
+    fewer = 0
+    for _ in range(300):
+        sizes = rng.integers(0, 400, int(rng.integers(2, 400))) * 4
+        most, budget = int(rng.integers(1, 300)), int(rng.choice([64, 4096, 1 << 16, 1 << 20]))
+        run = int(rng.integers(1, len(sizes)))
+        recs = [Record((0, 0, i), 0, {"input_ids": np.zeros(s // 4, np.int32)}) for i, s in enumerate(sizes.tolist())]
+        plain, in_runs = _ListIterator(recs), _RunIterator(recs, run)
+        want, got = read_chunk(plain, most, budget), read_chunk(in_runs, most, budget)
+        assert [r.key for r in got[0]] == [r.key for r in want[0]] and got[1:] == want[1:]
+        assert in_runs.takes <= plain.takes
+        fewer += in_runs.takes < plain.takes
+    assert fewer > 100
+
+
 class _List(Dataset[Record]):
     def __init__(self, recs: list[Record]) -> None:
         self.recs = recs
@@ -169,6 +189,24 @@ class _ListIterator(DatasetIterator[Record]):
 
     def restore(self, own: dict) -> None:
         self.at = own["at"]
+
+    def take(self, n: int) -> list[Record]:
+        self.takes = getattr(self, "takes", 0) + 1
+        self.at += len(got := self.recs[self.at:self.at + n])
+        return got
+
+
+class _RunIterator(_ListIterator):
+    """Records whose first ``run`` are a run: their sizes are known ahead."""
+
+    def __init__(self, recs: list[Record], run: int) -> None:
+        super().__init__(recs)
+        self.run = run
+
+    def run_sizes(self, most: int) -> np.ndarray | None:
+        if self.at >= self.run:
+            return None
+        return np.array([len(r.data["input_ids"]) * 4 for r in self.recs[self.at:min(self.run, self.at + most)]])
 
 
 def test_pickled_runs_carry_only_their_own_ids(sources: dict) -> None:

@@ -30,7 +30,7 @@ import numpy as np
 
 from feedline._core.record import Record
 
-__all__ = ["ID_BYTES", "TokenItems", "TokenRecords", "chunk_steps", "join_records"]
+__all__ = ["ID_BYTES", "TokenItems", "TokenRecords", "chunk_progress", "chunk_steps", "join_records", "next_take"]
 
 #: Bytes a record's ids count for in a chunk's size (:mod:`feedline._tasks.sizing`): int32 ids.
 ID_BYTES = 4
@@ -161,14 +161,31 @@ def chunk_steps(sizes: np.ndarray, most: int, budget: int) -> int | None:
         >>> chunk_steps(np.array([1, 1, 10, 10, 10, 10]), 8, 12)
         4
     """
+    n, _size, _step, done = chunk_progress(sizes, most, budget)
+    return n if done else None
+
+
+def chunk_progress(sizes: np.ndarray, most: int, budget: int) -> tuple[int, int, int, bool]:
+    """:func:`chunk_steps`' takes over ``sizes`` as far as they go: ``(records, their size, the next
+    take, whether the chunk is complete)``; where it is not, the takes go on past ``sizes`` from there.
+
+        >>> chunk_progress(np.full(100, 4), 256, 1 << 20)
+        (64, 256, 64, False)
+    """
     ends = np.cumsum(sizes)
     n = size = 0
     step = 1
     while n < most and size < budget:
         want = min(step, most - n)
         if n + want > len(ends):
-            return None
+            return n, size, step, False
         n += want
         size = int(ends[n - 1])
-        step = n if size == 0 else max(1, min(n, -(-(budget - size) * n // size)))
-    return n
+        step = next_take(n, size, budget)
+    return n, size, step, True
+
+
+def next_take(n: int, size: int, budget: int) -> int:
+    """The next take of a chunk holding ``n`` records of ``size``: at most double (the overshoot stays
+    below the last take), at least what the records so far say reaches ``budget``."""
+    return n if size == 0 else max(1, min(n, -(-(budget - size) * n // size)))

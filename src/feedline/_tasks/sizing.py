@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from feedline._core.dataset import DatasetIterator
-from feedline._core.documents import TokenRecords, chunk_steps, join_records
+from feedline._core.documents import TokenRecords, chunk_progress, chunk_steps, join_records, next_take
 from feedline._core.record import Record
 
 __all__ = ["CHUNK_BYTES", "INFLIGHT_BYTES", "chunk_steps", "read_chunk", "record_size", "records_size"]
@@ -75,7 +75,9 @@ def read_chunk(parent: DatasetIterator[Record], most: int, budget: int) -> tuple
     At most ``most`` records; the chunk ends after the record that brings its size to ``budget``
     or past it (so it holds at least one record unless ``parent`` is exhausted). Runs of
     :class:`~feedline._core.documents.TokenRecords` are joined into one; a parent with a
-    ``chunk_plan(most, budget)`` that knows the sizes ahead (:func:`chunk_steps`) is read in one take.
+    ``chunk_plan(most, budget)`` that knows the sizes ahead (:func:`chunk_steps`) is read in one take;
+    where its run ends first, the takes inside it are one (``run_sizes``: a Parquet row group's last
+    records, then the doubling takes into the next group).
     """
     plan = getattr(parent, "chunk_plan", None)
     k = plan(most, budget) if plan is not None else None
@@ -85,6 +87,16 @@ def read_chunk(parent: DatasetIterator[Record], most: int, budget: int) -> tuple
     parts: list[Sequence[Record]] = []
     n = size = 0
     step = 1
+    sizes_of = getattr(parent, "run_sizes", None)
+    sizes = sizes_of(most) if sizes_of is not None else None
+    if sizes is not None and len(sizes):  # the takes that stay in the parent's run (a chunk across its end), as one
+        n = chunk_progress(sizes, most, budget)[0]
+        got = parent.take(n)
+        parts.append(got)
+        size = records_size(got)
+        if len(got) < n:
+            return join_records(parts), size, True
+        step = next_take(n, size, budget)
     while n < most and size < budget:
         want = min(step, most - n)
         got = parent.take(want)
@@ -93,7 +105,5 @@ def read_chunk(parent: DatasetIterator[Record], most: int, budget: int) -> tuple
         size += records_size(got)
         if len(got) < want:
             return join_records(parts), size, True
-        # at most double (the overshoot stays below the last take), at least what the records so
-        # far say reaches the budget
-        step = n if size == 0 else max(1, min(n, -(-(budget - size) * n // size)))
+        step = next_take(n, size, budget)
     return join_records(parts), size, False
