@@ -117,6 +117,25 @@ def test_parquet_row_groups_are_decoded_ahead_each_once(layouts: dict[str, dict]
     assert [i for i, name in reads if not name.startswith("feedline-read-ahead")] == [0, 1]
 
 
+def test_the_read_ahead_thread_only_decodes(layouts: dict[str, dict], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read-ahead thread decodes row groups and opens no file: the reading thread opens the file
+    and lists its groups once for it (opened there for every group, that Python work held the GIL
+    while the batches waited)."""
+    opened: list[str] = []
+    init = pq.ParquetFile.__init__
+
+    def spy(self: pq.ParquetFile, *args: object, **kwargs: object) -> None:
+        opened.append(threading.current_thread().name)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "__init__", spy)
+    case = layouts["parquet"]
+    recs = list(records({"sources": [case["source"]], "task": {"kind": "clm"}, "epochs": 3}))
+    assert [r["input_ids"].tolist() for r in recs] == [x.tolist() for x in case["docs"]] * 3
+    assert pq.ParquetFile(case["source"]["path"]).metadata.num_row_groups > 2
+    assert opened and not [name for name in opened if name.startswith("feedline-read-ahead")]
+
+
 def test_detection(layouts: dict[str, dict]) -> None:
     assert detect_format(layouts["megatron"]["source"]["path"]) == "megatron"
     assert detect_format(layouts["megatron"]["source"]["path"][:-4] + ".idx") == "megatron"

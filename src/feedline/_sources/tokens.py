@@ -16,6 +16,7 @@ length per row is rejected by the task (``labels_length``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
@@ -95,6 +96,12 @@ def _arrow_blocks(table: Any, position: int, stop: int) -> Iterator[tuple[int, A
         first = last
 
 
+def _read_group(first: int, pf: Any, group: int, columns: list[str]) -> tuple[int, Any]:
+    """Row group ``group`` of ``pf`` (its first row ``first``) as one block, decoded on the calling
+    thread alone (Arrow's pool would take the core the batches are made on; there is time enough)."""
+    return first, pf.read_row_group(group, columns=columns, use_threads=False)
+
+
 class TokensReader(Reader):
     """Reads token-id columns of Parquet (row groups are splits) and Arrow files."""
 
@@ -140,28 +147,43 @@ class TokensReader(Reader):
             self.__dict__["_next"] = split
 
     def _start_next(self) -> None:
-        """Start decoding the split :meth:`read_ahead` named, if any (at most two wait at once)."""
+        """Start decoding the split :meth:`read_ahead` named, if any (at most two wait at once), where it
+        is a whole row group."""
         split = self.__dict__.pop("_next", None)
-        if split is not None:
+        group = self._group(split) if split is not None else None
+        if split is not None and group is not None:
             ahead = self.__dict__.setdefault("_ahead", {})
-            ahead[(split.path, split.start, split.end)] = Ahead(self._whole_group, split)
+            ahead[(split.path, split.start, split.end)] = Ahead(_read_group, split.start, *group)
             while len(ahead) > 2:
                 del ahead[next(iter(ahead))]
 
-    def _whole_group(self, split: Split) -> tuple[int, Any] | None:
-        """``split``'s one block where it is a whole row group; ``None`` otherwise. Decoded on this one
-        thread (Arrow's pool would take the core the batches are made on; there is time enough)."""
-        pf = open_parquet(split.path)
-        first = 0
-        for g in range(pf.metadata.num_row_groups):
-            n = pf.metadata.row_group(g).num_rows
-            if first == split.start and first + n == split.end:
-                return first, pf.read_row_group(g, columns=self._columns(pf.schema_arrow.names), use_threads=False)
-            first += n
-        return None
+    def _group(self, split: Split) -> tuple[Any, int, list[str]] | None:
+        """``(file, row group, columns)`` where ``split`` is a whole row group of its file, for the
+        read-ahead thread; ``None`` otherwise, or where the file cannot be read (reading the split
+        then meets the error as before). The file is opened and its groups listed once (the last
+        two files are kept, per process): done per group on the read-ahead thread, that Python work
+        (~0.3 ms) held the GIL while the batches waited for it."""
+        files = self.__dict__.setdefault("_files", {})
+        key = (os.getpid(), split.path)
+        if key not in files:
+            try:
+                pf = open_parquet(split.path)
+                groups, first = {}, 0
+                for g in range(pf.metadata.num_row_groups):
+                    n = pf.metadata.row_group(g).num_rows
+                    groups[(first, first + n)] = g
+                    first += n
+                files[key] = (pf, groups, self._columns(pf.schema_arrow.names))
+            except Exception:  # met again where the split is read
+                files[key] = None
+            while len(files) > 2:
+                del files[next(iter(files))]
+        got = files[key]
+        at = None if got is None else got[1].get((split.start, split.end))
+        return None if at is None else (got[0], at, got[2])
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_ahead", "_next")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_ahead", "_next", "_files")}
 
     def _blocks(self, path: str, position: int, end: int | None) -> Iterator[tuple[int, Any]]:
         """``(first row, table)`` blocks covering rows from ``position`` (to ``end``)."""
