@@ -117,6 +117,53 @@ def test_today_states_resume_into_the_run_path(tmp_path: Path, monkeypatch: pyte
         assert_batches_equal(got, want[at + 1:at + 6], f"resumed at {at}")
 
 
+@pytest.mark.parametrize(("seed", "docs", "group", "long_share"), [(8, 64, 300, 0.0), (9, 64, 41, 0.2), (10, 3, 250, 0.05)])
+def test_a_batch_across_row_groups_is_one_slice_of_the_joined_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    seed: int, docs: int, group: int,
+                                                                    long_share: float) -> None:
+    """A batch that runs past its block's end (a Parquet row group's, a run's) is cut from the block's
+    examples left and the next block's first, joined into one (concatrun.join_blocks), instead of row
+    by row; rows over max_docs_per_row still fall back. Batches, states and stats are the row-by-row
+    path's, over two epochs."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    lengths = _flat(tmp_path / "t.bin", seed, 2500, long_share)
+    ids = np.fromfile(tmp_path / "t.bin", dtype=np.uint16).astype(np.int32)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    column = pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids))
+    pq.write_table(pa.table({"input_ids": column}), tmp_path / "t.parquet", row_group_size=group)
+    spec = _spec(tmp_path / "t.bin", docs=docs)
+    spec["sources"] = [{"path": str(tmp_path / "t.parquet"), "format": "tokens"}]
+    seen = {"joined": 0, "row by row": 0}
+    join, rows = concat_mod.join_blocks, concat_mod.ConcatIterator._rows
+
+    def counted_join(*a: Any) -> Any:
+        seen["joined"] += 1
+        return join(*a)
+
+    def counted_rows(self: Any, *a: Any) -> Any:
+        seen["row by row"] += 1
+        return rows(self, *a)
+
+    with monkeypatch.context() as m:
+        m.setattr(concat_mod, "join_blocks", counted_join)
+        m.setattr(concat_mod.ConcatIterator, "_rows", counted_rows)
+        with Loader(spec) as ld:
+            got, states = collect(ld, with_states=True)
+    assert seen["joined"] > (10 if docs == 64 else 0), seen
+    # (row by row: the stream's last batch, a next block shorter than the batch's rest; at 3 pieces a
+    # row, rows that reach the cap too)
+    assert seen["row by row"] * 4 < seen["joined"] if docs == 64 else seen["row by row"] > 0, seen
+    with monkeypatch.context() as m:
+        _row_by_row(m)
+        with Loader(spec) as ld:
+            want, want_states = collect(ld, with_states=True)
+    assert len(got) > 100
+    assert_batches_equal(got, want, f"seed {seed}")
+    assert [json.dumps(s, sort_keys=True) for s in states] == [json.dumps(s, sort_keys=True) for s in want_states]
+
+
 def _ragged(rng: np.random.Generator) -> np.ndarray:
     return np.where(rng.random(400) < 0.1, rng.integers(20, 90, 400), rng.integers(1, 12, 400))
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from feedline._batching.base import Batch, Batcher, FillStats
-from feedline._batching.concatrun import cut_values, lay_rows, run_rows
+from feedline._batching.concatrun import cut_values, join_blocks, lay_rows, rows_fit_before, run_rows
 from feedline._batching.cuts import Pieces, cut_rows
 from feedline._batching.pack import _block_of, row_length
 from feedline._batching.rows import Attention, collate_flat
@@ -77,10 +77,11 @@ class ConcatIterator(DatasetIterator[Batch]):
 
     Examples come a block at a time from a parent that offers them (the task map's ``peek_run`` or
     ``peek_block``, and ``consume``). Where the block's examples lie back to back and hold the whole
-    batch, the batch is one slice of them (:func:`~.concatrun.run_rows`, a pre-tokenized run);
-    otherwise whole rows are cut from a block at once (:func:`~.cuts.cut_rows`), and a row that
-    crosses a block's end, reaches ``max_docs_per_row`` or meets an empty example is made one
-    example at a time. Either way an example is taken when a row first needs it, so the states are
+    batch, the batch is one slice of them (:func:`~.concatrun.run_rows`, a pre-tokenized run), or
+    where it runs past the block's end, of the block's examples left and the next block's first
+    joined into one (:meth:`_join_next`); otherwise whole rows are cut from a block at once
+    (:func:`~.cuts.cut_rows`), and a row that crosses a block's end, reaches ``max_docs_per_row`` or
+    meets an empty example is made one example at a time. Either way an example is taken when a row first needs it, so the states are
     those of taking them one by one.
     """
 
@@ -224,7 +225,12 @@ class ConcatIterator(DatasetIterator[Batch]):
             return None
         cut = run_rows(blk, self._ends, self._used, self.carry, rows, width, o.max_docs_per_row)
         if cut is None:
-            return None
+            blk = self._join_next(rows * width)  # type: ignore[assignment]
+            if blk is None:
+                return None
+            cut = run_rows(blk, self._ends, self._used, self.carry, rows, width, o.max_docs_per_row)
+            if cut is None:
+                return None
         last = self._used + cut.taken - 1
         self.carry = None if cut.rest is None else (blk.slice(last, last + 1), cut.rest)
         self._used += cut.taken
@@ -240,6 +246,35 @@ class ConcatIterator(DatasetIterator[Batch]):
         return collate_flat(cut.docs, cut.lengths, values, width, o.max_docs_per_row, self.ds.ctx.task.pad_values,
                             like=like, reset_positions=o.reset_positions, mask_first=o.mask_first_token,
                             attention=o.attention)
+
+    def _join_next(self, n: int) -> ExampleBlock | None:
+        """Where the batch's ``n`` tokens run past the current block's end (a run's or a Parquet row
+        group's), the block's examples left and the next block's first that the batch needs, joined
+        into one block (:func:`~.concatrun.join_blocks`: a copy of ~a batch of tokens) that becomes
+        the current block; ``None`` where not (the per-row path then cuts the batch, as before).
+        Taking the next block takes every example left in this one from the parent first: only where
+        the batch takes each of them whatever path cuts it (it needs more tokens, and no row over
+        them reaches ``max_docs_per_row``)."""
+        blk, i, c = self._blk, self._used, self.carry
+        if blk is None or i >= len(blk) or self._peek is None:
+            return None
+        head = 0 if c is None else int(c[0].lengths[0]) - c[1]
+        lengths = blk.lengths[i:]
+        if head + int(self._ends[-1]) - (int(self._ends[i - 1]) if i else 0) >= n or \
+                not rows_fit_before(head, lengths, self.max_length, self.opts.max_docs_per_row):
+            return None
+        self.parent.consume(len(blk) - self._taken)  # type: ignore[attr-defined]
+        self._taken = len(blk)
+        got = self._peek()
+        if not isinstance(got, ExampleBlock) or not len(got) or not got.lengths.all() or not (
+                len(got) < 2 or np.array_equal(got.starts[1:], got.starts[:-1] + got.lengths[:-1])):
+            return None  # (this block stays the current one, every example of it taken from the parent)
+        need = n - head - int(lengths.sum())
+        k = min(len(got), int(np.searchsorted(np.cumsum(got.lengths), need, side="left")) + 1)
+        joined = join_blocks(blk, i, got, k)
+        self._blk, self._ends, self._used, self._taken = joined, np.cumsum(joined.lengths), 0, len(lengths)
+        self._empty, self._contig = False, True
+        return joined
 
     def __next__(self) -> Batch:
         whole = self._run_batch()

@@ -15,7 +15,9 @@ closes rows early and this one does not apply)::
 :func:`run_rows` gives the pieces and what the per-row path would count and carry, or ``None``
 where it does not apply (:class:`~feedline._batching.concat.ConcatIterator` then cuts as before);
 :func:`lay_rows` lays full rows out as :func:`~feedline._batching.rows.collate_flat` does, with
-fewer passes (every row is full and the pieces' starts are known).
+fewer passes (every row is full and the pieces' starts are known). A batch that runs past a block's
+end is cut from :func:`join_blocks` of its examples left and the next block's first (one copy of
+about a batch of tokens), where :func:`rows_fit_before` says every example left goes into it.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import numpy as np
 from feedline._batching.base import Batch, int_dtype
 from feedline._core.block import ExampleBlock
 
-__all__ = ["RunCut", "cut_values", "lay_rows", "run_rows"]
+__all__ = ["RunCut", "cut_values", "join_blocks", "lay_rows", "rows_fit_before", "run_rows"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,3 +155,38 @@ def cut_values(cut: RunCut) -> dict[str, np.ndarray]:
         fields, lo, hi = cut.src[0]
         return {name: arr[lo:hi] for name, arr in fields.items()}
     return {name: np.concatenate([f[name][lo:hi] for f, lo, hi in cut.src]) for name in cut.src[0][0]}
+
+
+def rows_fit_before(head: int, lengths: np.ndarray, width: int, max_docs: int) -> bool:
+    """Whether rows of ``width`` laid over a carried rest of ``head`` tokens and then documents of
+    ``lengths`` hold fewer than ``max_docs`` pieces each, up to those documents' end: no row closes
+    early there, so a batch that needs more tokens takes every one of them."""
+    starts = np.empty(len(lengths), dtype=np.int64)
+    starts[0] = head
+    np.cumsum(lengths[:-1], out=starts[1:])
+    starts[1:] += head
+    inside = starts[starts % width != 0]   # a piece starting a row is that row's first, counted below
+    per_row = np.bincount(inside // width) if len(inside) else np.zeros(1, np.int64)
+    return int(per_row.max()) + 1 < max_docs
+
+
+def join_blocks(a: ExampleBlock, i: int, b: ExampleBlock, k: int) -> ExampleBlock:
+    """Examples ``i:`` of ``a`` and the first ``k`` of ``b`` (each block's lying back to back) as one
+    block whose tokens are one copy, so a batch across the two is one slice of them (fields that
+    share an array in both blocks still share one)."""
+    lengths = np.concatenate([a.lengths[i:], b.lengths[:k]])
+    starts = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    a0, a1 = int(a.starts[i]), int(a.starts[-1] + a.lengths[-1])
+    b0 = int(b.starts[0])
+    b1 = b0 + int(b.lengths[:k].sum())
+    made: dict[tuple[int, int], np.ndarray] = {}
+    fields = {}
+    for name, arr in a.fields.items():
+        other = b.fields[name]
+        key = (id(arr), id(other))
+        if key not in made:
+            made[key] = np.concatenate([arr[a0:a1], other[b0:b1]])
+        fields[name] = made[key]
+    return ExampleBlock(np.concatenate([a.refs[i:], b.refs[:k]]), np.arange(len(lengths), dtype=np.int64), starts,
+                        lengths, fields)
