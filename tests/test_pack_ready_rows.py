@@ -132,3 +132,19 @@ def test_short_pieces_are_laid_out_from_the_arena_without_a_gathered_copy(flat_f
         batches = collect(ld)
     assert len(batches) > 20
     assert bool(made) is compacted, len(made)
+
+
+def test_a_batch_of_laid_out_short_pieces_is_rows_of_the_gathered_layout(flat_file: str) -> None:
+    """Short pieces laid out several batches at a time are handed out as those rows (views, no copy per
+    batch): consecutive batches share the gathered layout but no memory, and a consumer writing into
+    one batch changes no other."""
+    with Loader(_spec(flat_file)) as ld:
+        it = iter(ld)
+        first, second = next(it), next(it)
+        views = [k for k, v in first.items() if v.base is not None and np.shares_memory(v.base, second[k])]
+        assert sorted(views) == sorted(first), sorted(first.keys() - set(views))
+        assert not any(np.shares_memory(v, second[k]) for k, v in first.items())
+        want = {k: v.copy() for k, v in second.items()}
+        for v in first.values():
+            v[...] = -7
+        assert all(np.array_equal(second[k], want[k]) for k in want)

@@ -136,9 +136,11 @@ class ReadyRows:
             return compact.expand(), compact.tokens()
         if self._laid is not None:
             a, b = self._take(rows)
-            out: Batch = {name: laid[a:b].copy() for name, laid in self._laid.items()}
-            out["seq_lens"] = self._seq_lens[a:b].copy()
-            out["cu_seqlens"] = self._cu[a:b].copy()
+            # (rows of the gathered layout, not copies: no two batches share a row, so a consumer
+            # writing into one changes no other)
+            out: Batch = {name: laid[a:b] for name, laid in self._laid.items()}
+            out["seq_lens"] = self._seq_lens[a:b]
+            out["cu_seqlens"] = self._cu[a:b]
             out["attention_mask"] = out.pop("attention_mask")   # the layout's key order
             t0, t1 = int(self._token_at[self._piece_at[a]]), int(self._token_at[self._piece_at[b]])
             return out, t1 - t0
