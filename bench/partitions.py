@@ -42,6 +42,11 @@ as a ratio to K = 0 and to K = 1) and the composing process's CPU ms per step. `
 runs every setting under that checkout's ``src`` too, in the same rounds in alternating order (on a
 shared machine only such same-run ratios mean anything), and prints this one's ratios to it. On 2 cores K = 14
 needs ``--warmup 12``: with less, the window still holds its 14 pipelines' start (0.1 M tok/s).
+``--pin CPUS`` (``--cpu``: e.g. ``0``) runs every setting's process tree on those CPUs only: with
+one, no two threads of a setting run at once, so what K = 1 spends above K = 0 is work it does
+(its pipe, its second process, their wake-ups), not the cost of running in parallel on a shared
+machine (two busy cores each run slower than one). Fewer cores also change the settings
+(``auto`` sizes the tokenizer's pool and warm start by the usable cores).
 """
 
 from __future__ import annotations
@@ -116,7 +121,13 @@ def rates(args: argparse.Namespace, ks: list[int]) -> None:
 
 
 # ------------------------------------------------------------------------------- --cpu
+PIN_ENV = "FEEDLINE_BENCH_PIN"   # --pin, for the child (its CPUs)
+
+
 def cpu_child(name: str, k: int, placement: str, mb: float, seconds: float, warmup: float) -> dict[str, float]:
+    pin = os.environ.get(PIN_ENV)
+    if pin:   # before anything starts a thread or a process: they inherit it
+        os.sched_setaffinity(0, {int(c) for c in pin.split(",")})
     import scaling
     from common import tree_cpu
 
@@ -142,15 +153,17 @@ def cpu_costs(args: argparse.Namespace, ks: list[int]) -> None:
         for r in range(args.rounds):
             for k in ks:
                 for t in (list(trees) if r % 2 == 0 else list(trees)[::-1]):
+                    env = {**os.environ, "PYTHONPATH": trees[t], **({PIN_ENV: args.pin} if args.pin else {})}
                     got = in_fresh_process("cpu", name, str(k), args.placement, str(args.mb), str(args.seconds),
-                                           str(args.warmup), env={**os.environ, "PYTHONPATH": trees[t]})
+                                           str(args.warmup), env=env)
                     if got:
                         runs[(t, k)].append(got)
         med = {key: {f: statistics.median(r[f] for r in rs) for f in rs[0]} for key, rs in runs.items() if rs}
         for t in trees:
             print(f"\n{name} ({t}: {trees[t]}): tree CPU s per M tokens and this process's CPU ms per step, "
                   f"{args.seconds:g} s from {args.warmup:g} s after the first batch, medians of {args.rounds} "
-                  f"interleaved fresh processes (K = 0: in-process; K >= 1: {args.placement})")
+                  f"interleaved fresh processes (K = 0: in-process; K >= 1: {args.placement})"
+                  + (f", every process on CPUs {args.pin}" if args.pin else ""))
             print("| K | M tok/s | tree CPU s / M tok | x K=0 | x K=1 | composer CPU ms/step | each run (CPU s / M) |\n"
                   "|---|---:|---:|---:|---:|---:|---|")
             for k in ks:
@@ -299,6 +312,7 @@ def main() -> None:
     ap.add_argument("--one-core", action="store_true", help="one partition's rate on one pinned core")
     ap.add_argument("--cpu", action="store_true", help="tree CPU per M tokens and the composer's CPU per step")
     ap.add_argument("--mb", type=float, default=48, help="--cpu: corpus size per workload (no text twice)")
+    ap.add_argument("--pin", help="--cpu: the CPUs (e.g. 0 or 0,1) every setting's process tree runs on")
     ap.add_argument("--base", help="--cpu: another checkout (its root) run in the same interleaved rounds, for A/B ratios")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
