@@ -10,6 +10,7 @@ import collections
 import random
 import sys
 
+import numpy as np
 import pytest
 
 from feedline._batching.bestfit import BestFitPacker
@@ -139,6 +140,38 @@ def test_held_bin_fast_path_keeps_best_fit_on_ties(seed: int) -> None:
         length = rng.randint(1, 4)
         got.push(length, i)
         want.push(length, i)
+    got.flush()
+    want.flush()
+    assert list(got.ready) == list(want.ready)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_windows_fed_in_chunks_place_as_item_by_item(seed: int) -> None:
+    """The pack batcher hands a window over as chunks (numpy lengths, a ``range`` of piece ids each),
+    sorted at once (16-bit radix under rows of 32,768, 64-bit beyond); chunks of ranges, of lists and
+    single items mixed in one window place as the reference does, ties in arrival order."""
+    rng = random.Random(3000 + seed)
+    capacity = rng.choice([12, 1024, 40_000])
+    window, open_bins, max_items = rng.choice([1, 50, 1000]), rng.choice([0, 8, 64]), rng.choice([None, 3, 64])
+    got = BestFitPacker[int](capacity, window=window, open_bins=open_bins, max_items=max_items)
+    want = Reference(capacity, window, open_bins, max_items)
+    at = 0
+    while at < 6000:
+        k = rng.choice([1, 7, 300])
+        lengths = np.array([rng.randint(1, min(capacity, rng.choice([4, 80, capacity]))) for _ in range(k)])
+        kind = rng.choice(["range", "list", "one"])
+        if kind == "one":  # packed as soon as the window is full
+            for j, n in enumerate(lengths.tolist()):
+                got.push(n, at + j)
+                want.push(n, at + j)
+        else:  # the chunk whole, then packed if the window is full (as the pack batcher reads)
+            got.add_many(lengths, range(at, at + k) if kind == "range" else list(range(at, at + k)))
+            want.pending.extend((n, at + j) for j, n in enumerate(lengths.tolist()))
+            if got.pending >= window:
+                got.pack()
+                want.pack()
+        at += k
+        assert list(got.ready) == list(want.ready) and got.pending == len(want.pending)
     got.flush()
     want.flush()
     assert list(got.ready) == list(want.ready)

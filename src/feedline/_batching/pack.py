@@ -246,7 +246,7 @@ class PackIterator(DatasetIterator[Batch]):
             refs = np.concatenate([block.refs[ex], start[:, None]], axis=1)
             at = block.starts[ex] + start
         ids = self.pool.add(refs, lengths, at, block.fields)
-        self.packer.add_many(lengths.tolist(), ids)
+        self.packer.add_many(lengths, ids)
 
     def __next__(self) -> Batch:
         gathered, rows = self._next_rows()
