@@ -148,10 +148,10 @@ def test_held_bin_fast_path_keeps_best_fit_on_ties(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(20))
 def test_windows_fed_in_chunks_place_as_item_by_item(seed: int) -> None:
     """The pack batcher hands a window over as chunks (numpy lengths, a ``range`` of piece ids each),
-    sorted at once (16-bit radix under rows of 32,768, 64-bit beyond); chunks of ranges, of lists and
+    sorted at once (16-bit radix under rows of 32,768, 64-bit beyond) into steps; chunks of ranges, of lists and
     single items mixed in one window place as the reference does, ties in arrival order."""
     rng = random.Random(3000 + seed)
-    capacity = rng.choice([12, 1024, 40_000])
+    capacity = rng.choice([12, 1024, 40_000, 1 << 23])  # (rows of 2**22 and more: steps shifted as Python ints)
     window, open_bins, max_items = rng.choice([1, 50, 1000]), rng.choice([0, 8, 64]), rng.choice([None, 3, 64])
     got = BestFitPacker[int](capacity, window=window, open_bins=open_bins, max_items=max_items)
     want = Reference(capacity, window, open_bins, max_items)

@@ -114,16 +114,16 @@ class BestFitPacker(Generic[T]):
 
     def pack(self) -> None:
         """Place the pending window, then close the fullest bins beyond ``open_bins``."""
-        lengths, items_ = _longest_first(self._lengths, self._items, self.capacity)
+        steps, items_ = _longest_first(self._lengths, self._items, self.capacity)
         self._lengths, self._items, self._pending = [], [], 0
-        rooms, bins, ready, shift = self._rooms, self._bins, self.ready, _ID_BITS
+        rooms, bins, ready, shift, mask = self._rooms, self._bins, self.ready, _ID_BITS, _ID_MASK
         # Items of a whole row come first (longest first) and fit no open bin (each holds an item):
         # each is a new bin, full at once, closed in window order. (Long documents: most of their pieces.)
-        whole = lengths.count(self.capacity)
+        whole = steps.count(self.capacity << shift)
         if whole:
             ready.extend([item] for item in items_[:whole])
             self._next_id += whole
-        window = zip(lengths[whole:], items_[whole:])
+        window = zip(steps[whole:], items_[whole:])
         max_items = self.max_items if self.max_items is not None else sys.maxsize
         find, insort, full = bisect.bisect_left, bisect.insort, 1 << shift
         # The bin that took the last item is held out of ``rooms`` (its key ``key``, its items
@@ -133,27 +133,33 @@ class BestFitPacker(Generic[T]):
         # Where it does not hold, the bin goes back into ``rooms`` and the item is placed by bisection.
         key, below, count = -1, 0, 0
         items: list[T] = []
-        for length, item in window:  # best fit: the least room that holds it (ties: the oldest bin)
-            # a bin's room lives in its key only: placing an item lowers the key by length << shift
-            step = length << shift
+        close = ready.append
+        for step, item in window:  # best fit: the least room that holds it (ties: the oldest bin)
+            # a bin's room lives in its key only: placing an item lowers the key by its step
             if below < step <= key:
                 key -= step
                 items.append(item)
                 count += 1
                 if key < full or count >= max_items:  # no room left, or the item cap: closed
-                    ready.append(bins.pop(key & _ID_MASK))
+                    close(bins.pop(key & mask))
                     key = -1
                 continue
             if key >= 0:
                 insort(rooms, key)
             i = find(rooms, step)
             below = rooms[i - 1] if i else -1
-            key = (rooms.pop(i) if i < len(rooms) else self._new_bin()) - step
-            items = bins[key & _ID_MASK]
+            if i < len(rooms):
+                key = rooms.pop(i) - step
+                items = bins[key & mask]
+            else:  # a new bin (:meth:`_new_bin`, inline)
+                bid = self._next_id
+                self._next_id = bid + 1
+                key = (self.capacity << shift | bid) - step
+                items = bins[bid] = []
             items.append(item)
             count = len(items)
             if key < full or count >= max_items:
-                ready.append(bins.pop(key & _ID_MASK))
+                close(bins.pop(key & mask))
                 key = -1
         if key >= 0:
             insort(rooms, key)
@@ -199,19 +205,27 @@ class BestFitPacker(Generic[T]):
 
 
 def _longest_first(lengths: list[np.ndarray], items: list[Sequence[T]], capacity: int) -> tuple[list[int], Sequence[T]]:
-    """The window's lengths and items (chunks in arrival order) longest first, ties in arrival order:
-    a stable sort of the negated lengths (what ``sort(key=length, reverse=True)`` of the pairs gives),
-    in 16 bits where the row allows (numpy's stable sort is then a radix sort). Items that are
-    ``range`` objects (the pack batcher's piece ids) are reordered as one array."""
+    """The window's steps (``length << _ID_BITS``: what placing an item takes off a bin's key) and items
+    (chunks in arrival order) longest first, ties in arrival order: a stable sort of the negated
+    lengths (what ``sort(key=length, reverse=True)`` of the pairs gives), in 16 bits where the row
+    allows (numpy's stable sort is then a radix sort). Items that are ``range`` objects (the pack
+    batcher's piece ids) are reordered as one array."""
     if not lengths:
         return [], []
     arr = np.concatenate(lengths) if len(lengths) > 1 else lengths[0]
     if len(arr) < 2:
-        return arr.tolist(), list(items[0])
+        return _steps(arr), list(items[0])
     neg = np.negative(arr, dtype=np.int16 if capacity < 1 << 15 else np.int64)
     order = np.argsort(neg, kind="stable")
     if all(isinstance(chunk, range) for chunk in items):
         ids = np.concatenate([np.arange(c.start, c.stop, c.step, dtype=np.int64) for c in items])  # type: ignore[attr-defined]
-        return arr[order].tolist(), ids[order].tolist()
+        return _steps(arr[order]), ids[order].tolist()
     flat = list(itertools.chain.from_iterable(items))
-    return arr[order].tolist(), operator.itemgetter(*order.tolist())(flat)  # (a tuple: two or more)
+    return _steps(arr[order]), operator.itemgetter(*order.tolist())(flat)  # (a tuple: two or more)
+
+
+def _steps(lengths: np.ndarray) -> list[int]:
+    """``length << _ID_BITS`` of each, as Python ints (shifted in int64 where that holds them)."""
+    if len(lengths) and int(lengths.max()) >= 1 << (62 - _ID_BITS):
+        return [n << _ID_BITS for n in lengths.tolist()]
+    return (lengths << _ID_BITS).tolist()  # type: ignore[no-any-return]
