@@ -39,10 +39,6 @@ of them (a handover: a warm-started worker starts there at once, while they are 
 the thread was making is dropped, never handed out (at most one element's work lost), and the
 thread is not waited for (``detach=True``: it leaves its parent in the background).
 
-After each start the thread makes one element, then one more ahead per element taken, up to
-``depth``: a consumer reading a few elements (a short job, a test) has as many made beside it, not
-``depth`` more; what is made never depends on it.
-
 State: exactly the parent's state (a prefetch stage adds no fields of its own), so a state
 saved with or without prefetching resumes either way.
 """
@@ -133,8 +129,6 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         self._thread: threading.Thread | None = None
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=0 if hold else depth)
         self._slots = threading.Semaphore(depth)  # hold: the queue's bound, freed by release()
-        self._ramp = threading.Semaphore(1)  # elements the thread may still start making (see the ramp)
-        self._taken = 0  # elements taken from this run's thread
         self._stop = threading.Event()
         self._kept: deque[Any] | None = None   # cut: what the thread had queued, handed out next
         #: The thread was :meth:`cut` and every element it had queued was taken.
@@ -148,8 +142,11 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         return item  # type: ignore[no-any-return]
 
     def poll(self) -> tuple[Any, State] | None:
-        """The next ``(element, state)`` if one is ready, else ``None`` (never blocks); raises
-        ``StopIteration`` at the end and the thread's exception on failure, like :meth:`__next__`."""
+        """The next ``(element, state)`` if one is ready, else ``None`` (never blocks).
+
+        Raises ``StopIteration`` at the end and the thread's exception on failure, like
+        :meth:`__next__`.
+        """
         return self._take(block=False)
 
     def _take(self, block: bool) -> tuple[Any, State] | None:
@@ -168,8 +165,6 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
             if item is None:
                 return None
             self._held = self.hold
-            self._taken += 1   # the ramp: one more element the thread may make, two until it is depth ahead
-            self._ramp.release(2 if self._taken <= self.depth else 1)
         if isinstance(item, _End):
             self._ended = True
             self.end_state = item.state
@@ -297,8 +292,7 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         self._stop = threading.Event()
         self._queue = queue.Queue(maxsize=0 if self.hold else self.depth)
         self._slots, self._held = threading.Semaphore(self.depth), False
-        self._ramp, self._taken = threading.Semaphore(1), 0
-        self._thread = threading.Thread(target=self._run, args=(parent, rewind, self._queue, self._stop, self._slots, self._ramp),
+        self._thread = threading.Thread(target=self._run, args=(parent, rewind, self._queue, self._stop, self._slots),
                                         name=self.name, daemon=True)
         self._thread.start()
 
@@ -310,7 +304,6 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
             return
         self._stop.set()
         self._slots.release(self.depth)  # unblock a held put (this run's semaphore is dropped with it)
-        self._ramp.release()  # and a thread waiting to make its next element
         self._held = False
         try:  # unblock a put on a full queue
             while True:
@@ -349,15 +342,13 @@ class Prefetch(DatasetIterator[tuple[Any, State]]):
         return False
 
     def _run(self, parent: Any, rewind: Mapping[str, Any] | None, q: queue.Queue[Any], stop: threading.Event,
-             slots: threading.Semaphore, ramp: threading.Semaphore) -> None:
+             slots: threading.Semaphore) -> None:
         try:
             if rewind is not None:
                 parent.set_state(rewind)
             fn = self._map
             snapshot = getattr(parent, "snapshot", parent.get_state)
             while not stop.is_set():
-                if not ramp.acquire(timeout=0.1) or stop.is_set():   # the ramp (see the module docstring)
-                    continue
                 try:
                     element = next(parent)
                 except StopIteration:

@@ -108,7 +108,7 @@ class Spec:
             per-record map (``map: local | ray``), one Ray ``address`` and ``num_cpus``; never changes a
             batch. The old ``engine`` section is read into it (one warning line).
         workers: task threads (``0``: chosen from the cores).
-        prefetch: batches prepared ahead of the consumer (one ahead at a start, one more per batch taken).
+        prefetch: batches prepared ahead of the consumer.
         streams: a service's other named streams (``validation: val.yaml`` or overrides of this spec).
     """
 
