@@ -89,6 +89,7 @@ LAUNCHER = textwrap.dedent("""
         loader.close()
         with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
             json.dump(result, f)
+        dist.destroy_process_group()   # a gloo group left to the interpreter's exit can abort the rank
 
 
     # torchrun's part: a rendezvous port, then each rank in its own process with torchrun's variables
