@@ -52,6 +52,16 @@ def _row_by_row(m: pytest.MonkeyPatch) -> None:
     m.setattr(concat_mod.ConcatIterator, "_run_batch", lambda self: None)
 
 
+def _assert_row_by_row_gives(spec: dict, got: list, states: list, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """The row-by-row path gives ``got`` and ``states`` (stats too) for ``spec``."""
+    with monkeypatch.context() as m:
+        _row_by_row(m)
+        with Loader(spec) as ld:
+            want, want_states = collect(ld, with_states=True)
+    assert_batches_equal(got, want, where)
+    assert [json.dumps(s, sort_keys=True) for s in states] == [json.dumps(s, sort_keys=True) for s in want_states]
+
+
 def _count_runs(m: pytest.MonkeyPatch) -> dict[str, int]:
     seen = {"runs": 0, "whole": 0, "across": 0}
     read_run, cut = map_mod.read_run, concat_mod.run_rows
@@ -88,13 +98,8 @@ def test_runs_give_the_batches_states_and_stats_of_the_row_by_row_path(tmp_path:
             got, states = collect(ld, with_states=True)
     assert seen["runs"] >= 1 and seen["whole"] > 10, seen  # both ran (batches with a row over the cap fall back)
     assert seen["across"] or docs == 2, seen  # a batch began with the rest of another block's document
-    with monkeypatch.context() as m:
-        _row_by_row(m)
-        with Loader(spec) as ld:
-            want, want_states = collect(ld, with_states=True)
     assert len(got) > 50
-    assert_batches_equal(got, want, f"seed {seed}")
-    assert [json.dumps(s, sort_keys=True) for s in states] == [json.dumps(s, sort_keys=True) for s in want_states]  # stats too
+    _assert_row_by_row_gives(spec, got, states, monkeypatch, f"seed {seed}")
 
 
 @pytest.mark.parametrize("seed", [5, 6])
@@ -155,13 +160,8 @@ def test_a_batch_across_row_groups_is_one_slice_of_the_joined_blocks(tmp_path: P
     # (row by row: the stream's last batch, a next block shorter than the batch's rest; at 3 pieces a
     # row, rows that reach the cap too)
     assert seen["row by row"] * 4 < seen["joined"] if docs == 64 else seen["row by row"] > 0, seen
-    with monkeypatch.context() as m:
-        _row_by_row(m)
-        with Loader(spec) as ld:
-            want, want_states = collect(ld, with_states=True)
     assert len(got) > 100
-    assert_batches_equal(got, want, f"seed {seed}")
-    assert [json.dumps(s, sort_keys=True) for s in states] == [json.dumps(s, sort_keys=True) for s in want_states]
+    _assert_row_by_row_gives(spec, got, states, monkeypatch, f"seed {seed}")
 
 
 def _ragged(rng: np.random.Generator) -> np.ndarray:
