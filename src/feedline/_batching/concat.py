@@ -72,6 +72,11 @@ class ConcatBatcher(Batcher):
         return ConcatIterator(self)
 
 
+def _back_to_back(blk: ExampleBlock) -> bool:
+    """Whether ``blk``'s examples lie back to back in their fields (a run can then be sliced)."""
+    return len(blk) < 2 or bool(np.array_equal(blk.starts[1:], blk.starts[:-1] + blk.lengths[:-1]))
+
+
 class ConcatIterator(DatasetIterator[Batch]):
     """Cursor over a :class:`ConcatBatcher`; :attr:`stats` counts rows and tokens.
 
@@ -118,7 +123,7 @@ class ConcatIterator(DatasetIterator[Batch]):
         blk = got if isinstance(got, ExampleBlock) else _block_of(got[:_LISTED])
         self._blk, self._ends, self._used, self._taken = blk, np.cumsum(blk.lengths), 0, 0
         self._empty = not blk.lengths.all()
-        self._contig = len(blk) < 2 or bool(np.array_equal(blk.starts[1:], blk.starts[:-1] + blk.lengths[:-1]))
+        self._contig = _back_to_back(blk)
         return blk
 
     def _settle(self, keep: bool = False) -> None:
@@ -266,8 +271,7 @@ class ConcatIterator(DatasetIterator[Batch]):
         self.parent.consume(len(blk) - self._taken)  # type: ignore[attr-defined]
         self._taken = len(blk)
         got = self._peek()
-        if not isinstance(got, ExampleBlock) or not len(got) or not got.lengths.all() or not (
-                len(got) < 2 or np.array_equal(got.starts[1:], got.starts[:-1] + got.lengths[:-1])):
+        if not isinstance(got, ExampleBlock) or not len(got) or not got.lengths.all() or not _back_to_back(got):
             return None  # (this block stays the current one, every example of it taken from the parent)
         need = n - head - int(lengths.sum())
         k = min(len(got), int(np.searchsorted(np.cumsum(got.lengths), need, side="left")) + 1)
