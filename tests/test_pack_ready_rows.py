@@ -148,3 +148,33 @@ def test_a_batch_of_laid_out_short_pieces_is_rows_of_the_gathered_layout(flat_fi
         for v in first.values():
             v[...] = -7
         assert all(np.array_equal(second[k], want[k]) for k in want)
+
+
+def test_rows_gathered_after_a_window_are_located_from_the_ids_the_window_kept(flat_file: str,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ready rows' ids, flattened once a window to keep them in the pool, also locate the first
+    rows gathered after it (no second pass over the rows); a later gather of the same window reads
+    its own rows. The ids handed on are the rows' own, and the batches those of reading the rows."""
+    real = pack.PiecePool.locate
+    handed: list[bool] = []
+
+    def locate(self: pack.PiecePool, rows: list, flat: tuple | None = None) -> object:
+        if flat is not None:
+            assert flat[0].tolist() == [len(r) for r in rows] and flat[1].tolist() == [i for r in rows for i in r]
+        handed.append(flat is not None)
+        return real(self, rows, flat)
+
+    spec = _spec(flat_file, 64)
+    monkeypatch.setattr(pack, "rows_to_gather", lambda ready, batch_rows, max_length: min(ready, batch_rows))  # a gather a batch
+    with monkeypatch.context() as m:
+        m.setattr(pack.PiecePool, "locate", locate)
+        with Loader(spec, prefetch=0) as loader:
+            got = collect(loader, limit=80)
+    assert 0 < sum(handed) < len(handed)   # the first gather after each window, not the others
+    with monkeypatch.context() as m:
+        m.setattr(pack.PiecePool, "locate", lambda self, rows, flat=None: real(self, rows))
+        with Loader(spec, prefetch=0) as loader:
+            want = collect(loader, limit=80)
+    assert len(got) == len(want) == 80
+    for a, b in zip(got, want, strict=True):
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)

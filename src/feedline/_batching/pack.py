@@ -155,6 +155,8 @@ class PackIterator(DatasetIterator[Batch]):
         self._window: WindowRows | None = None  # the rows as of the last window (see _window_rows)
         self._taken = 0  # ready rows delivered since _window was taken
         self._gathered: ReadyRows | None = None  # the next ready rows, gathered (dropped at each window)
+        # the ready rows' pieces a row and ids, as the last _keep flattened them (None once a row is taken)
+        self._ready_ids: tuple[np.ndarray, np.ndarray] | None = None
 
     def _new_packer(self) -> BestFitPacker[int]:
         o = self.opts
@@ -183,9 +185,18 @@ class PackIterator(DatasetIterator[Batch]):
         self._keep()
 
     def _keep(self) -> None:
-        """Drop the tokens of delivered pieces: keep those of the ready and open rows."""
-        rows = itertools.chain(self.packer.ready, self.packer.open_contents())
-        self.pool.keep(np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64))
+        """Drop the tokens of delivered pieces: keep those of the ready and open rows. The ready rows'
+        ids, flattened here, also locate the first rows gathered (:attr:`_ready_ids`)."""
+        ready = self.packer.ready
+        flat: list[int] = []
+        for row in ready:   # (a list extended row by row, then one counted fromiter: ~3x faster than
+            flat += row     # fromiter over a chain of the rows, which grows its array as it goes)
+        n = len(flat)
+        for row in self.packer.open_contents():
+            flat += row
+        ids = np.fromiter(flat, dtype=np.int64, count=len(flat))
+        self.pool.keep(ids)
+        self._ready_ids = (np.fromiter(map(len, ready), dtype=np.int64, count=len(ready)), ids[:n])
         self._window = None
         self._gathered = None
 
@@ -274,9 +285,15 @@ class PackIterator(DatasetIterator[Batch]):
         rows = min(want, len(ready))
         if self._gathered is None or self._gathered.left() < rows:
             o = self.opts
-            self._gathered = ReadyRows(self.pool, list(itertools.islice(ready, rows_to_gather(len(ready), want, self.max_length))),
-                                       self.max_length, o.max_docs_per_row, self.ds.ctx.task.pad_values,
-                                       mask_first=o.mask_first_token, attention=o.attention)
+            gather = rows_to_gather(len(ready), want, self.max_length)
+            flat = self._ready_ids   # the ready rows' ids as _keep flattened them (none taken since)
+            if flat is not None:
+                docs = flat[0][:gather]
+                flat = (docs, flat[1][:int(docs.sum())])
+            self._gathered = ReadyRows(self.pool, list(itertools.islice(ready, gather)), self.max_length,
+                                       o.max_docs_per_row, self.ds.ctx.task.pad_values, mask_first=o.mask_first_token,
+                                       attention=o.attention, flat=flat)
+        self._ready_ids = None
         for _ in range(rows):
             ready.popleft()
         self._taken += rows

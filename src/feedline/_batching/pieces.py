@@ -151,11 +151,17 @@ class PiecePool:
             raise RuntimeError("piece pool: keep() the live pieces before reading them")
         return self.ids, self._refs
 
-    def locate(self, rows: Sequence[Sequence[int]]) -> Located:
+    def locate(self, rows: Sequence[Sequence[int]], flat: tuple[np.ndarray, np.ndarray] | None = None) -> Located:
         """Where the tokens of rows of kept piece ids lie (valid until the pool is compacted: it
-        replaces its arena, never writes over held tokens)."""
-        docs = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-        ids = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(docs.sum()))
+        replaces its arena, never writes over held tokens); ``flat``: the rows' pieces a row and
+        their ids end to end, where the caller has them (else taken from ``rows``)."""
+        if flat is not None:
+            docs, ids = flat
+            if len(docs) != len(rows):
+                raise ValueError(f"piece pool: {len(docs)} rows' ids for {len(rows)} rows")
+        else:
+            docs = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+            ids = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(docs.sum()))
         k = self._rows(ids)
         return Located(docs, self._lengths[k], self._at[k], dict(self.arena),
                        {name: self.alias.get(name, name) for name in self.order})

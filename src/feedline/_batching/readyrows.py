@@ -70,8 +70,10 @@ class ReadyRows:
     _laid: dict[str, np.ndarray] | None
 
     def __init__(self, pool: PiecePool, rows: Sequence[Sequence[int]], max_length: int, max_docs: int,
-                 pad_values: Mapping[str, Any], *, mask_first: bool, attention: Attention) -> None:
-        loc = self._loc = pool.locate(rows)
+                 pad_values: Mapping[str, Any], *, mask_first: bool, attention: Attention,
+                 flat: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """``flat``: the rows' pieces a row and their ids end to end, where the caller has them."""
+        loc = self._loc = pool.locate(rows, flat)
         self._args = (max_length, max_docs, pad_values, mask_first, attention)
         self._compact = self._laid = None
         n, docs, lengths = len(rows), loc.docs, loc.lengths
