@@ -166,6 +166,33 @@ def test_read_chunk_takes_the_rest_of_a_run_at_once() -> None:
     assert fewer > 100
 
 
+def test_read_chunk_takes_the_next_run_at_once_once_a_take_reaches_it() -> None:
+    """A chunk across the end of a run (a Parquet row group) takes the rest of that run in one take,
+    crosses with the next doubling take, and then takes what the next run holds of the chunk in one
+    take: the bench's short documents (a chunk of 256 starting 8 records before a group of 2,048
+    ends) in 3 takes where they were 6 (the run's 8, then doubling takes of 8, 16, 32, 64 and 128);
+    the same records and size as the doubling takes, over random sizes, runs and budgets."""
+    recs = [Record((0, 0, i), 0, {"input_ids": np.zeros(70, np.int32)}) for i in range(4096)]
+    plain, one, in_runs = _ListIterator(recs), _RunIterator(recs, 2048), _RunsIterator(recs, [2048, 4096])
+    plain.at = one.at = in_runs.at = 2040
+    want, before, got = (read_chunk(it, 256, 1 << 20) for it in (plain, one, in_runs))
+    assert [r.key for r in got[0]] == [r.key for r in want[0]] == [r.key for r in before[0]] == [(0, 0, i) for i in range(2040, 2296)]
+    assert got[1:] == want[1:] == before[1:] and (one.takes, in_runs.takes) == (6, 3)
+    rng = np.random.default_rng(5)
+    fewer = 0
+    for _ in range(300):
+        sizes = rng.integers(0, 400, int(rng.integers(2, 400))) * 4
+        most, budget = int(rng.integers(1, 300)), int(rng.choice([64, 4096, 1 << 16, 1 << 20]))
+        ends = sorted(set(rng.integers(1, len(sizes) + 1, int(rng.integers(1, 6))).tolist()) | {len(sizes)})
+        recs = [Record((0, 0, i), 0, {"input_ids": np.zeros(s // 4, np.int32)}) for i, s in enumerate(sizes.tolist())]
+        one, runs = _RunIterator(recs, ends[0]), _RunsIterator(recs, ends)
+        want, got = read_chunk(one, most, budget), read_chunk(runs, most, budget)
+        assert [r.key for r in got[0]] == [r.key for r in want[0]] and got[1:] == want[1:]
+        assert runs.takes <= one.takes
+        fewer += runs.takes < one.takes
+    assert fewer > 20
+
+
 class _List(Dataset[Record]):
     def __init__(self, recs: list[Record]) -> None:
         self.recs = recs
@@ -323,3 +350,17 @@ def test_arrow_blocks_end_at_record_batches_and_view_the_file(batch_rows: int, d
         for a, b in zip(got, want, strict=True):
             assert all(np.array_equal(a[k], b[k]) for k in b)
         assert got_states == want_states
+
+
+class _RunsIterator(_ListIterator):
+    """Records in runs that end at ``ends``: the sizes of the current run's next records are known ahead."""
+
+    def __init__(self, recs: list[Record], ends: list[int]) -> None:
+        super().__init__(recs)
+        self.ends = ends
+
+    def run_sizes(self, most: int) -> np.ndarray | None:
+        end = next((e for e in self.ends if e > self.at), None)
+        if end is None:
+            return None
+        return np.array([len(r.data["input_ids"]) * 4 for r in self.recs[self.at:min(end, self.at + most)]])

@@ -165,22 +165,27 @@ def chunk_steps(sizes: np.ndarray, most: int, budget: int) -> int | None:
     return n if done else None
 
 
-def chunk_progress(sizes: np.ndarray, most: int, budget: int) -> tuple[int, int, int, bool]:
+def chunk_progress(sizes: np.ndarray, most: int, budget: int, start: tuple[int, int, int] = (0, 0, 1)
+                   ) -> tuple[int, int, int, bool]:
     """:func:`chunk_steps`' takes over ``sizes`` as far as they go: ``(records, their size, the next
     take, whether the chunk is complete)``; where it is not, the takes go on past ``sizes`` from there.
+    ``start``: a chunk already under way, ``(records, their size, the next take)``, whose next
+    records have ``sizes``.
 
         >>> chunk_progress(np.full(100, 4), 256, 1 << 20)
         (64, 256, 64, False)
+        >>> chunk_progress(np.full(100, 4), 256, 1 << 20, start=(16, 64, 16)), chunk_progress(np.full(300, 4), 256, 1 << 20, start=(8, 32, 8))
+        ((64, 256, 64, False), (256, 1024, 256, True))
     """
     ends = np.cumsum(sizes)
-    n = size = 0
-    step = 1
+    n0, size0, step = start
+    n, size = n0, size0
     while n < most and size < budget:
         want = min(step, most - n)
-        if n + want > len(ends):
+        if n - n0 + want > len(ends):
             return n, size, step, False
         n += want
-        size = int(ends[n - 1])
+        size = size0 + int(ends[n - n0 - 1])
         step = next_take(n, size, budget)
     return n, size, step, True
 

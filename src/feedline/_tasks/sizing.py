@@ -77,7 +77,9 @@ def read_chunk(parent: DatasetIterator[Record], most: int, budget: int) -> tuple
     :class:`~feedline._core.documents.TokenRecords` are joined into one; a parent with a
     ``chunk_plan(most, budget)`` that knows the sizes ahead (:func:`chunk_steps`) is read in one take;
     where its run ends first, the takes inside it are one (``run_sizes``: a Parquet row group's last
-    records, then the doubling takes into the next group).
+    records), and so are those inside the next run once a take reaches it (the doubling takes into
+    the next group: 8, 16, 32, 64 and 128 records were five takes there, now two). The same
+    records, size and states as the doubling takes one by one.
     """
     plan = getattr(parent, "chunk_plan", None)
     k = plan(most, budget) if plan is not None else None
@@ -106,4 +108,15 @@ def read_chunk(parent: DatasetIterator[Record], most: int, budget: int) -> tuple
         if len(got) < want:
             return join_records(parts), size, True
         step = next_take(n, size, budget)
+        sizes = sizes_of(most - n) if sizes_of is not None and n < most and size < budget else None
+        if sizes is not None and len(sizes):  # now inside the next run: the takes it holds, as one
+            k = chunk_progress(sizes, most, budget, start=(n, size, step))[0] - n
+            if k:
+                got = parent.take(k)
+                parts.append(got)
+                n += len(got)
+                size += records_size(got)
+                if len(got) < k:
+                    return join_records(parts), size, True
+                step = next_take(n, size, budget)
     return join_records(parts), size, False
