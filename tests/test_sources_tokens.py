@@ -136,6 +136,25 @@ def test_the_read_ahead_thread_only_decodes(layouts: dict[str, dict], monkeypatc
     assert opened and not [name for name in opened if name.startswith("feedline-read-ahead")]
 
 
+def test_a_token_files_format_is_told_once(layouts: dict[str, dict], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether a token file is Parquet is told once per path and reader: asked again for every row
+    group (its extent, its read-ahead, its blocks), detect_format ran a few times a group."""
+    from feedline._sources import tokens
+
+    asked: list[str] = []
+
+    def spy(path: str) -> str:
+        asked.append(path)
+        return detect_format(path)
+
+    monkeypatch.setattr(tokens, "detect_format", spy)
+    case = layouts["parquet"]
+    recs = list(records({"sources": [case["source"]], "task": {"kind": "clm"}, "epochs": 3}))
+    assert [r["input_ids"].tolist() for r in recs] == [x.tolist() for x in case["docs"]] * 3
+    assert pq.ParquetFile(case["source"]["path"]).metadata.num_row_groups > 2
+    assert asked == [case["source"]["path"]]
+
+
 def test_detection(layouts: dict[str, dict]) -> None:
     assert detect_format(layouts["megatron"]["source"]["path"]) == "megatron"
     assert detect_format(layouts["megatron"]["source"]["path"][:-4] + ".idx") == "megatron"

@@ -112,12 +112,15 @@ class TokensReader(Reader):
     def options(self) -> TokensSpec:
         return self.spec.tokens or TokensSpec()
 
-    @staticmethod
-    def _parquet(path: str) -> bool:
-        try:
-            return detect_format(path) == "parquet"
-        except SourceError:
-            return False
+    def _parquet(self, path: str) -> bool:
+        """Whether ``path`` is a Parquet file (told once per path: asked a few times a row group)."""
+        known = self.__dict__.setdefault("_formats", {})
+        if path not in known:
+            try:
+                known[path] = detect_format(path) == "parquet"
+            except SourceError:
+                known[path] = False
+        return known[path]  # type: ignore[no-any-return]
 
     def _columns(self, available: Sequence[str]) -> list[str]:
         o = self.options

@@ -44,8 +44,8 @@ def read_run(it: Any, state: dict[str, Any]) -> bool:
     current run; False (nothing read) where the run holds fewer than two whole chunks."""
     sizes_of = getattr(it.parent, "run_sizes", None)
     sizes = sizes_of(RUN_CHUNKS * it.ds.chunk) if sizes_of is not None else None
-    if sizes is None:
-        return False
+    if sizes is None or (len(sizes) < it.chunk and int(sizes.sum()) < it.ds.chunk_bytes):
+        return False  # not even one whole chunk in the run (a Parquet row group's last records)
     plan: list[int] = []
     at = total = 0
     most, budget = it.chunk, it.ds.chunk_bytes

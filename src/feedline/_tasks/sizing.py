@@ -74,26 +74,29 @@ def read_chunk(parent: DatasetIterator[Record], most: int, budget: int) -> tuple
 
     At most ``most`` records; the chunk ends after the record that brings its size to ``budget``
     or past it (so it holds at least one record unless ``parent`` is exhausted). Runs of
-    :class:`~feedline._core.documents.TokenRecords` are joined into one; a parent with a
-    ``chunk_plan(most, budget)`` that knows the sizes ahead (:func:`chunk_steps`) is read in one take;
-    where its run ends first, the takes inside it are one (``run_sizes``: a Parquet row group's last
-    records), and so are those inside the next run once a take reaches it (the doubling takes into
+    :class:`~feedline._core.documents.TokenRecords` are joined into one; a parent that knows the sizes
+    ahead (``run_sizes``, or else ``chunk_plan(most, budget)``: :func:`chunk_steps`) is read in one take
+    where its run holds the chunk; where its run ends first, the takes inside it are one (a Parquet
+    row group's last records), and so are those inside the next run once a take reaches it (the doubling takes into
     the next group: 8, 16, 32, 64 and 128 records were five takes there, now two). The same
     records, size and states as the doubling takes one by one.
     """
-    plan = getattr(parent, "chunk_plan", None)
-    k = plan(most, budget) if plan is not None else None
-    if k:  # the parent knows the sizes ahead: the same records in one take
-        got = parent.take(k)
-        return got, records_size(got), len(got) < k
+    sizes_of = getattr(parent, "run_sizes", None)
+    sizes = sizes_of(most) if sizes_of is not None else None
+    if sizes is None:
+        plan = getattr(parent, "chunk_plan", None)
+        k = plan(most, budget) if plan is not None else None
+        if k:  # the parent knows the sizes ahead: the same records in one take
+            got = parent.take(k)
+            return got, records_size(got), len(got) < k
     parts: list[Sequence[Record]] = []
     n = size = 0
     step = 1
-    sizes_of = getattr(parent, "run_sizes", None)
-    sizes = sizes_of(most) if sizes_of is not None else None
-    if sizes is not None and len(sizes):  # the takes that stay in the parent's run (a chunk across its end), as one
-        n = chunk_progress(sizes, most, budget)[0]
+    if sizes is not None and len(sizes):  # the takes that stay in the parent's run, as one
+        n, _size, _step, done = chunk_progress(sizes, most, budget)
         got = parent.take(n)
+        if done:  # the run holds the whole chunk (what chunk_plan tells from the same sizes)
+            return got, records_size(got), len(got) < n
         parts.append(got)
         size = records_size(got)
         if len(got) < n:
