@@ -58,3 +58,44 @@ def test_a_state_asked_while_the_composing_thread_waits_comes_from_the_worker(
     with Loader(spec(corpus, small_tokenizer, "threads")) as again:
         again.load_state_dict(state)
         assert_batches_equal(want[7:], [dict(next(again)) for _ in range(3)], "resumed from the asked state")
+
+
+@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.slow
+def test_the_callers_thread_composes_where_the_partitions_run_in_worker_processes(
+        corpus: str, small_tokenizer: str, k: int) -> None:
+    """The loader ran the composing stage on a thread of its own (a Prefetch), which handed every
+    batch to the caller over a queue, though the workers already make theirs ahead: one thread
+    hand-off and one queue wake-up per batch more than needed. The caller's next() now reads the
+    workers' pipes itself; an explicit prefetch still puts the composing stage on a thread."""
+    with Loader(spec(corpus, small_tokenizer, "threads", partitions=k)) as threads:
+        want = collect(threads, limit=12)
+    before = set(threading.enumerate())   # (other tests' loaders may still be collected)
+    with Loader(spec(corpus, small_tokenizer, "processes", partitions=k)) as loader:
+        got = [dict(next(loader)) for _ in range(12)]
+        names = [t.name for t in set(threading.enumerate()) - before]
+    assert not [n for n in names if n.startswith("feedline-loader")], names
+    assert_batches_equal(want, got, f"K={k} composed in the caller's thread")
+    with Loader(spec(corpus, small_tokenizer, "processes", partitions=k), prefetch=2) as loader:
+        assert_batches_equal(want[:3], [dict(next(loader)) for _ in range(3)], "composed on the loader's thread")
+        assert "feedline-loader" in [t.name for t in set(threading.enumerate()) - before]
+
+
+@pytest.mark.slow
+def test_a_caller_that_stops_asking_for_a_while_is_not_taken_for_a_silent_worker(
+        corpus: str, small_tokenizer: str, caplog: pytest.LogCaptureFixture) -> None:
+    """With no thread here reading the workers' pipes between the caller's next() calls, their
+    heartbeats wait on the pipes meanwhile: they are read before any silence is judged, so a
+    caller busy for longer than hang_timeout finds its workers alive, named by nobody, not restarted."""
+    parallel = {"placement": "processes", "prefetch": 2, "warm_start": False, "hang_timeout": 2}
+    want = collect(Loader(spec(corpus, small_tokenizer, "threads")), limit=8)
+    with caplog.at_level("WARNING", logger="feedline"), \
+            Loader(spec(corpus, small_tokenizer, "processes", parallel=parallel)) as loader:
+        got = []
+        for _ in range(4):
+            got += [dict(next(loader)), dict(next(loader))]
+            time.sleep(2.5)   # longer than hang_timeout: a training step, an evaluation
+        placement = loader._stage._parent.parent.parent.runner
+        assert not any(placement.restarts), placement.restarts
+    assert not [r for r in caplog.records if "said nothing" in r.getMessage() or "killed" in r.getMessage()], caplog.text
+    assert_batches_equal(want, got, "after the pauses")

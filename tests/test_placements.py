@@ -41,9 +41,12 @@ def until_workers_serve(loader: Any, limit: int = 4000) -> list[dict[str, Any]]:
 
 
 def runner(loader: Any) -> Any:
-    """The placement under a loader: Prefetch -> RankSlice -> GlobalStream -> Composed."""
+    """The placement under a loader: Prefetch (or Inline: partitions in processes) -> RankSlice -> GlobalStream -> Composed."""
     stage = loader._stage
-    stage.start()
+    if hasattr(stage, "start"):
+        stage.start()
+    else:   # Inline: the composing stage is built in the caller's thread
+        stage._ensure_parent()
     while stage._parent is None:
         time.sleep(0.01)
     return stage._parent.parent.parent.runner

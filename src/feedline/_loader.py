@@ -10,7 +10,12 @@ In-process, a :class:`~feedline._core.prefetch.Prefetch` stage runs the rank's s
 with the state after it, so :meth:`Loader.state_dict` always describes exactly what the caller
 has received, however far prefetching ran. Iterating again continues where the last left off.
 ``prefetch=0`` makes each batch in the caller's thread when it is asked for
-(:class:`~feedline._core.inline.Inline`: no thread, no hand-off; same batches and states).
+(:class:`~feedline._core.inline.Inline`: no thread, no hand-off; same batches and states). That is
+the default where the partitions run in worker processes (``parallel: processes``) that all start
+at the first ask (without a warm start, or with a core for each worker): the workers already make
+``parallel.prefetch`` batches ahead, and the caller's ``next()`` reads their pipes itself (one
+thread hand-off and one queue wake-up fewer per batch); an explicit ``prefetch`` still puts the
+composing stage on a thread.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from feedline._batching.planner import RankSlice
 from feedline._core.inline import Inline
 from feedline._core.options import check_count
 from feedline._core.prefetch import Prefetch
+from feedline._partitions.processes import starts_together
 from feedline._pipeline import GlobalStream, Pipeline
 from feedline._spec import Spec
 from feedline._state import check_state, filtered_in, find_rejected, make_state, mixture_shares
@@ -66,6 +72,13 @@ def _transport(scheme: str, source: str) -> type:
     return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
 
 
+def _workers_run_ahead(spec: Spec) -> bool:
+    """Whether the spec's partitions all run in worker processes from the first ask, which make
+    batches ahead themselves: the caller's thread composes (no thread here). Not where a warm start
+    makes step 1 here first: the workers start at the next ask, which a thread here makes at once."""
+    return spec.parallel.resolve(spec.partitions) == "processes" and starts_together(spec.parallel, spec.partitions)
+
+
 class Loader(ABC):
     """Batches of one rank, from a spec (in-process) or a service address: the factory and the interface.
 
@@ -81,7 +94,8 @@ class Loader(ABC):
         world_size: number of ranks sharing each global batch.
         state: a :meth:`state_dict` to resume from (any world size).
         stream: for a service with several streams, the stream name (refused in-process).
-        prefetch: batches prepared ahead (default: the spec's ``prefetch``); in-process, ``0`` makes
+        prefetch: batches prepared ahead (default: the spec's ``prefetch``; 0 where the partitions run in
+            worker processes, which make batches ahead themselves); in-process, ``0`` makes
             each batch in the caller's thread when it is asked for (no background thread).
     """
 
@@ -161,7 +175,9 @@ class InProcessLoader(Loader):
         self.rank, self.world_size = rank, world_size
         self.pipeline = Pipeline(self.spec)
         self.spec_hash = self.spec.hash()
-        self.prefetch = self.spec.prefetch if prefetch is None else check_count(prefetch, "prefetch", low=0)
+        if prefetch is None:
+            prefetch = 0 if _workers_run_ahead(self.spec) else self.spec.prefetch
+        self.prefetch = check_count(prefetch, "prefetch", low=0)
         self._stage: Prefetch | Inline = (Prefetch(self._rank_stream, self.prefetch, name="feedline-loader") if self.prefetch
                                           else Inline(self._rank_stream))
         if state is not None:

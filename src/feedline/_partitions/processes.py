@@ -67,7 +67,7 @@ from feedline._partitions.remote import with_remote
 from feedline._partitions.streams import Handover, WorkerStream
 from feedline._spec import ParallelSpec
 
-__all__ = ["MAX_RESTARTS", "ProcessPlacement"]
+__all__ = ["MAX_RESTARTS", "ProcessPlacement", "starts_together"]
 
 
 #: Deaths of one worker process that are restarted before the stream fails.
@@ -90,6 +90,13 @@ def warm_start(setting: bool | str, workers: int) -> bool:
     if isinstance(setting, bool):
         return setting
     return spare_cores(workers)
+
+
+def starts_together(options: ParallelSpec, k: int) -> bool:
+    """Whether the workers of ``k`` partitions all start at the first ask (cold, or warm with a core
+    for each); else step 1 is made here first and they start at the next ask."""
+    workers = min(k, options.processes or usable_cores())
+    return not warm_start(options.warm_start, workers) or spare_cores(workers)
 
 
 def spare_cores(workers: int) -> bool:
@@ -120,7 +127,7 @@ class ProcessPlacement(Placement):
         # every worker starts at the first ask: cold, or warm with a core for each (the workers' start
         # then takes no core from step 1's thread here: on the 16-core node, started after step 1
         # they were ready at ~1.0 s, against ~0.8 s started with it)
-        self.together = not self.warm or spare_cores(self.workers)
+        self.together = starts_together(options, k)
         self.pool = WorkerPool(k, self.workers, options)   # (stops its workers when collected, if never closed)
         self.restarts = self.pool.restarts   # each worker's restarts so far (deaths and silences)
         self.pids = self.pool.pids           # the worker processes running now (for tests and monitoring)

@@ -108,7 +108,9 @@ class Spec:
             per-record map (``map: local | ray``), one Ray ``address`` and ``num_cpus``; never changes a
             batch. The old ``engine`` section is read into it (one warning line).
         workers: task threads (``0``: chosen from the cores).
-        prefetch: batches prepared ahead of the consumer.
+        prefetch: batches prepared ahead of the consumer, on a thread (where the partitions run in
+            worker processes that start at the first ask, without a warm start, they run
+            ``parallel.prefetch`` ahead there, and the consumer's thread composes: no thread here).
         streams: a service's other named streams (``validation: val.yaml`` or overrides of this spec).
     """
 
