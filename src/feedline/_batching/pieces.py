@@ -69,6 +69,7 @@ class PiecePool:
         self.alias: dict[str, str] = {}  # field -> the field whose tokens it shares (clm: labels -> input_ids)
         self.order: list[str] = []  # the fields, in the examples' order
         self.used = 0
+        self._kept = 0  # ``used`` after the last keep
 
     def add(self, refs: np.ndarray, lengths: np.ndarray, at: np.ndarray, fields: Mapping[str, np.ndarray]) -> range:
         """Add pieces (their tokens are ``fields[name][at:at + length]``); returns their ids."""
@@ -133,11 +134,15 @@ class PiecePool:
         live = int(self._lengths.sum())
         if self.used > _GROWTH * live + _SLACK:
             starts, lengths = _merged(self._at, self._lengths)  # live pieces next to each other: one span
-            self.arena = {name: gather_spans(buf, starts, lengths) for name, buf in self.arena.items()}
+            # room for the tokens added until the next compaction: it comes at the first keep past the
+            # bound, up to a keep's worth of blocks later (twice what came since the last keep)
+            room = _GROWTH * live + _SLACK + 2 * (self.used - self._kept)
+            self.arena = {name: _with_room(gather_spans(buf, starts, lengths), room) for name, buf in self.arena.items()}
             self._at = np.zeros(len(want), dtype=np.int64)
             if len(want) > 1:
                 np.cumsum(self._lengths[:-1], out=self._at[1:])
             self.used = live
+        self._kept = self.used
 
     def _rows(self, ids: np.ndarray) -> np.ndarray:
         if self._new:
@@ -209,6 +214,17 @@ def _held_rows(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
     if len(want) and (rows.max() >= n or not np.array_equal(table[rows], want)):
         raise KeyError("piece pool: a piece id to keep is not held")
     return rows
+
+
+def _with_room(live: np.ndarray, room: int) -> np.ndarray:
+    """An arena of ``room`` tokens (at least ``live``'s) starting with ``live``. Compacted to the live
+    tokens alone, the arena grew again at the next blocks (doubling: each time a copy of what it
+    held and a new buffer): on ~70-token documents 1.7 times the tokens added were copied again."""
+    if room <= len(live):
+        return live
+    arena = np.empty((room, *live.shape[1:]), dtype=live.dtype)
+    arena[:len(live)] = live
+    return arena
 
 
 def _merged(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
