@@ -109,8 +109,11 @@ class _RayCluster:
             # no worker processes started ahead of need: a raylet otherwise starts one per CPU when it comes up
             # and when the first driver joins, and most of them are never used (each ~3 CPU-s of imports)
             config = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
+            # and no log monitor (~6-10 CPU-s over the Ray tests, tailing every worker's log files to relay
+            # their prints to the driver, which no test reads; the files stay in the session's logs folder)
             c = Cluster(initialize_head=True,
-                        head_node_args={"num_cpus": 1, "include_dashboard": False, "_system_config": config})
+                        head_node_args={"num_cpus": 1, "include_dashboard": False, "include_log_monitor": False,
+                                        "_system_config": config})
             for _ in range(2):
                 c.add_node(num_cpus=1)
             c.wait_for_nodes()
