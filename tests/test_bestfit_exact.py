@@ -175,3 +175,38 @@ def test_windows_fed_in_chunks_place_as_item_by_item(seed: int) -> None:
     got.flush()
     want.flush()
     assert list(got.ready) == list(want.ready)
+
+
+@pytest.mark.parametrize("case", ["renumbered", "widened", "restored wide"])
+def test_keys_of_one_digit_renumber_and_widen_as_the_reference_places(case: str) -> None:
+    """Keys stay under 2**30 (one CPython digit: the interpreter's fast int compare and subtract) by
+    giving bin ids only the bits the row leaves (12 for rows of 2**17); when a window could outgrow
+    them the open bins are renumbered in order, and where too many bins stay open for even that, keys
+    widen to 40 bits of id (also restored with that many open bins). Placements stay the reference's."""
+    rng = random.Random(4000)
+    capacity, window = 1 << 17, 16
+    open_bins = 64 if case == "renumbered" else 10 ** 6
+    got = BestFitPacker[int](capacity, window=window, open_bins=open_bins)
+    want = Reference(capacity, window, open_bins, None)
+    if case == "restored wide":   # 5,000 open bins of one item (more than 12 bits of id hold)
+        lengths = {i: rng.randint(capacity // 2 + 1, capacity - 1) for i in range(5000)}
+        got.restore([], [[(n, i)] for i, n in lengths.items()])
+        for i, n in lengths.items():
+            want.bins[want.new_bin()][0].append(i)
+            want.bins[i][1][0] -= n
+            bisect.insort(want.rooms, want.bins[i][1][0] << _ID_BITS | i)
+    small: list[bool] = []
+    for i in range(5000, 20000):
+        # renumbered: rows of 2-3 items (ids run past 4,096 in ~600 windows); widened: items over
+        # half a row each, a bin each, all kept open (4,096 open bins by the 256th window)
+        n = rng.randint(capacity // 4, capacity // 2) if case == "renumbered" else rng.randint(capacity // 2 + 1, capacity - 1)
+        got.push(n, i)
+        want.push(n, i)
+        if i % 16 == 15 and got._rooms:
+            small.append(max(got._rooms) < 1 << 30)
+            assert list(got.ready) == list(want.ready) and got.open_contents() == want.open_contents()
+    got.flush()
+    want.flush()
+    assert list(got.ready) == list(want.ready)
+    # one digit throughout where renumbering holds the ids; 40 bits once 4,096 bins stay open
+    assert all(small) if case == "renumbered" else small[0] == (case == "widened") and not small[-1]

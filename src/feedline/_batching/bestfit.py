@@ -40,9 +40,12 @@ __all__ = ["BestFitPacker"]
 
 T = TypeVar("T")
 
-#: An open bin's key in the sorted room list is ``room << _ID_BITS | id``: one int compare per step.
+#: An open bin's key in the sorted room list is ``room << bits | id``: one int compare per step. Keys
+#: are kept under ``2 ** _SMALL`` (one CPython digit) where the row allows: ints that small compare and
+#: subtract on the interpreter's fast paths (~400 instructions an item less than 40-bit ids); the open
+#: bins are renumbered (in order) when the ids would outgrow their bits. Otherwise ids get :data:`_ID_BITS`.
 _ID_BITS = 40
-_ID_MASK = (1 << _ID_BITS) - 1
+_SMALL = 30
 
 
 class BestFitPacker(Generic[T]):
@@ -76,8 +79,9 @@ class BestFitPacker(Generic[T]):
         self._items: list[Sequence[T]] = []
         self._pending = 0
         self._bins: dict[int, list[T]] = {}  # id -> items of the open bins
-        self._rooms: list[int] = []  # sorted keys (room << _ID_BITS | id) of open bins: by room, then age
+        self._rooms: list[int] = []  # sorted keys (room << bits | id) of open bins: by room, then age
         self._next_id = 0
+        self._bits = _key_bits(capacity, window)
 
     # ----------------------------------------------------------------- feeding
     def push(self, length: int, item: T) -> None:
@@ -114,9 +118,12 @@ class BestFitPacker(Generic[T]):
 
     def pack(self) -> None:
         """Place the pending window, then close the fullest bins beyond ``open_bins``."""
-        steps, items_ = _longest_first(self._lengths, self._items, self.capacity)
+        if self._next_id + self._pending > (1 << self._bits) - 1:   # (a window can open a bin an item)
+            self._renumber()
+        steps, items_ = _longest_first(self._lengths, self._items, self.capacity, self._bits)
         self._lengths, self._items, self._pending = [], [], 0
-        rooms, bins, ready, shift, mask = self._rooms, self._bins, self.ready, _ID_BITS, _ID_MASK
+        shift = self._bits
+        rooms, bins, ready, mask = self._rooms, self._bins, self.ready, (1 << shift) - 1
         # Items of a whole row come first (longest first) and fit no open bin (each holds an item):
         # each is a new bin, full at once, closed in window order. (Long documents: most of their pieces.)
         whole = steps.count(self.capacity << shift)
@@ -166,7 +173,7 @@ class BestFitPacker(Generic[T]):
         excess = len(rooms) - self.open_bins
         if excess > 0:
             for k in rooms[:excess]:
-                self._close(k & _ID_MASK)
+                self._close(k & mask)
             del rooms[:excess]
 
     def flush(self) -> None:
@@ -185,11 +192,14 @@ class BestFitPacker(Generic[T]):
         """Reset to the given closed rows and open bins (``(length, item)`` pairs, oldest first)."""
         self.ready = collections.deque(list(r) for r in ready)
         self._lengths, self._items, self._pending, self._bins, self._rooms, self._next_id = [], [], 0, {}, [], 0
+        self._bits = _key_bits(self.capacity, self.window)
         for contents in open_bins:
+            if self._next_id >= (1 << self._bits) - 1:
+                self._renumber(_ID_BITS)
             key = self._new_bin()
             for length, item in contents:
-                self._bins[key & _ID_MASK].append(item)
-                key -= length << _ID_BITS
+                self._bins[key & ((1 << self._bits) - 1)].append(item)
+                key -= length << self._bits
             bisect.insort(self._rooms, key)
 
     # ----------------------------------------------------------------- internals
@@ -198,14 +208,34 @@ class BestFitPacker(Generic[T]):
         bid = self._next_id
         self._next_id += 1
         self._bins[bid] = []
-        return self.capacity << _ID_BITS | bid
+        return self.capacity << self._bits | bid
+
+    def _renumber(self, bits: int | None = None) -> None:
+        """Give the open bins ids ``0, 1, ...`` in their order (their keys' order is kept), before a
+        window whose new bins could outgrow the ids' bits; where even that does not leave room (or
+        ``bits`` says so), keys get :data:`_ID_BITS` of id from now on."""
+        old, olds = self._bits, (1 << self._bits) - 1
+        if bits is not None or len(self._bins) + self._pending > olds - 1:
+            self._bits = bits or _ID_BITS
+        new = {bid: i for i, bid in enumerate(sorted(self._bins))}
+        self._bins = {new[bid]: items for bid, items in self._bins.items()}
+        self._rooms = sorted((k >> old) << self._bits | new[k & olds] for k in self._rooms)
+        self._next_id = len(new)
 
     def _close(self, bid: int) -> None:
         self.ready.append(self._bins.pop(bid))
 
 
-def _longest_first(lengths: list[np.ndarray], items: list[Sequence[T]], capacity: int) -> tuple[list[int], Sequence[T]]:
-    """The window's steps (``length << _ID_BITS``: what placing an item takes off a bin's key) and items
+def _key_bits(capacity: int, window: int) -> int:
+    """Bits of bin id in a key: what keeps ``capacity << bits | id`` under ``2 ** _SMALL`` where that
+    leaves ids for a few windows of new bins, else :data:`_ID_BITS`."""
+    bits = _SMALL - capacity.bit_length()
+    return bits if bits >= window.bit_length() + 2 else _ID_BITS
+
+
+def _longest_first(lengths: list[np.ndarray], items: list[Sequence[T]], capacity: int,
+                   bits: int = _ID_BITS) -> tuple[list[int], Sequence[T]]:
+    """The window's steps (``length << bits``: what placing an item takes off a bin's key) and items
     (chunks in arrival order) longest first, ties in arrival order: a stable sort of the negated
     lengths (what ``sort(key=length, reverse=True)`` of the pairs gives), in 16 bits where the row
     allows (numpy's stable sort is then a radix sort). Items that are ``range`` objects (the pack
@@ -214,18 +244,18 @@ def _longest_first(lengths: list[np.ndarray], items: list[Sequence[T]], capacity
         return [], []
     arr = np.concatenate(lengths) if len(lengths) > 1 else lengths[0]
     if len(arr) < 2:
-        return _steps(arr), list(items[0])
+        return _steps(arr, bits), list(items[0])
     neg = np.negative(arr, dtype=np.int16 if capacity < 1 << 15 else np.int64)
     order = np.argsort(neg, kind="stable")
     if all(isinstance(chunk, range) for chunk in items):
         ids = np.concatenate([np.arange(c.start, c.stop, c.step, dtype=np.int64) for c in items])  # type: ignore[attr-defined]
-        return _steps(arr[order]), ids[order].tolist()
+        return _steps(arr[order], bits), ids[order].tolist()
     flat = list(itertools.chain.from_iterable(items))
-    return _steps(arr[order]), operator.itemgetter(*order.tolist())(flat)  # (a tuple: two or more)
+    return _steps(arr[order], bits), operator.itemgetter(*order.tolist())(flat)  # (a tuple: two or more)
 
 
-def _steps(lengths: np.ndarray) -> list[int]:
-    """``length << _ID_BITS`` of each, as Python ints (shifted in int64 where that holds them)."""
-    if len(lengths) and int(lengths.max()) >= 1 << (62 - _ID_BITS):
-        return [n << _ID_BITS for n in lengths.tolist()]
-    return (lengths << _ID_BITS).tolist()  # type: ignore[no-any-return]
+def _steps(lengths: np.ndarray, bits: int) -> list[int]:
+    """``length << bits`` of each, as Python ints (shifted in int64 where that holds them)."""
+    if len(lengths) and int(lengths.max()) >= 1 << (62 - bits):
+        return [n << bits for n in lengths.tolist()]
+    return (lengths << bits).tolist()  # type: ignore[no-any-return]
