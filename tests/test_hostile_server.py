@@ -136,7 +136,9 @@ def test_a_batch_whose_fields_change_is_a_protocol_error() -> None:
 
 
 def test_batches_beyond_the_granted_credit_are_a_protocol_error() -> None:
-    frames = [plain_frames(step, input_ids=np.zeros((2, 4), np.int32)) for step in range(1, 8)]
+    # 40 messages at once for a credit of 2: with 7, a consumer on a loaded machine could take each batch and
+    # grant its credit before the server's thread sent the next, receive all within credit, and wait for more
+    frames = [plain_frames(step, input_ids=np.zeros((2, 4), np.int32)) for step in range(1, 41)]
     with HostileServer(batches=lambda: frames) as srv:
         got = outcome(lambda: all_batches(srv, prefetch=2), 10)
     assert isinstance(got, ProtocolError) and "credit" in str(got), repr(got)
