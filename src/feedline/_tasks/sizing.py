@@ -92,34 +92,32 @@ def read_chunk(parent: DatasetIterator[Record], most: int, budget: int) -> tuple
     parts: list[Sequence[Record]] = []
     n = size = 0
     step = 1
-    if sizes is not None and len(sizes):  # the takes that stay in the parent's run, as one
-        n, _size, _step, done = chunk_progress(sizes, most, budget)
-        got = parent.take(n)
-        if done:  # the run holds the whole chunk (what chunk_plan tells from the same sizes)
-            return got, records_size(got), len(got) < n
-        parts.append(got)
-        size = records_size(got)
-        if len(got) < n:
-            return join_records(parts), size, True
-        step = next_take(n, size, budget)
-    while n < most and size < budget:
-        want = min(step, most - n)
-        got = parent.take(want)
+
+    def take(k: int) -> bool:
+        """Take ``k`` more records into the chunk; True where ``parent`` ended first."""
+        nonlocal n, size, step
+        got = parent.take(k)
         parts.append(got)
         n += len(got)
         size += records_size(got)
-        if len(got) < want:
-            return join_records(parts), size, True
+        if len(got) < k:
+            return True
         step = next_take(n, size, budget)
+        return False
+
+    if sizes is not None and len(sizes):  # the takes that stay in the parent's run, as one
+        k, _size, _step, done = chunk_progress(sizes, most, budget)
+        if done:  # the run holds the whole chunk (what chunk_plan tells from the same sizes)
+            got = parent.take(k)
+            return got, records_size(got), len(got) < k
+        if take(k):
+            return join_records(parts), size, True
+    while n < most and size < budget:
+        if take(min(step, most - n)):
+            return join_records(parts), size, True
         sizes = sizes_of(most - n) if sizes_of is not None and n < most and size < budget else None
         if sizes is not None and len(sizes):  # now inside the next run: the takes it holds, as one
             k = chunk_progress(sizes, most, budget, start=(n, size, step))[0] - n
-            if k:
-                got = parent.take(k)
-                parts.append(got)
-                n += len(got)
-                size += records_size(got)
-                if len(got) < k:
-                    return join_records(parts), size, True
-                step = next_take(n, size, budget)
+            if k and take(k):
+                return join_records(parts), size, True
     return join_records(parts), size, False
