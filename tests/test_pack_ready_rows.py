@@ -178,3 +178,62 @@ def test_rows_gathered_after_a_window_are_located_from_the_ids_the_window_kept(f
     assert len(got) == len(want) == 80
     for a, b in zip(got, want, strict=True):
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def long_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """Long documents (the C4 ones of 150 tokens or more, twice over) as a uint16 flat file, and as a
+    Parquet file with a labels column of its own (each document's first 3 tokens -100, the rest its ids)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [json.loads(line)["text"] for line in shared("prose", "c4_demo.jsonl").read_text(encoding="utf-8").splitlines()]
+    ids = [x for x in load_tokenizer(str(shared("tokenizers", "gpt2"))).encode_batch(texts) if len(x) >= 150]
+    docs = [np.append(x, EOS).astype(np.int32) for x in ids * 2]
+    d = tmp_path_factory.mktemp("long")
+    np.concatenate(docs).astype(np.uint16).tofile(d / "train.bin")
+    labels = [np.concatenate([np.full(3, -100, np.int32), x[3:]]) for x in docs]
+    pq.write_table(pa.table({"input_ids": pa.array([x.tolist() for x in docs], pa.list_(pa.int32())),
+                             "labels": pa.array([x.tolist() for x in labels], pa.list_(pa.int32()))}),
+                   d / "train.parquet", row_group_size=64)
+    flat = _spec(str(d / "train.bin"))["sources"]
+    return {"flat": {"sources": flat}, "parquet": {"sources": [{"path": str(d / "train.parquet"), "format": "tokens"}]}}
+
+
+@pytest.mark.parametrize(("source", "max_length", "mask_first"),
+                         [("flat", 256, True), ("flat", 512, False), ("parquet", 256, True), ("parquet", 384, False)])
+def test_long_pieces_are_laid_out_from_the_arena_a_slice_a_piece(long_files: dict[str, dict], source: str,
+                                                                max_length: int, mask_first: bool,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pieces of about a row each (documents of 150-1,000+ tokens in rows of 256-512) are laid out
+    several batches at a time straight from the arena, a slice a piece, no compact batch (a gathered
+    copy) built in between: the batches (rows full and padded, first tokens masked or not, labels
+    that share the ids' tokens or have their own) and states are those of gathering each batch's
+    rows alone and laying them out with collate_flat."""
+    spec = {**_spec("", max_length, mask_first_token=mask_first, window=64), **long_files[source]}
+    made = []
+    real = CompactBatch.__init__
+
+    def counting(self: CompactBatch, *args: object) -> None:
+        made.append(1)
+        real(self, *args)  # type: ignore[arg-type]
+
+    with monkeypatch.context() as m:
+        m.setattr(CompactBatch, "__init__", counting)
+        with Loader(spec) as ld:
+            batches, states = collect(ld, with_states=True)
+    assert not made and len(batches) > 20
+    with monkeypatch.context() as m:
+        _one_batch_at_a_time(m)
+        with Loader(spec) as ld:
+            want, want_states = collect(ld, with_states=True)
+    full = sum(int((b["seq_lens"].sum(axis=1) == max_length).all()) for b in want)
+    assert 0 < full < len(want) - 3, (full, len(want))   # batches of full rows and padded ones
+    docs = np.concatenate([(b["seq_lens"] > 0).sum(axis=1) for b in want])
+    assert docs.mean() <= 2 and docs.max() > 1   # about a piece a row
+    assert len(batches) == len(want)
+    for i, (a, b) in enumerate(zip(batches, want, strict=True)):
+        assert list(a) == list(b), i
+        for k in a:
+            assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), (i, k)
+    assert states == want_states

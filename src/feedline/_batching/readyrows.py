@@ -15,8 +15,10 @@ Short pieces (under :data:`_LAID_BELOW` tokens on average) are not gathered into
 at all: every gathered row is laid out at once straight from the pool's arena (:func:`_lay_rows`:
 one index of each laid-out place's arena token, its padding written after), and a batch is a copy
 of its rows (flat pack of ~59-token documents, 16 x 1024: ~100 us a batch less in-thread CPU than
-gathering, then laying out each batch a row slice at a time). Long pieces are gathered as slices
-and laid out a batch at a time. The batches are the ones the per-batch path gives, array for array.
+gathering, then laying out each batch a row slice at a time). Pieces of about a row each (long
+documents: up to :data:`_SLICED_PIECES` a row on average) are laid out at once too, a slice a piece
+copied from the arena (:func:`_lay_slices`). Pieces in between are gathered as slices and laid out
+a batch at a time. The batches are the ones the per-batch path gives, array for array.
 Block masks (``attention: block_diagonal``/``block_causal``) are laid out a batch at a time, from
 the compact rows (gathered at the first :meth:`ReadyRows.next_compact`).
 """
@@ -36,7 +38,6 @@ from feedline._batching.rows import (
     Attention,
     RowFill,
     counting,
-    lay_positions,
     piece_positions,
     row_counts,
 )
@@ -47,9 +48,9 @@ __all__ = ["ReadyRows", "rows_to_gather"]
 #: Ready rows are gathered together up to about this many slots (whole batches; at least one).
 _GATHER_SLOTS = 1 << 18
 #: Pieces shorter than this on average are laid out straight from the arena (:func:`_lay_rows`);
-#: longer ones are gathered as slices (:func:`~feedline._core.block.gather_spans`) and laid out a batch at a time.
+#: longer ones are gathered as slices (:func:`~feedline._core.block.gather_spans`) and laid out a batch at a time ...
 _LAID_BELOW = 160
-#: Up to this many pieces a row on average, a batch's positions are laid a slice a piece.
+#: ... unless there are at most this many a row on average: then laid out from the arena a slice a piece (:func:`_lay_slices`).
 _SLICED_PIECES = 2
 
 
@@ -65,7 +66,7 @@ class ReadyRows:
 
     __slots__ = ("_args", "_compact", "_cu", "_first", "_laid", "_loc", "_piece_at", "_positions", "_seq_lens",
                  "_token_at", "_totals", "taken")
-    _positions: np.ndarray | None
+    _positions: np.ndarray
     _compact: CompactBatch | None
     _laid: dict[str, np.ndarray] | None
 
@@ -90,10 +91,11 @@ class ReadyRows:
             # short pieces: every gathered row laid out at once, straight from the arena (one index)
             self._laid = _lay_rows(loc, self._piece_at, self._first, self._totals, max_length, pad_values, mask_first)
             return
-        # few pieces a row (long documents): each batch's positions are laid a slice a piece (~0.6 us
-        # each) instead of computed for every gathered token and laid out again (~30 us a batch of 16 K)
-        few = len(lengths) <= _SLICED_PIECES * n and max_length <= COUNTING_UP_TO
-        self._positions = None if few else piece_positions(lengths)
+        if len(lengths) <= _SLICED_PIECES * n and max_length <= COUNTING_UP_TO:
+            # few pieces a row (long documents): every gathered row laid out at once, a slice a piece
+            self._laid = _lay_slices(loc, self._first, self._totals, max_length, pad_values, mask_first)
+            return
+        self._positions = piece_positions(lengths)
 
     @property
     def compact(self) -> CompactBatch:
@@ -158,10 +160,7 @@ class ReadyRows:
         if "labels" in batch and c.mask_first:
             labels = batch["labels"]
             labels.reshape(rows * width, *labels.shape[2:])[self._first[p0:p1] - a * width] = -100
-        if self._positions is None:
-            batch["position_ids"] = lay_positions(self._first[p0:p1] - a * width, c.lengths[p0:p1], rows, width)
-        else:
-            batch["position_ids"] = fill.lay(self._positions[t0:t1], 0, np.dtype(np.int32))
+        batch["position_ids"] = fill.lay(self._positions[t0:t1], 0, np.dtype(np.int32))
         batch["seq_lens"] = self._seq_lens[a:b].copy()
         batch["cu_seqlens"] = self._cu[a:b].copy()
         batch["attention_mask"] = fill.lay(None, 0, np.dtype(np.int32))
@@ -214,3 +213,50 @@ def _lay_rows(loc: Located, piece_at: np.ndarray, first: np.ndarray, totals: np.
     out["attention_mask"] = mask.reshape(n, width)
     return out
 
+
+
+def _lay_slices(loc: Located, first: np.ndarray, totals: np.ndarray, width: int, pad_values: Mapping[str, Any],
+                mask_first: bool) -> dict[str, np.ndarray]:
+    """What :func:`_lay_rows` gives, for pieces of about a row each (long documents): each piece's
+    tokens are copied as one slice from the arena straight to its place in the layout, and its
+    positions as one slice of ``0, 1, 2, ...`` (pieces of at most :data:`COUNTING_UP_TO` tokens);
+    the padding is written after. No gathered copy of the tokens, no index of a place each, and no
+    numpy calls a batch: a batch is rows of the layout."""
+    n = len(loc.docs)
+    places = n * width
+    pads = spans(np.arange(n, dtype=np.int64) * width + totals, width - totals)
+    used = set(loc.fields.values())
+    laid = {kept: np.empty((places, *buf.shape[1:]), dtype=int_dtype(kept, buf))
+            for kept, buf in loc.arena.items() if kept in used}
+    positions = np.empty(places, dtype=np.int32)
+    count = counting(COUNTING_UP_TO)
+    pieces = zip(first.tolist(), loc.at.tolist(), loc.lengths.tolist(), strict=True)
+    if len(laid) == 1:
+        (kept, dst), = laid.items()
+        buf = loc.arena[kept]
+        for f, a, k in pieces:
+            dst[f:f + k] = buf[a:a + k]
+            positions[f:f + k] = count[:k]
+    else:
+        pairs = [(dst, loc.arena[kept]) for kept, dst in laid.items()]
+        for f, a, k in pieces:
+            for dst, buf in pairs:
+                dst[f:f + k] = buf[a:a + k]
+            positions[f:f + k] = count[:k]
+    out: dict[str, np.ndarray] = {}
+    taken: set[str] = set()
+    for name, kept in loc.fields.items():
+        arr = laid[kept]
+        if kept in taken:   # a field sharing another's tokens (clm: labels): a copy, padded its own way
+            arr = arr.copy()
+        taken.add(kept)
+        arr[pads] = pad_values.get(name, 0)
+        out[name] = arr.reshape(n, width, *arr.shape[1:])
+    if "labels" in out and mask_first:
+        out["labels"].reshape(places, *out["labels"].shape[2:])[first] = -100
+    positions[pads] = 0
+    out["position_ids"] = positions.reshape(n, width)
+    mask = np.ones(places, dtype=np.int32)
+    mask[pads] = 0
+    out["attention_mask"] = mask.reshape(n, width)
+    return out

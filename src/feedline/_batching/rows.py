@@ -32,7 +32,7 @@ from feedline._core.block import exclusive_cumsum
 from feedline._core.record import Example
 from feedline.errors import TaskError
 
-__all__ = ["COUNTING_UP_TO", "Attention", "Piece", "RowFill", "collate_flat", "collate_rows", "counting", "flat_cu_seqlens", "lay_positions", "piece_of",
+__all__ = ["COUNTING_UP_TO", "Attention", "Piece", "RowFill", "collate_flat", "collate_rows", "counting", "flat_cu_seqlens", "piece_of",
            "piece_positions", "row_counts", "token_fields"]
 
 Attention = Literal["padding", "block_diagonal", "block_causal"]
@@ -219,21 +219,6 @@ def piece_positions(lengths: np.ndarray) -> np.ndarray:
     out = np.arange(total, dtype=kind)
     out -= np.repeat(exclusive_cumsum(lengths).astype(kind), lengths)
     return out.astype(np.int32, copy=False)
-
-
-def lay_positions(first: np.ndarray, lengths: np.ndarray, rows: int, width: int) -> np.ndarray:
-    """``position_ids`` ``[rows, width]`` of pieces whose first tokens lie at the flat places ``first``:
-    ``0, 1, 2, ...`` over each piece, 0 elsewhere (a slice per piece: for a few pieces a row; each
-    piece at most :data:`COUNTING_UP_TO` tokens).
-
-        >>> lay_positions(np.array([0, 3, 4]), np.array([3, 1, 2]), 2, 4).tolist()
-        [[0, 1, 2, 0], [0, 1, 0, 0]]
-    """
-    out = np.zeros((rows, width), dtype=np.int32)
-    flat = out.reshape(-1)
-    for f, k in zip(first.tolist(), lengths.tolist(), strict=True):
-        flat[f:f + k] = _COUNTING[:k]
-    return out
 
 
 #: Up to this many pieces a batch's positions are slices of :data:`_COUNTING`.
