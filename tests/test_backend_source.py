@@ -14,8 +14,9 @@ import pytest
 from conftest import shared
 from feedline._tokenize import backends, check
 from feedline._tokenize.tokenizer import Tokenizer
+from heavy import needs
 
-pytest.importorskip("fastokens")
+pytestmark = needs("fastokens")
 
 TEXTS = [json.loads(line)["text"] for line in shared("prose", "c4_demo.jsonl").read_text(encoding="utf-8").splitlines()[:20]]
 

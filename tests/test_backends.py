@@ -26,8 +26,10 @@ from feedline._tokenize.load import load_tokenizer
 from feedline._tokenize.tokenizer import Tokenizer
 from feedline.errors import SpecError, TokenizerDivergence, TokenizerError
 from feedline.testing import assert_batches_equal, collect
+from heavy import lazy, needs
 
-fastokens = pytest.importorskip("fastokens")
+fastokens = lazy("fastokens")
+pytestmark = needs("fastokens")
 
 # Large vocabularies: loading them into fastokens takes seconds, so they run as slow tests.
 _LARGE = {"qwen2.5", "qwen3.5", "llama3-r1-distill"}

@@ -18,13 +18,12 @@ from feedline._tasks.base import TaskContext
 from feedline._tasks.chat import Chat
 from feedline._tokenize.load import load_tokenizer
 from feedline.errors import TaskError
+from heavy import needs
 from test_tasks_chat_templates import glm4_tokenizer
-
-pytest.importorskip("transformers")
 
 # On one xdist worker with the other chat-template modules (--dist loadgroup otherwise spreads the tests over
 # every worker): the large tokenizers (0.4-0.8 CPU s each to parse) and transformers' references load once.
-pytestmark = pytest.mark.xdist_group("chat")
+pytestmark = [needs("transformers"), pytest.mark.xdist_group("chat")]
 
 # ChatML pieces; each template below leaves one thing out
 _OPEN = "{%- for m in messages %}"

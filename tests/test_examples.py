@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from heavy import needs
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
-pytest.importorskip("torch")
+pytestmark = needs("torch")
 
 
 def needs(*modules: str) -> None:

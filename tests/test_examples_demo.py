@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from feedline._demo.run import DEMO_TASKS, run_demo
+from feedline._demo.tasks import KEYWORDS, derived_source
+from feedline.testing import collect
+from heavy import lazy, needs
 
-from feedline._demo.run import DEMO_TASKS, run_demo  # noqa: E402
-from feedline._demo.tasks import KEYWORDS, derived_source  # noqa: E402
-from feedline.testing import collect  # noqa: E402
+torch = lazy("torch")
+pytestmark = needs("torch")
 
 
 @pytest.fixture(autouse=True)

@@ -13,11 +13,13 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from conftest import shared
+from heavy import lazy, needs
 
-from conftest import shared  # noqa: E402
-from feedline.torch import TorchLoader, passthrough_collate  # noqa: E402
+torch = lazy("torch")
+transformers = lazy("transformers")
+fltorch = lazy("feedline.torch")
+pytestmark = needs("torch", "transformers")
 
 SPEC = {"sources": [{"path": str(shared("prose", "c4_demo.jsonl"))}], "tokenizer": str(shared("tokenizers", "gpt2")),
         "seed": 1, "task": {"kind": "clm", "max_length": 40}, "epochs": None,
@@ -39,7 +41,7 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 def _run(model: Any, spec: dict[str, Any], n: int = 3, **call: Any) -> list[float]:
     losses = []
-    with TorchLoader(spec, model=model) as loader:
+    with fltorch.TorchLoader(spec, model=model) as loader:
         for _, b in zip(range(n), loader, strict=False):
             with torch.no_grad():
                 losses.append(float(model(input_ids=b["input_ids"], labels=b["labels"], position_ids=b.get("position_ids"),
@@ -80,7 +82,7 @@ def test_the_hf_trainers_model_is_found_and_warned_about(tmp_path: Path, use_cac
         def get_train_dataloader(self) -> Any:
             return self.train_dataset.dataloader()
 
-    loader = TorchLoader(SPEC)
+    loader = fltorch.TorchLoader(SPEC)
     args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=1,
                              learning_rate=1e-3, save_strategy="no", report_to=[], use_cpu=True,
                              dataloader_pin_memory=False, disable_tqdm=True)
@@ -88,6 +90,6 @@ def test_the_hf_trainers_model_is_found_and_warned_about(tmp_path: Path, use_cac
         args.use_cache = use_cache
     with caplog.at_level("WARNING", logger="feedline.torch"):
         FeedlineTrainer(model=_gpt2(use_cache=use_cache), args=args, train_dataset=loader,
-                        data_collator=passthrough_collate).train()
+                        data_collator=fltorch.passthrough_collate).train()
     loader.close()
     assert len(_warnings(caplog)) == (1 if use_cache else 0), _warnings(caplog)

@@ -14,13 +14,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from conftest import shared
+from feedline.errors import FeedlineError
+from heavy import lazy, needs
 
-from conftest import shared  # noqa: E402
-from feedline._adapters.hf import PackedLayout  # noqa: E402
-from feedline.errors import FeedlineError  # noqa: E402
-from feedline.torch import TorchLoader  # noqa: E402
+torch = lazy("torch")
+transformers = lazy("transformers")
+hf = lazy("feedline._adapters.hf")
+fltorch = lazy("feedline.torch")
+pytestmark = needs("torch", "transformers")
 
 ATTN = ["sdpa", "eager"]
 
@@ -50,7 +52,7 @@ def models() -> dict[str, Any]:
 
 def _batches(n: int = 2, **kw: Any) -> list[dict[str, Any]]:
     spec = kw.pop("spec", None) or _spec()
-    with TorchLoader(spec, **kw) as loader:
+    with fltorch.TorchLoader(spec, **kw) as loader:
         return [b for _, b in zip(range(n), loader, strict=False)]
 
 
@@ -121,7 +123,7 @@ def test_the_two_d_mask_mixes_documents(models: dict[str, Any], rows: list[dict[
 def test_four_d_additive_mask(models: dict[str, Any], rows: list[dict[str, Any]],
                               reference: dict[str, list[float]], impl: str) -> None:
     for raw, want in zip(rows, reference[impl], strict=True):
-        b = PackedLayout("mask4d")(raw)
+        b = hf.PackedLayout("mask4d")(raw)
         assert b["attention_mask"].shape == (4, 1, 96, 96) and b["attention_mask"].dtype == torch.float32
         assert abs(_hf_loss(models[impl], b) - want) / want < 1e-4
 
@@ -141,7 +143,7 @@ def test_a_boolean_block_mask_becomes_additive_by_default(models: dict[str, Any]
 def test_flat_layout(models: dict[str, Any], rows: list[dict[str, Any]], reference: dict[str, list[float]],
                      impl: str) -> None:
     for raw, want in zip(rows, reference[impl], strict=True):
-        b = PackedLayout("flat")(raw)
+        b = hf.PackedLayout("flat")(raw)
         assert b["input_ids"].shape == (1, 4 * 96) and "attention_mask" not in b
         assert abs(_hf_loss(models[impl], b) - want) / want < 1e-4
 
@@ -151,7 +153,7 @@ def test_flat_layout_is_what_flash_attention_2_reads_as_documents(rows: list[dic
     (each padding token its own segment, which carries no loss)."""
     from transformers.modeling_flash_attention_utils import _is_packed_sequence, prepare_fa_kwargs_from_position_ids
 
-    b = PackedLayout("flat")(rows[0])
+    b = hf.PackedLayout("flat")(rows[0])
     assert _is_packed_sequence(b["position_ids"], 1)
     (cu, _), _ = prepare_fa_kwargs_from_position_ids(b["position_ids"])
     want = [0]

@@ -10,12 +10,13 @@ import pytest
 import feedline
 from conftest import shared
 from feedline.errors import SpecError, StateError
+from heavy import lazy, needs
 
-datasets = pytest.importorskip("datasets")
+datasets = lazy("datasets")
 
 # On one xdist worker with the other load_dataset modules (--dist loadgroup otherwise spreads the tests over
 # every worker): datasets' builders and their imports (pandas for CSV) and the module data are set up once.
-pytestmark = pytest.mark.xdist_group("load_dataset")
+pytestmark = [needs("datasets"), pytest.mark.xdist_group("load_dataset")]
 
 
 def hf_rows(builder: str, files: list[str], **kw: object) -> list[dict]:

@@ -13,13 +13,14 @@ import feedline
 from conftest import shared
 from feedline.errors import RecordError, SpecError, StateError
 from feedline.testing import assert_stage_resumes
+from heavy import lazy, needs
 from hf_compare import check
 
-datasets = pytest.importorskip("datasets")
+datasets = lazy("datasets")
 
 # On one xdist worker with the other load_dataset modules (--dist loadgroup otherwise spreads the tests over
 # every worker): datasets' builders and their imports (pandas for CSV) and the module data are set up once.
-pytestmark = pytest.mark.xdist_group("load_dataset")
+pytestmark = [needs("datasets"), pytest.mark.xdist_group("load_dataset")]
 
 
 @pytest.fixture(scope="module")

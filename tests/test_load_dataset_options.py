@@ -16,13 +16,14 @@ import pytest
 import feedline
 from conftest import shared
 from feedline.errors import SourceError, SpecError
+from heavy import lazy, needs
 from hf_compare import check, typed
 
-datasets = pytest.importorskip("datasets")
+datasets = lazy("datasets")
 
 # On one xdist worker with the other load_dataset modules (--dist loadgroup otherwise spreads the tests over
 # every worker): datasets' builders and their imports (pandas for CSV) and the module data are set up once.
-pytestmark = pytest.mark.xdist_group("load_dataset")
+pytestmark = [needs("datasets"), pytest.mark.xdist_group("load_dataset")]
 
 
 def same(builder: str, files: Any, cuts: int = 3, **kw: Any) -> list[Any]:

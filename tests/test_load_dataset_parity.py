@@ -21,12 +21,13 @@ import feedline
 from conftest import shared
 from feedline._sources.source import FileSource
 from feedline._spec import SourceSpec, Spec
+from heavy import lazy, needs
 
-datasets = pytest.importorskip("datasets")
+datasets = lazy("datasets")
 
 # On one xdist worker with the other load_dataset modules (--dist loadgroup otherwise spreads the tests over
 # every worker): datasets' builders and their imports (pandas for CSV) and the module data are set up once.
-pytestmark = pytest.mark.xdist_group("load_dataset")
+pytestmark = [needs("datasets"), pytest.mark.xdist_group("load_dataset")]
 
 
 def hf_rows(builder: str, path: Path, **kw: Any) -> list[dict[str, Any]]:

@@ -17,16 +17,17 @@ import pytest
 import feedline
 from conftest import shared
 from feedline._hf_datasets import IterableDataset
+from heavy import lazy, needs
 from hf_compare import typed
 
-datasets = pytest.importorskip("datasets")
-torch = pytest.importorskip("torch")
-from torch.utils.data import DataLoader, default_collate  # noqa: E402
+datasets = lazy("datasets")
+torch = lazy("torch")
+torchdata = lazy("torch.utils.data")
 
 # On one xdist worker with the other load_dataset modules (--dist loadgroup otherwise spreads the tests over
 # every worker): datasets' builders and their imports (pandas for CSV) and the module data are set up once.
 # torch warns of more workers than this machine's 2 cores; feedline warns of more workers than files (tested apart)
-pytestmark = [pytest.mark.xdist_group("load_dataset"),
+pytestmark = [needs("datasets", "torch"), pytest.mark.xdist_group("load_dataset"),
               pytest.mark.filterwarnings("ignore:This DataLoader will create"),
               pytest.mark.filterwarnings("ignore:Too many dataloader workers")]
 
@@ -75,10 +76,10 @@ def test_dataloader_batches_equal_datasets(data: dict[str, Any], case: int) -> N
     assert isinstance(ds, torch.utils.data.IterableDataset) and isinstance(ds, IterableDataset)
     for fmt in (None, "torch"):
         a, b = ds.with_format(fmt), hf.with_format(fmt)
-        got = list(DataLoader(a, batch_size=8))
-        assert got and typed(got) == typed(list(DataLoader(b, batch_size=8))), (builder, fmt)
+        got = list(torchdata.DataLoader(a, batch_size=8))
+        assert got and typed(got) == typed(list(torchdata.DataLoader(b, batch_size=8))), (builder, fmt)
         if builder != "parquet" or fmt is None:  # datasets' torch rows of a list column are tensors, texts() fits any
-            assert list(DataLoader(a, batch_size=8, collate_fn=texts)) == list(DataLoader(b, batch_size=8,
+            assert list(torchdata.DataLoader(a, batch_size=8, collate_fn=texts)) == list(torchdata.DataLoader(b, batch_size=8,
                                                                                             collate_fn=texts))
 
 
@@ -87,17 +88,17 @@ def test_torch_format_gives_tensors_that_default_collate_stacks(data: dict[str, 
     row = next(iter(ds))
     assert row["label"].dtype == torch.int64 and row["score"].dtype == torch.float32 and row["ok"].dtype == torch.bool
     assert row["ids"].tolist() == [0, 1, 0] and isinstance(row["text"], str)
-    batch = next(iter(DataLoader(ds, batch_size=8)))
+    batch = next(iter(torchdata.DataLoader(ds, batch_size=8)))
     assert batch["ids"].shape == (8, 3) and batch["label"].shape == (8,) and len(batch["text"]) == 8
-    assert typed(batch) == typed(default_collate([r for r, _ in zip(ds, range(8), strict=False)]))
+    assert typed(batch) == typed(torchdata.default_collate([r for r, _ in zip(ds, range(8), strict=False)]))
 
 
 @pytest.mark.parametrize("workers", [2, 3])
 @pytest.mark.slow
 def test_workers_read_their_own_files_as_datasets_does(data: dict[str, Any], workers: int) -> None:
     ds, hf = both("json", data["jsonl"])
-    got = list(DataLoader(ds, batch_size=8, num_workers=workers))
-    assert typed(got) == typed(list(DataLoader(hf, batch_size=8, num_workers=workers)))
+    got = list(torchdata.DataLoader(ds, batch_size=8, num_workers=workers))
+    assert typed(got) == typed(list(torchdata.DataLoader(hf, batch_size=8, num_workers=workers)))
     # the same rows as one process reads, none twice, none lost
     assert Counter(t for b in got for t in b["text"]) == Counter(r["text"] for r in ds)
     assert sum(len(b["text"]) for b in got) == 300
@@ -106,15 +107,15 @@ def test_workers_read_their_own_files_as_datasets_does(data: dict[str, Any], wor
         d = d.filter(lambda r: len(r["text"]) % 3 != 0).map(lambda r, i: {"i": i, "n": len(r["text"])},
                                                              with_indices=True)
         return d.skip(7).take(150).with_format("torch")
-    got = list(DataLoader(chain(ds), batch_size=8, num_workers=workers))
-    assert typed(got) == typed(list(DataLoader(chain(hf), batch_size=8, num_workers=workers)))
+    got = list(torchdata.DataLoader(chain(ds), batch_size=8, num_workers=workers))
+    assert typed(got) == typed(list(torchdata.DataLoader(chain(hf), batch_size=8, num_workers=workers)))
 
 
 @pytest.mark.slow  # a subprocess importing torch, datasets and 3 workers
 def test_more_workers_than_files_matches_datasets_and_warns(data: dict[str, Any]) -> None:
     ds, hf = both("json", data["jsonl"][:2])
-    got = list(DataLoader(ds, batch_size=8, num_workers=3))
-    assert typed(got) == typed(list(DataLoader(hf, batch_size=8, num_workers=3)))
+    got = list(torchdata.DataLoader(ds, batch_size=8, num_workers=3))
+    assert typed(got) == typed(list(torchdata.DataLoader(hf, batch_size=8, num_workers=3)))
     assert sum(len(b["text"]) for b in got) == 100
     # the warning, as a user's script shows it (pytest keeps a worker's warnings to itself)
     script = ("import feedline, sys; from torch.utils.data import DataLoader\n"
@@ -133,21 +134,21 @@ def test_interleave_in_workers_draws_as_datasets(data: dict[str, Any]) -> None:
                                         probabilities=[0.3, 0.7], seed=3, stopping_strategy="all_exhausted")
     theirs = datasets.interleave_datasets([both("json", data["jsonl"][:3])[1], both("json", data["jsonl"][3:])[1]],
                                           probabilities=[0.3, 0.7], seed=3, stopping_strategy="all_exhausted")
-    got = list(DataLoader(mine, batch_size=8, num_workers=2))
-    assert typed(got) == typed(list(DataLoader(theirs, batch_size=8, num_workers=2)))
+    got = list(torchdata.DataLoader(mine, batch_size=8, num_workers=2))
+    assert typed(got) == typed(list(torchdata.DataLoader(theirs, batch_size=8, num_workers=2)))
 
 
 def test_dataloader_in_process_resumes_from_the_state_dict(data: dict[str, Any], tmp_path: Path) -> None:
     def make() -> Any:
         return feedline.load_dataset("json", data_files=data["jsonl"], split="train").shuffle(seed=1, buffer_size=64)
-    full = list(DataLoader(make(), batch_size=8))
+    full = list(torchdata.DataLoader(make(), batch_size=8))
     ds = make()
-    loader = iter(DataLoader(ds, batch_size=8))
+    loader = iter(torchdata.DataLoader(ds, batch_size=8))
     head = [next(loader) for _ in range(13)]                            # 104 rows: inside the second file
     (tmp_path / "state.json").write_text(json.dumps(ds.state_dict()))
     resumed = make()
     resumed.load_state_dict(json.loads((tmp_path / "state.json").read_text()))
-    assert typed(head + list(DataLoader(resumed, batch_size=8))) == typed(full)
+    assert typed(head + list(torchdata.DataLoader(resumed, batch_size=8))) == typed(full)
 
 
 @pytest.mark.slow

@@ -14,14 +14,15 @@ import pytest
 
 import feedline
 from conftest import shared
+from heavy import lazy, needs
 from hf_compare import check
 
-datasets = pytest.importorskip("datasets")
+datasets = lazy("datasets")
 pa = pytest.importorskip("pyarrow")
 
 # On one xdist worker with the other load_dataset modules (--dist loadgroup otherwise spreads the tests over
 # every worker): datasets' builders and their imports (pandas for CSV) and the module data are set up once.
-pytestmark = pytest.mark.xdist_group("load_dataset")
+pytestmark = [needs("datasets"), pytest.mark.xdist_group("load_dataset")]
 
 ROWS = [  # ints and floats in one column, missing keys, nested objects with varying keys, dates, big ints
     {"id": 1, "score": 1, "name": "a", "tags": ["x"], "meta": {"k": 1}, "when": "2020-01-02 03:04:05", "flag": True},

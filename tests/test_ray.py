@@ -22,10 +22,11 @@ from feedline._tasks.clm import CausalLM
 from feedline._tasks.map import TaskMap
 from feedline.errors import MissingDependency, RecordError, TaskError
 from feedline.testing import assert_batches_equal, assert_resumes_exactly, collect, make_corpus
+from heavy import lazy, needs
 
-ray = pytest.importorskip("ray")
+ray = lazy("ray")
 # one xdist worker runs every Ray test (clusters on one machine find each other)
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
+pytestmark = [needs("ray"), pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 TOKENIZERS = DATA / "tokenizers"

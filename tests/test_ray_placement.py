@@ -9,11 +9,12 @@ import pytest
 
 from feedline import Loader
 from feedline.testing import assert_batches_equal, collect, make_corpus
+from heavy import lazy, needs
 
-ray = pytest.importorskip("ray")
+ray = lazy("ray")
 
 # one xdist worker runs every Ray test (clusters on one machine find each other), after the others
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
+pytestmark = [needs("ray"), pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 
 @pytest.fixture(scope="module")

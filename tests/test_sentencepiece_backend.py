@@ -17,8 +17,10 @@ import zstandard
 from conftest import shared
 from feedline import MissingDependency, TokenizerError, load_tokenizer
 from feedline._tokenize.backends import with_backend
+from heavy import lazy, needs
 
-spm = pytest.importorskip("sentencepiece")
+spm = lazy("sentencepiece")
+pytestmark = needs("sentencepiece")
 
 # A Bulgarian paragraph (written for this test); repeated past 7,900 characters below.
 _BG = ("Григорианският календар е въведен от папа Григорий XIII през 1582 година. В България той "

@@ -22,11 +22,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from heavy import needs
 from service_helpers import make_spec, start_server, stop, tokenizer_path, write_spec
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("accelerate", reason="the HF Trainer needs accelerate")
+pytestmark = [needs("torch", "transformers"), needs("accelerate", reason="the HF Trainer needs accelerate")]
 
 LAUNCHER = textwrap.dedent("""
     import json, os, signal, socket, sys, time

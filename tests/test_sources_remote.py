@@ -14,8 +14,9 @@ import pytest
 from feedline._records import records
 from feedline._sources.remote import open_url
 from feedline.errors import RecordError, SourceError
+from heavy import needs
 
-pytest.importorskip("aiohttp")
+pytestmark = needs("aiohttp")
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -13,11 +13,10 @@ import pytest
 
 import feedline
 from feedline.errors import SourceError
-
-pytest.importorskip("s3fs")
-pytest.importorskip("moto")
-
+from heavy import needs
 from s3_server import S3Fixture
+
+pytestmark = needs("s3fs", "moto")
 
 BUCKET = "feedline-test-corpus"
 

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("s3fs")
-pytest.importorskip("moto")
-
 import test_sources_s3 as base
+from heavy import needs
 from s3_server import S3Fixture
 from test_sources_s3 import BUCKET, _docs, _put, _texts
+
+pytestmark = needs("s3fs", "moto")
 
 s3, _aws_env = base.s3, base._aws_env  # the server and the environment pointing at it (fixtures)
 

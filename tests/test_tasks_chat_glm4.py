@@ -25,13 +25,12 @@ from feedline._core.record import Record
 from feedline._tasks.base import TaskContext
 from feedline._tasks.chat import Chat
 from feedline._tokenize.load import load_tokenizer
+from heavy import needs
 from test_tasks_chat_templates import GLM4_STOPS, glm4_tokenizer
-
-pytest.importorskip("transformers")
 
 # On one xdist worker with the other chat-template modules (--dist loadgroup otherwise spreads the tests over
 # every worker): the large tokenizers (0.4-0.8 CPU s each to parse) and transformers' references load once.
-pytestmark = pytest.mark.xdist_group("chat")
+pytestmark = [needs("transformers"), pytest.mark.xdist_group("chat")]
 
 STOPS = GLM4_STOPS  # GLM-4's generation_config.json eos_token_id: <|endoftext|>, <|user|>, <|observation|>
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "observation": "observation", "system": "system"}

@@ -14,12 +14,11 @@ import feedline
 from conftest import shared
 from feedline._spec import Spec
 from feedline.errors import SourceError
-
-pytest.importorskip("transformers")
+from heavy import needs
 
 # On one xdist worker with the other chat-template modules (--dist loadgroup otherwise spreads the tests over
 # every worker): the large tokenizers (0.4-0.8 CPU s each to parse) and transformers' references load once.
-pytestmark = pytest.mark.xdist_group("chat")
+pytestmark = [needs("transformers"), pytest.mark.xdist_group("chat")]
 
 
 def _spec(source: Any, kind: str = "chat") -> dict[str, Any]:

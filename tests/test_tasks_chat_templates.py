@@ -24,12 +24,11 @@ from feedline._core.record import Record
 from feedline._tasks.base import TaskContext
 from feedline._tasks.chat import Chat, normalize_conversation
 from feedline._tokenize.load import load_tokenizer
-
-pytest.importorskip("transformers")
+from heavy import needs
 
 # On one xdist worker with the other chat-template modules (--dist loadgroup otherwise spreads the tests over
 # every worker): the large tokenizers (0.4-0.8 CPU s each to parse) and transformers' references load once.
-pytestmark = pytest.mark.xdist_group("chat")
+pytestmark = [needs("transformers"), pytest.mark.xdist_group("chat")]
 
 # GLM-4's chat template format (glm-4-9b-chat): tools only from a message's own "tools", a message without
 # content (a tool call) not written at all, no end-of-turn text; every role written as <|role|>, so a

@@ -11,12 +11,13 @@ import zstandard
 from conftest import shared
 from feedline import TokenizerError, load_tokenizer
 from feedline._tokenize.spm import read_model
+from heavy import lazy, needs
 
-spm = pytest.importorskip("sentencepiece")
+spm = lazy("sentencepiece")
 
 # On one xdist worker (--dist loadgroup otherwise spreads the tests over every worker): the module's
 # fixtures, tokenizers and first-use imports are set up once, not once a worker.
-pytestmark = pytest.mark.xdist_group("tokenize_spm")
+pytestmark = [needs("sentencepiece"), pytest.mark.xdist_group("tokenize_spm")]
 
 
 def _prose() -> list[str]:

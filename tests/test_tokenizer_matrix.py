@@ -25,12 +25,13 @@ from feedline._tasks.base import TaskContext
 from feedline._tasks.chat import Chat
 from feedline._tasks.clm import CausalLM
 from feedline._tokenize.load import load_tokenizer
+from heavy import lazy, needs
 
-transformers = pytest.importorskip("transformers")
+transformers = lazy("transformers")
 
 # On one xdist worker with the other chat-template modules (--dist loadgroup otherwise spreads the tests over
 # every worker): the large tokenizers (0.4-0.8 CPU s each to parse) and transformers' references load once.
-pytestmark = pytest.mark.xdist_group("chat")
+pytestmark = [needs("transformers"), pytest.mark.xdist_group("chat")]
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+import feedline
+from feedline.errors import FeedlineError, SourceError, SpecError, StateError
+from feedline.testing import assert_batches_equal, collect
+from heavy import lazy, needs
 
-import feedline  # noqa: E402
-from feedline.errors import FeedlineError, SourceError, SpecError, StateError  # noqa: E402
-from feedline.testing import assert_batches_equal, collect  # noqa: E402
-from feedline.torch import TorchLoader, passthrough_collate, to_torch  # noqa: E402
+torch = lazy("torch")
+fltorch = lazy("feedline.torch")
+pytestmark = needs("torch")
 
 
 @pytest.fixture
@@ -31,7 +33,7 @@ def as_numpy(batches: list[dict[str, Any]], dtype: Any = None) -> list[dict[str,
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_batches_equal_the_numpy_loaders(spec: dict[str, Any], prefetch: int) -> None:
     ref = collect(feedline.Loader(spec))
-    got = list(TorchLoader(spec, prefetch=prefetch, int64=False))
+    got = list(fltorch.TorchLoader(spec, prefetch=prefetch, int64=False))
     assert len(ref) > 5
     assert all(isinstance(v, torch.Tensor) for b in got for v in b.values())
     assert_batches_equal(ref, as_numpy(got))
@@ -44,7 +46,7 @@ def test_without_a_feeder_no_state_is_made_whole_until_it_is_read(spec: dict[str
     made = []
     whole = loader.state_dict
     monkeypatch.setattr(loader, "state_dict", lambda: made.append(1) or whole())
-    torch_loader = TorchLoader(loader, prefetch=0, int64=False)
+    torch_loader = fltorch.TorchLoader(loader, prefetch=0, int64=False)
     it = iter(torch_loader)
     for _ in range(5):
         next(it)
@@ -52,14 +54,14 @@ def test_without_a_feeder_no_state_is_made_whole_until_it_is_read(spec: dict[str
     assert torch_loader.step == 5 and len(made) <= 1
     state = torch_loader.state_dict()
     assert state["step"] == 5
-    rest = as_numpy(list(TorchLoader(spec, prefetch=0, state=json.loads(json.dumps(state)), int64=False)))
+    rest = as_numpy(list(fltorch.TorchLoader(spec, prefetch=0, state=json.loads(json.dumps(state)), int64=False)))
     assert_batches_equal(collect(feedline.Loader(spec))[5:], rest)
 
 
 def test_integer_fields_become_int64_by_default(spec: dict[str, Any]) -> None:
     ref = collect(feedline.Loader(spec), limit=3)
     got = []
-    for b in TorchLoader(spec):
+    for b in fltorch.TorchLoader(spec):
         assert {v.dtype for v in b.values()} == {torch.int64}
         got.append(b)
         if len(got) == 3:
@@ -70,14 +72,14 @@ def test_integer_fields_become_int64_by_default(spec: dict[str, Any]) -> None:
 def test_rank_slices_equal_the_numpy_loaders(spec: dict[str, Any]) -> None:
     for rank in range(2):
         ref = collect(feedline.Loader(spec, rank=rank, world_size=2))
-        got = as_numpy(list(TorchLoader(spec, rank=rank, world_size=2, int64=False)))
+        got = as_numpy(list(fltorch.TorchLoader(spec, rank=rank, world_size=2, int64=False)))
         assert_batches_equal(ref, got, where=f"rank {rank}")
 
 
 def test_rank_and_world_size_come_from_torchrun_environment(spec: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    loader = TorchLoader(spec, int64=False)
+    loader = fltorch.TorchLoader(spec, int64=False)
     assert (loader.rank, loader.world_size) == (1, 2)
     ref = collect(feedline.Loader(spec, rank=1, world_size=2), limit=4)
     got = []
@@ -88,16 +90,16 @@ def test_rank_and_world_size_come_from_torchrun_environment(spec: dict[str, Any]
     assert_batches_equal(ref, as_numpy(got))
     monkeypatch.delenv("RANK")
     with pytest.raises(SpecError, match="only one of RANK and WORLD_SIZE"):
-        TorchLoader(spec)
+        fltorch.TorchLoader(spec)
 
 
 def test_wraps_a_built_loader_and_uses_its_rank(spec: dict[str, Any]) -> None:
     inner = feedline.Loader(spec, rank=1, world_size=2)
-    loader = TorchLoader(inner, int64=False)
+    loader = fltorch.TorchLoader(inner, int64=False)
     assert (loader.rank, loader.world_size) == (1, 2)
     assert_batches_equal(collect(feedline.Loader(spec, rank=1, world_size=2)), as_numpy(list(loader)))
     with pytest.raises(FeedlineError, match="belong to the Loader"):
-        TorchLoader(inner, rank=0, world_size=1)
+        fltorch.TorchLoader(inner, rank=0, world_size=1)
 
 
 @pytest.mark.parametrize("prefetch", [0, 3])
@@ -106,35 +108,35 @@ def test_resume_through_torchloader_is_exact(spec: dict[str, Any], prefetch: int
     ref = collect(feedline.Loader(spec))
     n = len(ref)
     for stop in (0, 1, n // 2, n - 1, n):
-        loader = TorchLoader(spec, prefetch=prefetch, int64=False)
+        loader = fltorch.TorchLoader(spec, prefetch=prefetch, int64=False)
         it = iter(loader)
         for _ in range(stop):
             next(it)
         state = json.loads(json.dumps(loader.state_dict()))  # what a checkpoint stores
         assert state["step"] == stop
         loader.close()
-        resumed = as_numpy(list(TorchLoader(spec, prefetch=prefetch, state=state, int64=False)))
+        resumed = as_numpy(list(fltorch.TorchLoader(spec, prefetch=prefetch, state=state, int64=False)))
         assert_batches_equal(ref[stop:], resumed, where=f"resume after {stop}")
 
 
 def test_packed_states_through_the_feeder_are_json_and_resume(spec: dict[str, Any]) -> None:
     """The feeder hands on the loader's deferred (pack) states; state_dict() gives plain JSON."""
     packed = {**spec, "task": {"kind": "clm", "max_length": 32}, "batching": {"strategy": "pack", "batch_size": 4}}
-    ref = as_numpy(list(TorchLoader(packed, int64=False)))
-    loader = TorchLoader(packed, prefetch=2, int64=False)
+    ref = as_numpy(list(fltorch.TorchLoader(packed, int64=False)))
+    loader = fltorch.TorchLoader(packed, prefetch=2, int64=False)
     it = iter(loader)
     for _ in range(3):
         next(it)
     state = json.loads(json.dumps(loader.state_dict()))
     assert loader.step == 3 and state["step"] == 3
     loader.close()
-    assert_batches_equal(ref[3:], as_numpy(list(TorchLoader(packed, state=state, int64=False))), where="resume after 3")
+    assert_batches_equal(ref[3:], as_numpy(list(fltorch.TorchLoader(packed, state=state, int64=False))), where="resume after 3")
 
 
 def test_iterating_again_continues_after_the_last_batch_received(spec: dict[str, Any]) -> None:
     """The feeder thread runs ahead; a new iteration must not skip what it had prefetched."""
     ref = collect(feedline.Loader(spec))
-    loader = TorchLoader(spec, prefetch=4, int64=False)
+    loader = fltorch.TorchLoader(spec, prefetch=4, int64=False)
     got = []
     for _ in range(3):
         for b in loader:
@@ -148,7 +150,7 @@ def test_iterating_again_continues_after_the_last_batch_received(spec: dict[str,
 
 def test_load_state_dict_rewinds_a_running_loader(spec: dict[str, Any]) -> None:
     ref = collect(feedline.Loader(spec))
-    loader = TorchLoader(spec, int64=False)
+    loader = fltorch.TorchLoader(spec, int64=False)
     it = iter(loader)
     next(it)
     next(it)
@@ -157,26 +159,26 @@ def test_load_state_dict_rewinds_a_running_loader(spec: dict[str, Any]) -> None:
         next(it)
     loader.load_state_dict(saved)
     assert_batches_equal(ref[2:], as_numpy(list(loader)))
-    fresh = TorchLoader(spec, int64=False)
+    fresh = fltorch.TorchLoader(spec, int64=False)
     fresh.load_state_dict(saved)  # before any iteration
     assert_batches_equal(ref[2:], as_numpy(list(fresh)))
 
 
 def test_state_from_another_spec_is_refused(spec: dict[str, Any]) -> None:
-    state = TorchLoader(spec).state_dict()
+    state = fltorch.TorchLoader(spec).state_dict()
     other = {**spec, "seed": 4}
     with pytest.raises(StateError, match="saved under spec"):
-        TorchLoader(other).load_state_dict(state)
+        fltorch.TorchLoader(other).load_state_dict(state)
 
 
 def test_pipeline_errors_reach_the_caller(spec: dict[str, Any], tmp_path: Any) -> None:
     bad = {**spec, "sources": [{"path": str(tmp_path / "missing-*.jsonl")}]}
     with pytest.raises(SourceError):
-        list(TorchLoader(bad))
+        list(fltorch.TorchLoader(bad))
 
 
 def test_dataloader_passthrough_and_worker_refusal(spec: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    loader = TorchLoader(spec, int64=False)
+    loader = fltorch.TorchLoader(spec, int64=False)
     ref = collect(feedline.Loader(spec), limit=2)
     dl = loader.dataloader()
     got = []
@@ -188,34 +190,37 @@ def test_dataloader_passthrough_and_worker_refusal(spec: dict[str, Any], monkeyp
     # inside a DataLoader worker process (simulated: a real worker takes seconds to shut down)
     monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
     with pytest.raises(FeedlineError, match="worker processes"):
-        iter(TorchLoader(spec))
+        iter(fltorch.TorchLoader(spec))
 
 
 def test_to_torch_and_passthrough_collate() -> None:
     ro = np.arange(6, dtype=np.int32).reshape(2, 3)
     ro.flags.writeable = False  # as batches decoded from the network are
     multi_hot = np.array([[0.0, 1.0]], dtype=np.float32)
-    out = to_torch({"input_ids": ro, "labels": multi_hot}, int64=False)
+    out = fltorch.to_torch({"input_ids": ro, "labels": multi_hot}, int64=False)
     assert out["input_ids"].dtype == torch.int32 and out["labels"].dtype == torch.float32
     assert out["input_ids"].tolist() == ro.tolist()
-    assert to_torch({"input_ids": ro})["input_ids"].dtype == torch.int64
-    assert passthrough_collate([out]) is out
+    assert fltorch.to_torch({"input_ids": ro})["input_ids"].dtype == torch.int64
+    assert fltorch.passthrough_collate([out]) is out
     with pytest.raises(FeedlineError, match="per_device_train_batch_size=1"):
-        passthrough_collate([out, out])
+        fltorch.passthrough_collate([out, out])
 
 
 def test_bad_arguments_are_refused(spec: dict[str, Any]) -> None:
     with pytest.raises(FeedlineError, match="prefetch"):
-        TorchLoader(spec, prefetch=-1)
+        fltorch.TorchLoader(spec, prefetch=-1)
     with pytest.raises(SpecError, match="both rank= and world_size="):
-        TorchLoader(spec, rank=1)
+        fltorch.TorchLoader(spec, rank=1)
     if not torch.cuda.is_available():
         with pytest.raises(FeedlineError, match="CUDA is not available"):
-            TorchLoader(spec, device="cuda")
+            fltorch.TorchLoader(spec, device="cuda")
 
 
 def test_feedline_torch_does_not_shadow_torch_inside_the_package() -> None:
+    import torch  # the module itself, not this file's lazy stand-in
+
     import feedline._adapters.torch as adapter
+    import feedline.torch
 
     assert adapter.torch is torch
     assert feedline.torch.TorchLoader is adapter.TorchLoader  # the public shim
@@ -235,7 +240,7 @@ def test_remote_ranks_from_the_environment_equal_in_process(spec: dict[str, Any]
         for rank in range(2):
             monkeypatch.setenv("RANK", str(rank))
             monkeypatch.setenv("WORLD_SIZE", "2")
-            loaders.append(TorchLoader(address, int64=False))
+            loaders.append(fltorch.TorchLoader(address, int64=False))
         assert [(x.rank, x.world_size) for x in loaders] == [(0, 2), (1, 2)]
         its = [iter(x) for x in loaders]
         got: list[list[dict[str, Any]]] = [[], []]
@@ -250,5 +255,5 @@ def test_remote_ranks_from_the_environment_equal_in_process(spec: dict[str, Any]
         assert_batches_equal(ref, as_numpy(got[rank]), where=f"remote rank {rank}")
     assert states[0]["step"] == states[1]["step"] == 4
     assert states[0]["pipeline"] == states[1]["pipeline"]
-    rest = as_numpy(list(TorchLoader(spec, rank=1, world_size=2, state=states[0], int64=False)))
+    rest = as_numpy(list(fltorch.TorchLoader(spec, rank=1, world_size=2, state=states[0], int64=False)))
     assert_batches_equal(collect(feedline.Loader(spec, rank=1, world_size=2))[4:], rest, where="resume from remote state")

@@ -12,13 +12,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+import feedline
+from feedline.testing import collect
+from heavy import lazy, needs
 
-import feedline  # noqa: E402
-from feedline._adapters import staging  # noqa: E402
-from feedline._adapters.staging import HostPool, Stager  # noqa: E402
-from feedline.testing import collect  # noqa: E402
-from feedline.torch import TorchLoader  # noqa: E402
+torch = lazy("torch")
+staging = lazy("feedline._adapters.staging")
+fltorch = lazy("feedline.torch")
+pytestmark = needs("torch")
 
 
 @pytest.fixture
@@ -49,15 +50,15 @@ def test_conversion_and_layout_run_on_the_feeder_thread(spec: dict[str, Any], mo
         return real(*a, **kw)
 
     monkeypatch.setattr(staging, "to_torch", recording)
-    stagers: list[Stager] = []
-    make = TorchLoader._stager
-    monkeypatch.setattr(TorchLoader, "_stager", lambda self: stagers.append(make(self)) or stagers[-1])
-    with TorchLoader(spec, prefetch=3) as loader:
+    stagers: list[staging.Stager] = []
+    make = fltorch.TorchLoader._stager
+    monkeypatch.setattr(fltorch.TorchLoader, "_stager", lambda self: stagers.append(make(self)) or stagers[-1])
+    with fltorch.TorchLoader(spec, prefetch=3) as loader:
         got = list(loader)
     _assert_same(got, _expected(spec))
     assert converted == {"feedline-torch-feeder"}  # never the caller's thread
     assert stagers[0].threads == {"feedline-torch-feeder"} and stagers[0].pool is None  # CPU: no buffer reuse
-    with TorchLoader(spec, prefetch=0) as loader:  # synchronous: staged by the caller, same batches
+    with fltorch.TorchLoader(spec, prefetch=0) as loader:  # synchronous: staged by the caller, same batches
         _assert_same(list(loader), _expected(spec))
     assert stagers[1].threads == {threading.current_thread().name}
 
@@ -66,14 +67,14 @@ def test_pooled_buffers_are_reused_and_batches_kept_by_the_caller_stay_intact(
         spec: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """The device path on the CPU: each batch is filled into pooled buffers and "copied" (cloned) on
     the feeder thread; the caller holds on to every batch while later ones reuse the buffers."""
-    stagers: list[Stager] = []
+    stagers: list[staging.Stager] = []
 
-    def clone_stager(self: TorchLoader) -> Stager:
-        stagers.append(Stager(None, int64=True, pin=True, layout=self.packed, copy="clone", depth=self.prefetch))
+    def clone_stager(self: fltorch.TorchLoader) -> staging.Stager:
+        stagers.append(staging.Stager(None, int64=True, pin=True, layout=self.packed, copy="clone", depth=self.prefetch))
         return stagers[-1]
 
-    monkeypatch.setattr(TorchLoader, "_stager", clone_stager)
-    with TorchLoader(spec, prefetch=2) as loader:
+    monkeypatch.setattr(fltorch.TorchLoader, "_stager", clone_stager)
+    with fltorch.TorchLoader(spec, prefetch=2) as loader:
         got = list(loader)  # every batch kept until the end
     _assert_same(got, _expected(spec))
     (stager,) = stagers
@@ -103,7 +104,7 @@ class _Event:
 
 
 def test_a_buffer_returns_to_the_pool_only_once_its_copy_is_done() -> None:
-    pool = HostPool(pin=False, most=2)
+    pool = staging.HostPool(pin=False, most=2)
     a = np.arange(12, dtype=np.int32).reshape(3, 4)
     first = pool.fill("input_ids", a, np.dtype(np.int64))
     assert first.dtype == torch.int64 and first.tolist() == a.tolist()

@@ -8,12 +8,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+import feedline
 from conftest import SHARED_DATA
+from heavy import lazy, needs
 
-torch = pytest.importorskip("torch")
-
-import feedline  # noqa: E402
-from feedline.torch import TorchLoader, passthrough_collate  # noqa: E402
+torch = lazy("torch")
+fltorch = lazy("feedline.torch")
+pytestmark = needs("torch")
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +42,7 @@ def test_tiny_model_loss_falls_over_100_steps(corpus: str, small_tokenizer: str)
     spec = {"sources": [source], "tokenizer": small_tokenizer, "seed": 0, "epochs": None, "shuffle": {"buffer": 64},
             "task": {"kind": "clm", "max_length": 64}, "batching": {"strategy": "pad", "batch_size": 8}}
     torch.manual_seed(0)
-    loader = TorchLoader(spec)
+    loader = fltorch.TorchLoader(spec)
     model = TinyGPT(feedline.load_tokenizer(small_tokenizer).vocab_size, d=64, layers=1, heads=2, ff=128, max_len=64)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []
@@ -80,12 +81,12 @@ def test_hf_trainer_runs_10_steps_from_torchloader(tmp_path: Path, corpus: str, 
     vocab = feedline.load_tokenizer(small_tokenizer).vocab_size
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=32, n_embd=32, n_layer=1, n_head=2))
-    loader = TorchLoader(spec)
+    loader = fltorch.TorchLoader(spec)
     args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=10, per_device_train_batch_size=1,
                              learning_rate=1e-3, logging_steps=1, save_strategy="no", report_to=[],
                              use_cpu=True, dataloader_pin_memory=False, disable_tqdm=True)
     cls = Trainer if dataloader == "trainer" else FeedlineTrainer
-    trainer = cls(model=model, args=args, train_dataset=loader, data_collator=passthrough_collate)
+    trainer = cls(model=model, args=args, train_dataset=loader, data_collator=fltorch.passthrough_collate)
     result = trainer.train()
     loader.close()
     assert trainer.state.global_step == 10

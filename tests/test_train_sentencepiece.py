@@ -12,8 +12,10 @@ from conftest import shared
 from feedline._tools.count_tokens import count_tokens, write_counts
 from feedline._tools.train_sentencepiece import train_sentencepiece
 from feedline.errors import SourceError, SpecError
+from heavy import lazy, needs
 
-spm = pytest.importorskip("sentencepiece")
+spm = lazy("sentencepiece")
+pytestmark = needs("sentencepiece")
 
 SENTENCE = "I have been a mischievous boy since my childhood, and have had many losses."
 
