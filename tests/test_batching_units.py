@@ -91,6 +91,44 @@ def test_collate_flat_lays_out_every_piece_as_the_reference(rows: int) -> None:
             np.testing.assert_array_equal(got[name], w, err_msg=f"trial {trial}, field {name}")
 
 
+@pytest.mark.parametrize("max_docs", [1, 3, 64])
+def test_row_counts_match_the_per_row_definition(max_docs: int) -> None:
+    """row_counts (two cumulative sums over the pieces, no reduction along the rows) gives each row's
+    seq_lens, cu_seqlens and tokens and each piece's first place as counted row by row, on rows of
+    no piece, of max_docs pieces, of empty pieces, full and not; too many pieces or tokens raise."""
+    from feedline._batching.rows import row_counts
+    from feedline.errors import TaskError
+
+    rng = np.random.default_rng(max_docs)
+    for trial in range(200):
+        n, max_length = int(rng.integers(0, 40)), int(rng.integers(1, 300))
+        docs = rng.integers(0, max_docs + 1, n)
+        parts = []
+        for d in docs.tolist():   # a row's room: all of it, some, or (now and then) one token too many
+            room = (max_length, int(rng.integers(0, max_length + 1)), max_length + int(trial % 25 == 0))[trial % 3]
+            parts.append(np.diff([0, *np.sort(rng.integers(0, room + 1, d - 1)), room]) if d else [])
+        lengths = np.concatenate([np.zeros(0, np.int64), *parts]).astype(np.int64)
+        seq_lens = np.zeros((n, max_docs), np.int32)
+        cu = np.zeros((n, max_docs + 1), np.int32)
+        totals, first, p = np.zeros(n, np.int64), [], 0
+        for r, d in enumerate(docs.tolist()):
+            for j in range(d):
+                first.append(r * max_length + int(totals[r]))
+                seq_lens[r, j] = lengths[p]
+                totals[r] += lengths[p]
+                cu[r, j + 1:] = totals[r]
+                p += 1
+        if totals.max(initial=0) > max_length:
+            with pytest.raises(TaskError, match="tokens but max_length"):
+                row_counts(docs, lengths, max_length, max_docs)
+            continue
+        got = row_counts(docs, lengths, max_length, max_docs)
+        for g, w in zip(got, (seq_lens, cu, totals, np.array(first, np.int64)), strict=True):
+            assert g.dtype == w.dtype and g.shape == w.shape and np.array_equal(g, w), trial
+    with pytest.raises(TaskError, match="documents but max_docs_per_row"):
+        row_counts(np.array([max_docs + 1]), np.ones(max_docs + 1, np.int64), 1024, max_docs)
+
+
 def pack_lengths(lengths: list[int], capacity: int, **kw: Any) -> list[list[int]]:
     p: BestFitPacker[int] = BestFitPacker(capacity, **kw)
     for i, n in enumerate(lengths):
