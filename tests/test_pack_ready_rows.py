@@ -237,3 +237,28 @@ def test_long_pieces_are_laid_out_from_the_arena_a_slice_a_piece(long_files: dic
         for k in a:
             assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), (i, k)
     assert states == want_states
+
+
+@pytest.mark.parametrize("max_length", [64, 12])
+def test_no_ready_row_is_laid_out_twice(flat_file: str, max_length: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ready rows are gathered in whole batches (all of them only at the data's end): the rows a window
+    leaves after its last whole batch wait for the next window's, so every row delivered is gathered
+    (and laid out) once, where those rows were gathered again after each window."""
+    gathered, taken = [], []
+    real, take = readyrows.ReadyRows.__init__, readyrows.ReadyRows._take
+
+    def counting(self: readyrows.ReadyRows, *args: object, **kw: object) -> None:
+        real(self, *args, **kw)  # type: ignore[arg-type]
+        gathered.append(len(self))
+
+    def taking(self: readyrows.ReadyRows, rows: int) -> tuple[int, int]:
+        taken.append(rows)
+        return take(self, rows)
+
+    monkeypatch.setattr(readyrows.ReadyRows, "__init__", counting)
+    monkeypatch.setattr(readyrows.ReadyRows, "_take", taking)
+    with Loader(_spec(flat_file, max_length, first_window=8)) as ld:
+        batches = collect(ld)
+    assert len(gathered) > 10 and len(batches) > 20
+    assert sum(gathered) == sum(taken) >= sum(len(b["input_ids"]) for b in batches)
+    assert all(n % 6 == 0 for n in gathered[:-1])

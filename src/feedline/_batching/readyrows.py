@@ -56,9 +56,17 @@ _SLICED_PIECES = 2
 
 def rows_to_gather(ready: int, batch_rows: int, max_length: int) -> int:
     """How many of ``ready`` rows to gather at once: whole batches up to :data:`_GATHER_SLOTS` slots
-    (at least one batch, at most every ready row)."""
+    (at least one batch), all of them only where fewer than a batch are ready (the data's end). The
+    rows after the last whole batch wait for the next window's: gathered with the ready rows before
+    it, they were laid out twice (the gathered rows are dropped at each window), ~10 % of the rows
+    laid out on ~70-token documents (a window makes ~80 rows, 5 batches of 16 and 0-15 left).
+
+        >>> rows_to_gather(83, 16, 1024), rows_to_gather(700, 16, 1024), rows_to_gather(5, 16, 1024)
+        (80, 256, 5)
+    """
     batches = max(1, _GATHER_SLOTS // max(1, batch_rows * max_length))
-    return min(ready, batch_rows * batches)
+    whole = ready - ready % batch_rows
+    return min(whole or ready, batch_rows * batches)
 
 
 class ReadyRows:
