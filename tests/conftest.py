@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from rewrite_once import pytest_collection  # noqa: F401  (a fresh clone's workers share the assert rewriting)
 from xdist_groups import pytest_collection_modifyitems  # noqa: F401  (--dist loadgroup on pytest 9.2)
 
 # One OpenMP thread for torch in the test processes and every process they start (set before any
