@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from heavy import needs
+import heavy
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
-pytestmark = needs("torch")
+pytestmark = heavy.needs("torch")
 
 
 def needs(*modules: str) -> None:
