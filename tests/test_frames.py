@@ -5,6 +5,8 @@ reader with EOFError instead of a garbled message or a hang."""
 from __future__ import annotations
 
 import doctest
+import gc
+import mmap
 import multiprocessing
 import threading
 from typing import Any
@@ -13,7 +15,7 @@ import numpy as np
 import pytest
 
 from feedline._batching.compact import CompactBatch
-from feedline._partitions import frames
+from feedline._partitions import frames, ring
 from feedline._partitions.frames import FrameReader, FrameWriter
 
 
@@ -244,5 +246,121 @@ def test_a_batch_crosses_in_one_write_and_three_reads_and_unpickles_without_nump
     assert reader.sock.calls <= 3, f"{reader.sock.calls} reads for one message of 6 arrays"   # type: ignore[attr-defined]
     buffers: list[Any] = []
     assert b"_frombuffer" not in frames._dumps(msg, buffers) and len(buffers) == 6
+    writer.close()
+    reader.close()
+
+
+def _queued(sock: Any) -> int:
+    """Bytes waiting on a socket (FIONREAD)."""
+    import fcntl
+    import struct
+    import termios
+
+    return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0])
+
+
+def _in_ring(a: Any) -> bool:
+    """Whether array ``a`` lies in a worker's ring (its memory's owner, down the chain of bases)."""
+    while a is not None and not isinstance(a, mmap.mmap):
+        a = getattr(a, "base", None) if not isinstance(a, memoryview) else a.obj
+    return a is not None
+
+
+def _laid(seed: int, rows: int = 4) -> dict[str, np.ndarray]:
+    ids = np.random.default_rng(seed).integers(0, 50_000, (rows, 1024), dtype=np.int64).astype(np.int32)
+    return {"input_ids": ids, "labels": ids + 1, "attention_mask": np.ones_like(ids)}
+
+
+@pytest.mark.skipif(not ring.HAS_RING, reason="shared memory with descriptor passing (Linux)")
+def test_a_batchs_arrays_cross_through_shared_memory_and_the_socket_carries_only_their_place() -> None:
+    """A 144 KB batch puts under 1 KB on the socket (its header and where its arrays lie in the
+    worker's ring), arrives equal and writable, and holds its part of the ring until it is dropped."""
+    parent, child = multiprocessing.Pipe(duplex=True)
+    reader, writer = FrameReader(parent), FrameWriter(child)
+    batch = _laid(0, rows=12)
+    msg = ("batch", 1, 0, batch, None, 0)
+    writer.send(msg, views=True)
+    assert 0 < _queued(reader.sock) < 1024, f"{_queued(reader.sock)} bytes on the socket for a 144 KB batch"
+    got = reader.recv()
+    assert_same(got, msg)
+    assert _in_ring(got[3]["labels"])
+    got[3]["input_ids"][0, 0] = -1   # the consumer may write into what it was given
+    assert got[3]["input_ids"][0, 0] == -1
+    small = ("batch", 1, 0, {"x": np.arange(16, dtype=np.int32)}, None, 1)
+    view = got[3]["labels"][2:, :5]   # a view of one array is enough to hold the batch's part
+    del got
+    writer.send(small)
+    reader.recv()   # (taking a message gives back the parts of those no longer held, in order)
+    assert writer.ring is not None and writer.ring.free() == writer.ring.capacity - 3 * 48 * 1024 - 64   # held
+    del view
+    gc.collect()
+    writer.send(small)
+    reader.recv()
+    assert writer.ring.free() == writer.ring.capacity   # (the small one was copied out: not views)
+    writer.close()
+    reader.close()
+
+
+@pytest.mark.skipif(not ring.HAS_RING, reason="shared memory with descriptor passing (Linux)")
+def test_batches_a_consumer_keeps_are_never_overwritten_and_a_full_ring_sends_by_the_socket() -> None:
+    """A consumer that keeps batches (all of them, or one now and then) pins their parts of the ring:
+    the worker writes only behind the oldest one kept, and what does not fit goes through the
+    socket, in order; every batch kept stays equal to what was sent."""
+    parent, child = multiprocessing.Pipe(duplex=True)
+    reader, writer = FrameReader(parent), FrameWriter(child, ring=1 << 20)   # 21 batches of 48 KB
+    sent = [("batch", 1, 0, _laid(i), None, i) for i in range(120)]
+    kept: list[Any] = []
+    t = threading.Thread(target=lambda: [writer.send(m, views=True) for m in sent], daemon=True)
+    t.start()
+    for i in range(len(sent)):
+        got = reader.recv()
+        if i < 30 or i % 7 == 0:   # the first 30 (more than the ring holds), then one in seven
+            kept.append((i, got))
+        assert _in_ring(got[3]["input_ids"]) or i >= 21, f"batch {i} came by the socket with room in the ring"
+        del got
+    t.join(timeout=30)
+    for i, got in kept:
+        assert_same(got, sent[i])
+    kept.clear()
+    del got
+    writer.send(("ready",))
+    reader.recv()   # (the parts of the batches no longer kept are given back at the next message)
+    writer.send(sent[0], views=True)
+    assert _in_ring(reader.recv()[3]["input_ids"])   # room again
+    writer.close()
+    reader.close()
+
+
+@pytest.mark.skipif(not ring.HAS_RING, reason="shared memory with descriptor passing (Linux)")
+def test_a_message_placed_outside_the_ring_is_refused_as_corrupt() -> None:
+    parent, child = multiprocessing.Pipe(duplex=True)
+    reader, writer = FrameReader(parent), FrameWriter(child, ring=1 << 16)
+    writer.send(("batch", 1, 0, {"x": np.arange(4, dtype=np.int32)}, None, 0))
+    reader.recv()
+    assert writer.sock is not None
+    header = frames._dumps(("batch", 1, 0, {"x": np.arange(4, dtype=np.int32)}, None, 1), [])
+    writer.sock.sendall(frames._PREFIX.pack(1 | frames._IN_RING, len(header)) + frames._SIZE.pack(16)
+                        + frames._SIZE.pack((1 << 16) - 8) + frames._SIZE.pack(1 << 16) + header)
+    with pytest.raises(EOFError, match="corrupt"):
+        reader.recv()
+    writer.close()
+    reader.close()
+
+
+@pytest.mark.skipif(not ring.HAS_RING, reason="shared memory with descriptor passing (Linux)")
+def test_a_message_the_parent_keeps_for_long_is_copied_out_of_the_ring() -> None:
+    """A batch with its state (an anchor, kept by the parent until the next one) and any message not
+    marked ``views`` crosses in the ring but is copied out: nothing the parent keeps holds the ring."""
+    parent, child = multiprocessing.Pipe(duplex=True)
+    reader, writer = FrameReader(parent), FrameWriter(child, ring=1 << 20)
+    msg = ("batch", 1, 0, _laid(0), {"window": np.arange(20_000, dtype=np.int32)}, 0)
+    writer.send(msg)
+    assert _queued(reader.sock) < 1024
+    got = reader.recv()
+    assert_same(got, msg)
+    assert not _in_ring(got[3]["input_ids"]) and not _in_ring(got[4]["window"])
+    writer.send(("ready",))
+    reader.recv()
+    assert writer.ring is not None and writer.ring.free() == writer.ring.capacity   # released though kept
     writer.close()
     reader.close()

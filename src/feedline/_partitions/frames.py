@@ -11,7 +11,15 @@ unpickled it (one more). A :class:`FrameWriter` pickles a message with protocol 
 A :class:`FrameReader` reads each buffer straight into the memory of a new array and unpickles the
 header over them: one copy, from the socket into the array the consumer gets. Per batch the
 worker then spends ~0.07 ms and the parent's thread ~0.07 ms instead of ~0.11
-(``bench/partitions.py --transport``). Messages the other way (the parent's credits, starts and stops) stay on the
+(``bench/partitions.py --transport``). Where the system has shared memory with descriptor passing
+(Linux), the buffers go into the worker's ring instead (:mod:`.ring`: the descriptor travels once,
+with the first message that uses it) and the frame says where they lie::
+
+    <u32 buffers | IN_RING [| VIEWS]> <u32 header bytes> <u64 sizes ...> <u64 positions ...> <u64 end> <header>
+
+With ``VIEWS`` (a batch without a state: nothing the parent keeps for long) the consumer's arrays
+are the ring's memory, held until nothing refers to them; otherwise they are copied out. A message
+whose buffers do not fit in the ring's free part goes as above. Messages the other way (the parent's credits, starts and stops) stay on the
 ``Connection``: the duplex pipe is a socket pair, whose two directions are separate byte streams.
 Where the pipe is not a socket (Windows), both ends use the ``Connection`` as before.
 
@@ -24,6 +32,7 @@ Where the pipe is not a socket (Windows), both ends use the ``Connection`` as be
 
 from __future__ import annotations
 
+import array
 import io
 import os
 import pickle
@@ -36,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from feedline._core.deferred import shipping
+from feedline._partitions.ring import CAPACITY, HAS_RING, RingReader, RingWriter
 
 __all__ = ["FrameReader", "FrameWriter"]
 
@@ -46,6 +56,9 @@ _SIZE = struct.Struct("<Q")
 MAX_BUFFERS = 1 << 16
 _WAITALL = getattr(socket, "MSG_WAITALL", 0)
 _IOV_MAX = 512   # buffers per sendmsg/recvmsg call (the system's limit is at least 1024)
+_IN_RING = 1 << 31   # (in the buffer count) the arrays are in the worker's shared memory: :mod:`.ring`
+_VIEWS = 1 << 30     # (with it) and may be handed out where they lie
+_ANCILLARY = socket.CMSG_SPACE(4) if HAS_RING else 0   # room for one descriptor
 
 
 class _Pickler(pickle.Pickler):
@@ -82,13 +95,18 @@ def _socket_of(conn: Connection) -> socket.socket | None:
 class FrameWriter:
     """The worker's end: :meth:`send` writes one message (from one thread)."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, ring: int = CAPACITY) -> None:
         self.conn = conn
         self.sock = _socket_of(conn)
         self.sent: OrderedDict[bytes, Any] = OrderedDict()   # what went whole lately (a pack window: see shipping)
+        self.ring: RingWriter | None = None   # made at the first message with arrays (its descriptor goes with it)
+        self.capacity = ring   # its bytes (0: none, every array through the socket)
+        self.shared = HAS_RING and self.sock is not None and ring > 0   # arrays through shared memory (:mod:`.ring`)
 
-    def send(self, msg: Any) -> None:
-        """Write ``msg``; its contiguous arrays go after the header as they are.
+    def send(self, msg: Any, views: bool = False) -> None:
+        """Write ``msg``; its contiguous arrays go after the header as they are, or into the ring
+        (:mod:`.ring`), where the parent hands them out as they lie with ``views`` (it keeps nothing
+        of the message for long: batches without a state), else copies them out.
 
         Raises:
             OSError: the parent is gone (a broken pipe).
@@ -100,13 +118,31 @@ class FrameWriter:
         buffers: list[pickle.PickleBuffer] = []
         with shipping(self.sent):
             header = _dumps(msg, buffers)
-        views = [b.raw() for b in buffers]
-        sizes = b"".join(_SIZE.pack(v.nbytes) for v in views)
-        _send_all(self.sock, [_PREFIX.pack(len(views), len(header)) + sizes + header, *views])
+        raw = [b.raw() for b in buffers]
+        sizes = b"".join(_SIZE.pack(v.nbytes) for v in raw)
+        ancillary: list[Any] = []   # the ring's descriptor, with the first message after it is made
+        if raw and self.shared:
+            if self.ring is None:
+                try:
+                    self.ring = RingWriter(self.capacity)
+                    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [self.ring.fd]))]
+                except OSError:   # no memfd here (a sandbox): the socket carries everything
+                    self.shared = False
+            placed = self.ring.place(raw) if self.ring is not None else None
+            if placed is not None:   # the socket carries where they lie, not the arrays
+                at, end = placed
+                where = b"".join(_SIZE.pack(a) for a in at) + _SIZE.pack(end)
+                kind = _IN_RING | (_VIEWS if views else 0)
+                _send_all(self.sock, [_PREFIX.pack(len(raw) | kind, len(header)) + sizes + where + header], ancillary)
+                return
+        _send_all(self.sock, [_PREFIX.pack(len(raw), len(header)) + sizes + header, *raw], ancillary)
 
     def close(self) -> None:
         if self.sock is not None:
             self.sock.close()
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
 
 
 class FrameReader:
@@ -116,6 +152,7 @@ class FrameReader:
         self.conn = conn
         self.sock = _socket_of(conn)
         self.kept: OrderedDict[bytes, Any] = OrderedDict()   # what came whole lately (see FrameWriter.sent)
+        self.ring: RingReader | None = None   # the worker's shared memory, once its descriptor came
 
     def recv(self) -> Any:
         """The next message.
@@ -130,14 +167,24 @@ class FrameReader:
     def _recv(self) -> Any:
         if self.sock is None:
             return self.conn.recv()
-        count, header_size = _PREFIX.unpack(self._read(_PREFIX.size))
+        count, header_size = _PREFIX.unpack(self._read_prefix())
+        shared, as_views, count = count & _IN_RING, count & _VIEWS, count & ~(_IN_RING | _VIEWS)
         if count > MAX_BUFFERS:
             raise EOFError(f"a partition worker's message announces {count} buffers: the stream is corrupt")
-        head = self._read(_SIZE.size * count + header_size)
+        skip = _SIZE.size * (2 * count + 1 if shared else count)
+        head = self._read(skip + header_size)
         sizes = [_SIZE.unpack_from(head, _SIZE.size * i)[0] for i in range(count)]
-        buffers = [np.empty(size, dtype=np.uint8) for size in sizes]
-        self._read_all([b.data for b in buffers])   # the arrays' own memory: the socket writes into it
-        return pickle.loads(memoryview(head)[_SIZE.size * count:], buffers=buffers)
+        if shared:
+            if self.ring is None:
+                raise EOFError("a partition worker's message is in shared memory it never sent: the stream is corrupt")
+            at = [_SIZE.unpack_from(head, _SIZE.size * (count + i))[0] for i in range(count)]
+            buffers = self.ring.take(at, _SIZE.unpack_from(head, _SIZE.size * 2 * count)[0], sizes, copy=not as_views)
+        else:
+            if self.ring is not None:   # (the ring's parts no longer held are given back at every message)
+                self.ring.release()
+            buffers = [np.empty(size, dtype=np.uint8) for size in sizes]
+            self._read_all([b.data for b in buffers])   # the arrays' own memory: the socket writes into it
+        return pickle.loads(memoryview(head)[skip:], buffers=buffers)
 
     def close(self) -> None:
         """Stop reading: a thread inside :meth:`recv` gets ``EOFError``, and the worker sees the pipe closed
@@ -148,6 +195,28 @@ class FrameReader:
             except OSError:
                 pass
             self.sock.close()
+        self.ring = None   # (unmapped once a thread still taking from it is done)
+
+    def _read_prefix(self) -> bytearray:
+        """A message's prefix, and the worker's shared memory where its descriptor comes with it (a
+        descriptor comes with the first byte of its message: read without room for it, it is lost)."""
+        assert self.sock is not None
+        out = bytearray(_PREFIX.size)
+        view = memoryview(out)
+        got, ancillary, _, _ = self.sock.recvmsg_into([view], _ANCILLARY, _WAITALL)
+        if got == 0:
+            raise EOFError("the partition worker closed its pipe")
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+                for fd in fds[1:]:
+                    os.close(fd)
+                if fds:
+                    self.ring = RingReader(fds[0])
+        if got < _PREFIX.size:
+            self._read_into(view[got:])
+        return out
 
     def _read(self, n: int) -> bytearray:
         out = bytearray(n)
@@ -186,8 +255,10 @@ def _advance(views: list[memoryview], n: int) -> list[memoryview]:
     return rest
 
 
-def _send_all(sock: socket.socket, views: list[Any]) -> None:
-    """Write ``views`` in order, in one system call where the socket takes them all (``sendmsg``)."""
+def _send_all(sock: socket.socket, views: list[Any], ancillary: list[Any] | None = None) -> None:
+    """Write ``views`` in order, in one system call where the socket takes them all (``sendmsg``;
+    ``ancillary`` goes with the first byte)."""
     pending = [m for m in (memoryview(v).cast("B") for v in views) if m.nbytes]
     while pending:
-        pending = _advance(pending, sock.sendmsg(pending[:_IOV_MAX]))
+        pending = _advance(pending, sock.sendmsg(pending[:_IOV_MAX], ancillary or []))
+        ancillary = None

@@ -5,7 +5,8 @@ most the cores; :mod:`feedline._partitions.launch`: all at once, in the backgrou
 where there is one); worker ``w`` owns partitions ``w, w + N, ...`` and runs each one's whole
 pipeline (:mod:`feedline._partitions.worker`), the tokenizer's pool sized to its share of the
 cores (``RAYON_NUM_THREADS``, which sentencepiece's ``num_threads`` follows too:
-:func:`~feedline._core.cores.pool_threads`). Each batch crosses a pipe, with
+:func:`~feedline._core.cores.pool_threads`). Each batch crosses a pipe (its arrays in the worker's
+shared memory, :mod:`feedline._partitions.ring`, where the system has it), with
 the state after it only every :data:`~feedline._partitions.streams.ANCHOR_EVERY` batches: the
 others stay in the worker until a state is read (a checkpoint: asked of the worker, or made again
 here from the last one sent where the worker no longer keeps it), so a batch's state is pickled

@@ -119,9 +119,9 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
     writer = FrameWriter(conn)   # batches with their arrays out of band (see frames.py)
     lock = threading.Lock()
 
-    def send(msg: Any) -> None:
+    def send(msg: Any, views: bool = False) -> None:
         with lock:   # this thread's messages and the heartbeat's
-            writer.send(msg)
+            writer.send(msg, views)
 
     threading.Thread(target=_beat, args=(send, beat), name="feedline-worker-beat", daemon=True).start()
     if threads:
@@ -201,7 +201,8 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
                     out.append(("batch", gens[p], p, batch, state, seq))   # a snapshot: pickled as the state, in one pass
                     credit[p] -= 1
             if out:  # one message for all that was ready: one pipe write, one wake-up of the parent
-                send(out[0] if len(out) == 1 else ("many", out))
+                # (batches without a state may reach the consumer as they lie in shared memory: frames.py)
+                send(out[0] if len(out) == 1 else ("many", out), all(m[0] == "batch" and m[4] is None for m in out))
     except (EOFError, OSError, BrokenPipeError):
         return  # the parent closed the pipe
     finally:

@@ -1,0 +1,148 @@
+"""A worker's batch arrays through shared memory: a ring that the worker writes and the parent reads.
+
+Through the socket a 270 KB batch cost a copy into the kernel's buffers in the worker and one out
+of them into fresh arrays in the parent. A :class:`RingWriter` (the worker's) copies each of a
+message's arrays once into a region of shared memory (a ``memfd``, :data:`CAPACITY` bytes; its
+descriptor goes to the parent once, with the first message that uses it); the socket carries only
+the header and where the arrays lie. The :class:`RingReader` (the parent's) hands them out where
+they lie: each is a ``uint8`` array over the ring, which numpy makes the base of every array built
+over it and of their views and tensors, so a region lives exactly as long as anything refers to its
+memory. Regions are taken and given back in order (the messages' order on the socket): the control
+word at the ring's start holds the position up to which the parent is done, advanced (at each
+message read) past the oldest regions none of whose arrays is left, and the worker writes only
+behind it. What the parent keeps for long (a state: an anchor, a pack window) is copied out
+(``copy``), so it never holds the ring; a batch the consumer keeps holds its region and those after
+it are not reused meanwhile: a message whose arrays do not fit in the free part goes through the
+socket as before, so the worker never waits for the ring and nothing kept is ever overwritten. A
+worker that dies leaves nothing behind (the memory goes with the last mapping).
+
+    >>> w = RingWriter(1 << 16)
+    >>> at = w.place([memoryview(b"abc"), memoryview(b"de")])
+    >>> r = RingReader(os.dup(w.fd))
+    >>> got = r.take(*at, sizes=[3, 2])
+    >>> [bytes(a) for a in got], w.free() == w.capacity
+    ([b'abc', b'de'], False)
+    >>> del got; _ = r.take(*w.place([memoryview(b"f")]), sizes=[1])   # released at the next take
+    >>> w.free() == w.capacity - 64
+    True
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import socket
+import struct
+import threading
+import weakref
+from collections import deque
+
+import numpy as np
+
+__all__ = ["CAPACITY", "HAS_RING", "RingReader", "RingWriter"]
+
+#: Shared memory per worker for the arrays of the messages on their way (4 batches of 16 x 1024 laid
+#: out take ~1.1 MB; a worker of several partitions may have more on the way: those go by the socket).
+CAPACITY = 4 << 20
+#: ``memfd`` and descriptor passing (Linux); elsewhere every message goes through the socket.
+HAS_RING = hasattr(os, "memfd_create") and hasattr(socket, "SCM_RIGHTS")
+_CONTROL = 64   # the control word (the released position, u64) and padding to a cache line
+_ALIGN = 64
+_POS = struct.Struct("<Q")
+
+
+def _fence() -> None:
+    """A full memory barrier (a lock taken and given back): what was read out of the ring is read
+    before the release that lets the worker overwrite it, on every architecture."""
+    with _LOCK:
+        pass
+
+
+_LOCK = threading.Lock()
+
+
+class RingWriter:
+    """The worker's end: :meth:`place` copies arrays in, where there is room."""
+
+    def __init__(self, capacity: int = CAPACITY) -> None:
+        self.capacity = capacity
+        self.fd = os.memfd_create("feedline-ring", os.MFD_CLOEXEC)  # type: ignore[attr-defined]
+        try:
+            os.ftruncate(self.fd, _CONTROL + capacity)
+            self.map = mmap.mmap(self.fd, _CONTROL + capacity)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.mem = memoryview(self.map)
+        self.head = 0   # the position after the last region taken (positions only grow; index = position % capacity)
+
+    def free(self) -> int:
+        """The bytes the parent released and the worker may write."""
+        return self.capacity - (self.head - _POS.unpack_from(self.map, 0)[0])
+
+    def place(self, views: list[memoryview]) -> tuple[list[int], int] | None:
+        """Copy ``views`` (bytes) into one region: ``(their positions, the region's end)``, or ``None``
+        where the free part cannot hold them (the message then goes through the socket)."""
+        offsets, total = [], 0
+        for v in views:
+            offsets.append(total)
+            total += -(-v.nbytes // _ALIGN) * _ALIGN
+        start = self.head
+        if start % self.capacity + total > self.capacity:   # not at the end: from the ring's start
+            start += self.capacity - start % self.capacity
+        released = _POS.unpack_from(self.map, 0)[0]
+        if start + total - released > self.capacity:
+            return None
+        at = [start + o for o in offsets]
+        base = _CONTROL + start % self.capacity
+        for o, v in zip(offsets, views):
+            self.mem[base + o:base + o + v.nbytes] = v
+        self.head = start + total
+        return at, self.head
+
+    def close(self) -> None:
+        self.mem.release()
+        self.map.close()
+        os.close(self.fd)
+
+
+class RingReader:
+    """The parent's end, over the descriptor the worker sent: :meth:`take` hands a message's arrays out."""
+
+    def __init__(self, fd: int) -> None:
+        try:
+            size = os.fstat(fd).st_size
+            self.map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)   # (the mapping keeps the memory, and the arrays handed out keep the mapping)
+        self.capacity = size - _CONTROL
+        self.mem = memoryview(self.map)
+        # each message's region: its end, and its arrays (weakly: it is done when none is left)
+        self.held: deque[tuple[int, list[weakref.ref[np.ndarray]]]] = deque()
+
+    def take(self, at: list[int], end: int, sizes: list[int], copy: bool = False) -> list[np.ndarray]:
+        """The arrays at positions ``at`` (``sizes`` bytes each) as ``uint8`` arrays over the ring (copied
+        out with ``copy``: what the parent keeps for long, a state, must not hold the ring's parts behind
+        it), and the ring released up to the last message none of whose arrays is held any more."""
+        out = []
+        for pos, size in zip(at, sizes):
+            i = pos % self.capacity
+            if i + size > self.capacity or not 0 <= end - pos <= self.capacity:
+                raise EOFError(f"a partition worker's message places {size} bytes at {pos} of a {self.capacity}-byte "
+                               "ring: the stream is corrupt")
+            # over a memoryview, not another array: numpy makes this the base of every array built over
+            # it (and of their views), so it lives exactly as long as anything that reads its memory
+            buf = np.frombuffer(self.mem[_CONTROL + i:_CONTROL + i + size], dtype=np.uint8)
+            out.append(buf.copy() if copy else buf)
+        self.held.append((end, [] if copy else [weakref.ref(a) for a in out]))
+        self.release()
+        return out
+
+    def release(self) -> None:
+        """Give the worker back the ring up to the last message none of whose arrays is held (in order)."""
+        released = None
+        while self.held and all(ref() is None for ref in self.held[0][1]):
+            released = self.held.popleft()[0]
+        if released is not None:
+            _fence()
+            _POS.pack_into(self.map, 0, released)
