@@ -33,11 +33,13 @@ class _Lazy(types.ModuleType):
             raise AttributeError(f"{self.__name__!r} is not imported yet (lazy); {attr!r} does not import it")
         return getattr(self._load(), attr)
 
-    def __setattr__(self, attr: str, value: Any) -> None:   # monkeypatch.setattr(proxy, ...) patches the module
-        setattr(self._load(), attr, value)
+    def __setattr__(self, attr: str, value: Any) -> None:
+        # monkeypatch.setattr(proxy, ...) would read the old value from the proxy's __dict__ and so delete
+        # the module's attribute when it undoes: patch the module itself
+        raise TypeError(f"{self.__name__!r} is a lazy stand-in: import the module in the test to patch it")
 
     def __delattr__(self, attr: str) -> None:
-        delattr(self._load(), attr)
+        raise TypeError(f"{self.__name__!r} is a lazy stand-in: import the module in the test to patch it")
 
     def __dir__(self) -> list[str]:
         module = self.__dict__.get("_module")

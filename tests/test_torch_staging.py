@@ -42,6 +42,8 @@ def _assert_same(got: list[dict[str, Any]], want: list[dict[str, np.ndarray]]) -
 
 
 def test_conversion_and_layout_run_on_the_feeder_thread(spec: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from feedline._adapters import staging  # the module itself (patched), not this file's lazy stand-in
+
     converted: set[str] = set()
     real = staging.to_torch
 
