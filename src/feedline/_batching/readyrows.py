@@ -202,26 +202,16 @@ def _lay_rows(loc: Located, piece_at: np.ndarray, first: np.ndarray, totals: np.
     np.subtract(counting(n * width, kind), positions, out=positions)
     index = np.repeat(src - dest, seg_len)
     index += counting(n * width, np.int64)
-    pads = spans(pad_first, width - totals)
     taken: dict[str, np.ndarray] = {}
-    out: dict[str, np.ndarray] = {}
+    fields: dict[str, np.ndarray] = {}
     for name, kept in loc.fields.items():
         buf = loc.arena[kept]
         if kept in taken:   # a field sharing another's tokens (clm: labels): a copy, padded its own way
-            arr = taken[kept].astype(int_dtype(name, buf), copy=True)
+            fields[name] = taken[kept].astype(int_dtype(name, buf), copy=True)
         else:
-            arr = taken[kept] = np.take(buf, index, axis=0, mode="clip").astype(int_dtype(name, buf), copy=False)
-        arr[pads] = pad_values.get(name, 0)
-        out[name] = arr.reshape(n, width, *buf.shape[1:])
-    if "labels" in out and mask_first:
-        out["labels"].reshape(n * width, *out["labels"].shape[2:])[first] = -100
-    pos = positions.astype(np.int32, copy=False)
-    pos[pads] = 0
-    out["position_ids"] = pos.reshape(n, width)
-    mask = np.ones(n * width, dtype=np.int32)
-    mask[pads] = 0
-    out["attention_mask"] = mask.reshape(n, width)
-    return out
+            fields[name] = taken[kept] = np.take(buf, index, axis=0, mode="clip").astype(int_dtype(name, buf), copy=False)
+    return _finish(fields, positions.astype(np.int32, copy=False), spans(pad_first, width - totals), first, n, width,
+                   pad_values, mask_first)
 
 
 
@@ -253,20 +243,29 @@ def _lay_slices(loc: Located, first: np.ndarray, totals: np.ndarray, width: int,
             for dst, buf in pairs:
                 dst[f:f + k] = buf[a:a + k]
             positions[f:f + k] = count[:k]
-    out: dict[str, np.ndarray] = {}
+    fields: dict[str, np.ndarray] = {}
     taken: set[str] = set()
     for name, kept in loc.fields.items():
-        arr = laid[kept]
-        if kept in taken:   # a field sharing another's tokens (clm: labels): a copy, padded its own way
-            arr = arr.copy()
+        # a field sharing another's tokens (clm: labels): a copy, padded its own way
+        fields[name] = laid[kept].copy() if kept in taken else laid[kept]
         taken.add(kept)
+    return _finish(fields, positions, pads, first, n, width, pad_values, mask_first)
+
+
+def _finish(fields: dict[str, np.ndarray], positions: np.ndarray, pads: np.ndarray, first: np.ndarray, n: int,
+            width: int, pad_values: Mapping[str, Any], mask_first: bool) -> dict[str, np.ndarray]:
+    """The layout's fields (flat, a place each, every field its own array), ``position_ids`` and
+    ``attention_mask`` as ``[n, width]`` rows: the padding places ``pads`` written, and the first
+    token of each piece (flat places ``first``) left out of the labels with ``mask_first``."""
+    out: dict[str, np.ndarray] = {}
+    for name, arr in fields.items():
         arr[pads] = pad_values.get(name, 0)
         out[name] = arr.reshape(n, width, *arr.shape[1:])
     if "labels" in out and mask_first:
-        out["labels"].reshape(places, *out["labels"].shape[2:])[first] = -100
+        out["labels"].reshape(n * width, *out["labels"].shape[2:])[first] = -100
     positions[pads] = 0
     out["position_ids"] = positions.reshape(n, width)
-    mask = np.ones(places, dtype=np.int32)
+    mask = np.ones(n * width, dtype=np.int32)
     mask[pads] = 0
     out["attention_mask"] = mask.reshape(n, width)
     return out
