@@ -19,6 +19,10 @@ with the first message that uses it) and the frame says where they lie::
 
 With ``VIEWS`` (a batch without a state: nothing the parent keeps for long) the consumer's arrays
 are the ring's memory, held until nothing refers to them; otherwise they are copied out. A message
+of laid-out batches (dicts of plain number arrays, one layout) is not pickled at all: ``<u32
+IN_RING | FLAT> <u32 header bytes> <header>``, the header a few integers per batch (:mod:`.flat`:
+its arrays handed out where they lie, a state beside them pickled and copied out): on documents
+the parent's CPU per step went from ~0.17-0.20 to ~0.14 ms, the worker's down ~0.01-0.02 ms. A message
 whose buffers do not fit in the ring's free part goes as above. Messages the other way (the parent's credits, starts and stops) stay on the
 ``Connection``: the duplex pipe is a socket pair, whose two directions are separate byte streams.
 Where the pipe is not a socket (Windows), both ends use the ``Connection`` as before.
@@ -45,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from feedline._core.deferred import shipping
+from feedline._partitions.flat import Layouts, encode
 from feedline._partitions.ring import CAPACITY, HAS_RING, RingReader, RingWriter
 
 __all__ = ["FrameReader", "FrameWriter"]
@@ -58,7 +63,11 @@ _WAITALL = getattr(socket, "MSG_WAITALL", 0)
 _IOV_MAX = 512   # buffers per sendmsg/recvmsg call (the system's limit is at least 1024)
 _IN_RING = 1 << 31   # (in the buffer count) the arrays are in the worker's shared memory: :mod:`.ring`
 _VIEWS = 1 << 30     # (with it) and may be handed out where they lie
+_FLAT = 1 << 29      # (with IN_RING) batches described as integers: :mod:`.flat`
 _ANCILLARY = socket.CMSG_SPACE(4) if HAS_RING else 0   # room for one descriptor
+
+
+_PLAIN = frozenset("biufc")   # dtypes whose arrays export their memory as a buffer: numbers and booleans
 
 
 class _Pickler(pickle.Pickler):
@@ -67,7 +76,7 @@ class _Pickler(pickle.Pickler):
     (~15 of the ~30 us a 6-field batch took to unpickle)."""
 
     def reducer_override(self, obj: Any) -> Any:
-        if type(obj) is np.ndarray and obj.flags.c_contiguous and obj.dtype.fields is None and not obj.dtype.hasobject:
+        if type(obj) is np.ndarray and obj.flags.c_contiguous and obj.dtype.kind in _PLAIN:   # (times export no buffer)
             return np.ndarray, (obj.shape, obj.dtype.str, pickle.PickleBuffer(obj))  # type: ignore[arg-type]
         return NotImplemented
 
@@ -102,6 +111,8 @@ class FrameWriter:
         self.ring: RingWriter | None = None   # made at the first message with arrays (its descriptor goes with it)
         self.capacity = ring   # its bytes (0: none, every array through the socket)
         self.shared = HAS_RING and self.sock is not None and ring > 0   # arrays through shared memory (:mod:`.ring`)
+        self.unsent_fd = False   # the ring is made and its descriptor has not gone yet
+        self.layouts: dict[Any, int] = {}   # the batch layouts sent (:mod:`.flat`)
 
     def send(self, msg: Any, views: bool = False) -> None:
         """Write ``msg``; its contiguous arrays go after the header as they are, or into the ring
@@ -115,27 +126,71 @@ class FrameWriter:
             with shipping(self.sent):
                 self.conn.send(msg)
             return
+        if self.shared and self._send_flat(msg):
+            return
         buffers: list[pickle.PickleBuffer] = []
         with shipping(self.sent):
             header = _dumps(msg, buffers)
         raw = [b.raw() for b in buffers]
         sizes = b"".join(_SIZE.pack(v.nbytes) for v in raw)
-        ancillary: list[Any] = []   # the ring's descriptor, with the first message after it is made
-        if raw and self.shared:
-            if self.ring is None:
-                try:
-                    self.ring = RingWriter(self.capacity)
-                    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [self.ring.fd]))]
-                except OSError:   # no memfd here (a sandbox): the socket carries everything
-                    self.shared = False
-            placed = self.ring.place(raw) if self.ring is not None else None
-            if placed is not None:   # the socket carries where they lie, not the arrays
-                at, end = placed
-                where = b"".join(_SIZE.pack(a) for a in at) + _SIZE.pack(end)
-                kind = _IN_RING | (_VIEWS if views else 0)
-                _send_all(self.sock, [_PREFIX.pack(len(raw) | kind, len(header)) + sizes + where + header], ancillary)
-                return
-        _send_all(self.sock, [_PREFIX.pack(len(raw), len(header)) + sizes + header, *raw], ancillary)
+        placed = self._place(raw) if raw and self.shared else None
+        if placed is not None:   # the socket carries where they lie, not the arrays
+            at, end, ancillary = placed
+            where = b"".join(_SIZE.pack(a) for a in at) + _SIZE.pack(end)
+            kind = _IN_RING | (_VIEWS if views else 0)
+            _send_all(self.sock, [_PREFIX.pack(len(raw) | kind, len(header)) + sizes + where + header], ancillary)
+            return
+        _send_all(self.sock, [_PREFIX.pack(len(raw), len(header)) + sizes + header, *raw], self._fresh())
+
+    def _send_flat(self, msg: Any) -> bool:
+        """Send ``msg`` as integers (:mod:`.flat`) where it is batches of plain arrays and they fit in the ring."""
+        assert self.sock is not None
+        kind = msg[0]
+        flat = encode(self.layouts, [msg] if kind == "batch" else msg[1] if kind == "many" else [])
+        if flat is None:
+            return False
+        extra, before = flat.extra(), None
+        buffers: list[pickle.PickleBuffer] = []
+        if extra is not None:   # pickled before it surely goes: what it notes as sent is put back if it does not
+            before = OrderedDict(self.sent)
+            with shipping(self.sent):
+                extra = _dumps(extra, buffers)
+        raw = [memoryview(a).cast("B") if a.size else memoryview(b"") for a in flat.arrays]  # type: ignore[arg-type]
+        raw += [b.raw() for b in buffers]
+        placed = self._place(raw)
+        if placed is None:
+            if before is not None:
+                self.sent.clear()
+                self.sent.update(before)
+            return False
+        at, end, ancillary = placed
+        header = flat.header(self.layouts, at, at[0] if at else end, end, extra or b"",
+                             [v.nbytes for v in raw[len(flat.arrays):]])
+        _send_all(self.sock, [_PREFIX.pack(_IN_RING | _FLAT, len(header)) + header], ancillary)
+        return True
+
+    def _place(self, raw: list[memoryview]) -> tuple[list[int], int, list[Any]] | None:
+        """``raw`` copied into the ring (made now if it is not yet): their positions, the region's end
+        and what goes with the message (the ring's descriptor, with the first one after it is made);
+        ``None`` where it cannot hold them (or there is no ring: the socket carries them)."""
+        if self.ring is None:
+            try:
+                self.ring = RingWriter(self.capacity)
+                self.unsent_fd = True
+            except OSError:   # no memfd here (a sandbox): the socket carries everything
+                self.shared = False
+                return None
+        placed = self.ring.place(raw)
+        if placed is None:
+            return None
+        return placed[0], placed[1], self._fresh()
+
+    def _fresh(self) -> list[Any]:
+        """The ring's descriptor where the parent has not had it yet (it goes with the next message's first byte)."""
+        if not self.unsent_fd or self.ring is None:
+            return []
+        self.unsent_fd = False
+        return [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [self.ring.fd]))]
 
     def close(self) -> None:
         if self.sock is not None:
@@ -153,6 +208,7 @@ class FrameReader:
         self.sock = _socket_of(conn)
         self.kept: OrderedDict[bytes, Any] = OrderedDict()   # what came whole lately (see FrameWriter.sent)
         self.ring: RingReader | None = None   # the worker's shared memory, once its descriptor came
+        self.layouts = Layouts()   # the batch layouts the worker sent (:mod:`.flat`)
 
     def recv(self) -> Any:
         """The next message.
@@ -168,7 +224,12 @@ class FrameReader:
         if self.sock is None:
             return self.conn.recv()
         count, header_size = _PREFIX.unpack(self._read_prefix())
-        shared, as_views, count = count & _IN_RING, count & _VIEWS, count & ~(_IN_RING | _VIEWS)
+        if count & _FLAT:   # batches as integers, their arrays in the ring (:mod:`.flat`)
+            if self.ring is None or count != _IN_RING | _FLAT:
+                raise EOFError("a partition worker's message is in shared memory it never sent: the stream is corrupt")
+            msgs = self.layouts.decode(self._read(header_size), self.ring.region)
+            return msgs[0] if len(msgs) == 1 else ("many", msgs)
+        shared, as_views, count = count & _IN_RING, count & _VIEWS, count & ~(_IN_RING | _VIEWS | _FLAT)
         if count > MAX_BUFFERS:
             raise EOFError(f"a partition worker's message announces {count} buffers: the stream is corrupt")
         skip = _SIZE.size * (2 * count + 1 if shared else count)

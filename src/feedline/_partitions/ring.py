@@ -138,6 +138,18 @@ class RingReader:
         self.release()
         return out
 
+    def region(self, start: int, end: int) -> np.ndarray:
+        """The ring from position ``start`` to ``end`` (one message's arrays) as one ``uint8`` array
+        where it lies, the base of every array built over it; given back once none is left (in order)."""
+        i, size = start % self.capacity, end - start
+        if not 0 <= size <= self.capacity or i + size > self.capacity:
+            raise EOFError(f"a partition worker's message places {size} bytes at {start} of a {self.capacity}-byte "
+                           "ring: the stream is corrupt")
+        buf = np.frombuffer(self.mem[_CONTROL + i:_CONTROL + i + size], dtype=np.uint8)
+        self.held.append((end, [weakref.ref(buf)]))
+        self.release()
+        return buf
+
     def release(self) -> None:
         """Give the worker back the ring up to the last message none of whose arrays is held (in order)."""
         released = None

@@ -1,0 +1,158 @@
+"""A worker's batches described without pickling: their arrays in the ring, their layout as integers.
+
+A laid-out batch is a dict of a few plain arrays (``input_ids``, ``labels``, ...). Pickling the
+message that carries it cost the worker ~50 us a batch (the pickler's Python hook runs for every
+object) and the parent ~25 us to unpickle. Where every batch of a message is such a dict, of one
+*layout* (its field names, dtypes and dimensions: the same for every batch of a stream), and its
+arrays went into the worker's ring (:mod:`.ring`), :func:`encode` describes the message with one
+``struct`` per batch (its generation, partition, number, and each array's offset and shape); the
+layout goes once per stream as a number (pickled with the message that first uses it), and a state
+(every :data:`~feedline._partitions.streams.ANCHOR_EVERY` batches) is pickled on its own, after the
+integers. :class:`Layouts` (the parent's) builds the arrays over the ring where they lie
+(``numpy.ndarray(shape, dtype, buffer, offset)``: one region per message, handed back when none of
+its arrays is left). Anything else (a compact batch, an object array, a full ring) goes pickled as
+before (:mod:`.frames`).
+
+    >>> import numpy as np
+    >>> batch = {"ids": np.arange(6, dtype=np.int32).reshape(2, 3), "n": np.array(7)}
+    >>> flat = encode({}, [("batch", 0, 1, batch, None, 5)])
+    >>> region = np.zeros(128, dtype=np.uint8)
+    >>> at = [0, 64]
+    >>> for a, pos in zip(flat.arrays, at):
+    ...     region[pos:pos + a.nbytes] = a.reshape(-1).view(np.uint8)
+    >>> extra = pickle.dumps(flat.extra())   # a new layout: it goes once
+    >>> msgs = Layouts().decode(flat.header({}, at, 0, 128, extra, []), lambda start, end: region)
+    >>> msgs[0][:3], msgs[0][3]["ids"].tolist(), int(msgs[0][3]["n"]), msgs[0][4:]
+    (('batch', 0, 1), [[0, 1, 2], [3, 4, 5]], 7, (None, 5))
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Flat", "Layouts", "encode"]
+
+#: ``<u32 batches> <u32 layout> <u32 pickled bytes> <u32 its buffers> <u64 region start> <u64 region end>``,
+#: then each of the pickled part's buffers (``<u64 offset> <u64 bytes>``), the pickled part (a new
+#: layout, states: only where there are any), and one struct per batch.
+_HEAD = struct.Struct("<IIIIQQ")
+_BUF = struct.Struct("<QQ")
+_OK_KINDS = frozenset("biufc")   # numbers and booleans: their arrays export their memory (times do not)
+
+
+def _struct(ndims: tuple[int, ...]) -> struct.Struct:
+    """A batch's integers: generation, partition, number, each array's offset, then every dimension."""
+    return struct.Struct("<qqq" + "Q" * len(ndims) + "Q" * sum(ndims))
+
+
+class Flat:
+    """A message of batches as :func:`encode` found it: its arrays (batch after batch, field after
+    field), its layout (``key``) and that layout's number in the writer's memory (``known``: sent before)."""
+
+    __slots__ = ("arrays", "key", "known", "msgs", "number")
+
+    def __init__(self, msgs: list[tuple[Any, ...]], arrays: list[np.ndarray], key: Any, layouts: dict[Any, int]) -> None:
+        self.msgs, self.arrays, self.key = msgs, arrays, key
+        number = layouts.get(key)
+        self.known = number is not None
+        self.number = len(layouts) if number is None else number
+
+    def extra(self) -> Any:
+        """What goes pickled (``None``: nothing): the layout where it is new, and the states where any is sent."""
+        states = [m[4] for m in self.msgs]
+        if self.known and all(s is None for s in states):
+            return None
+        return (None if self.known else (self.number, self.key), states)
+
+    def header(self, layouts: dict[Any, int], at: list[int], start: int, end: int, extra: bytes,
+               sizes: list[int]) -> bytes:
+        """The header, the arrays placed at ``at`` (then the pickled part's buffers, ``sizes`` bytes
+        each) in the region ``start``..``end``; the layout is noted in ``layouts`` as sent."""
+        layouts[self.key] = self.number
+        n, one = len(self.key[0]), _struct(self.key[2])
+        k = len(self.arrays)
+        parts = [_HEAD.pack(len(self.msgs), self.number, len(extra), len(sizes), start, end),
+                 *[_BUF.pack(p - start, size) for p, size in zip(at[k:], sizes)], extra]
+        for j, m in enumerate(self.msgs):
+            dims = [d for a in self.arrays[j * n:(j + 1) * n] for d in a.shape]
+            parts.append(one.pack(m[1], m[2], m[5], *[p - start for p in at[j * n:(j + 1) * n]], *dims))
+        return b"".join(parts)
+
+
+def encode(layouts: dict[Any, int], msgs: list[tuple[Any, ...]]) -> Flat | None:
+    """``msgs`` (``("batch", gen, p, batch, state, seq)`` each) as a :class:`Flat`; ``None`` where a
+    message is not a batch of plain arrays of one layout (the caller pickles it). ``layouts`` is
+    the writer's memory of the layouts it sent (key -> number)."""
+    names: tuple[str, ...] | None = None
+    arrays: list[np.ndarray] = []
+    for m in msgs:
+        if len(m) != 6 or m[0] != "batch" or type(m[3]) is not dict:
+            return None
+        batch = m[3]
+        if names is None:
+            names = tuple(batch)
+        elif len(batch) != len(names) or tuple(batch) != names:
+            return None
+        arrays.extend(batch.values())
+    if names is None:
+        return None
+    n = len(names)
+    for a in arrays:
+        if type(a) is not np.ndarray or not a.flags.c_contiguous or a.dtype.kind not in _OK_KINDS:
+            return None
+    key = (names, tuple([a.dtype.str for a in arrays[:n]]), tuple([a.ndim for a in arrays[:n]]))
+    for i in range(n, len(arrays), n):
+        if tuple([a.dtype.str for a in arrays[i:i + n]]) != key[1] or tuple([a.ndim for a in arrays[i:i + n]]) != key[2]:
+            return None
+    return Flat(msgs, arrays, key, layouts)
+
+
+class Layouts:
+    """The parent's end: the layouts a worker sent, and :meth:`decode`."""
+
+    def __init__(self) -> None:
+        self.known: dict[int, tuple[tuple[str, ...], list[np.dtype[Any]], tuple[int, ...], struct.Struct]] = {}
+
+    def decode(self, head: bytes | bytearray | memoryview, region: Callable[[int, int], np.ndarray]) -> list[tuple[Any, ...]]:
+        """The messages a header describes, their arrays over ``region(start, end)`` (the ring's part
+        the message's arrays lie in, as ``uint8``).
+
+        Raises:
+            EOFError: the header is not one :func:`encode` made (a corrupt stream).
+        """
+        count, number, extra, nbufs, start, end = _HEAD.unpack_from(head, 0)
+        buf = region(start, end)
+        at = _HEAD.size + nbufs * _BUF.size
+        states: list[Any] = [None] * count
+        if extra:
+            try:   # the pickled part's arrays are copied out: a state is kept long, and must not hold the ring
+                bufs = [buf[o:o + size].copy() for o, size in _BUF.iter_unpack(head[_HEAD.size:at])]
+                layout, states = pickle.loads(memoryview(head)[at:at + extra], buffers=bufs)
+            except (struct.error, pickle.UnpicklingError, ValueError, TypeError) as e:
+                raise EOFError(f"a partition worker's message has a broken header ({e}): the stream is corrupt") from e
+            at += extra
+            if layout is not None:
+                names, dtypes, ndims = layout[1]
+                self.known[layout[0]] = (names, [np.dtype(d) for d in dtypes], ndims, _struct(ndims))
+        if number not in self.known or len(states) != count:
+            raise EOFError("a partition worker's message names a batch layout it never sent: the stream is corrupt")
+        names, dtypes, ndims, one = self.known[number]
+        if len(head) != at + count * one.size:
+            raise EOFError(f"a partition worker's message of {count} batches has a {len(head)}-byte header: the stream is corrupt")
+        n, out = len(names), []
+        try:
+            for j in range(count):
+                v = one.unpack_from(head, at + j * one.size)
+                d, batch = 3 + n, {}
+                for i in range(n):
+                    batch[names[i]] = np.ndarray(v[d:d + ndims[i]], dtypes[i], buf, v[3 + i])
+                    d += ndims[i]
+                out.append(("batch", v[0], v[1], batch, states[j], v[2]))
+        except (TypeError, ValueError) as e:   # an array outside its region
+            raise EOFError(f"a partition worker's message places an array outside its memory ({e}): the stream is corrupt") from e
+        return out
