@@ -132,6 +132,10 @@ def test_anything_else_is_pickled_as_before(odd: dict[str, Any]) -> None:
     got = reader.recv()
     assert type(got[3]["x"]) is type(odd["x"]) and got[3]["x"].dtype == odd["x"].dtype
     assert got[3]["x"].tolist() == odd["x"].tolist()
+    for fieldless in [("batch", 1, 0, {}, None, 1), ("many", [])]:   # (no array at all)
+        writer.send(fieldless)
+        assert not _kind(reader) & frames._FLAT
+        _same(reader.recv(), fieldless)
     mixed = ("many", [("batch", 1, 0, {"x": np.arange(3)}, None, 1), ("batch", 1, 0, {"y": np.arange(3)}, None, 2),
                       ("end", 1, 0, {"step": 3})])
     writer.send(mixed)

@@ -99,7 +99,7 @@ def encode(layouts: dict[Any, int], msgs: list[tuple[Any, ...]]) -> Flat | None:
         elif len(batch) != len(names) or tuple(batch) != names:
             return None
         arrays.extend(batch.values())
-    if names is None:
+    if not names:   # (no message, or a batch without fields: pickled)
         return None
     n = len(names)
     for a in arrays:
