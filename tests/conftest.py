@@ -100,12 +100,20 @@ def corpus(tmp_path: Path) -> str:
     return str(tmp_path / "corpus")
 
 
+#: Ray's periodic reports that a test cluster has no reader for (an hour apart: effectively never); with
+#: them, each raylet and idle worker used ~20 % more CPU idle (~0.45 CPU-s a minute each).
+_RAY_QUIET = {"metrics_report_interval_ms": 3_600_000, "task_events_report_interval_ms": 3_600_000,
+              "event_stats": False, "debug_dump_period_milliseconds": 3_600_000}
+
+
 class _RayCluster:
     """One local Ray cluster for the Ray tests of this process (the xdist group "ray" keeps them on
-    one worker): a head and two worker nodes of one CPU each, as ``ray start`` would run them.
+    one worker): a head and a worker node of one CPU each, as ``ray start`` would run them (two nodes:
+    the ray placement spreads its actors over both, and a test loses one; a third node only added a
+    raylet, two agents and an idle worker, ~5 CPU-s over the Ray tests).
 
     Started at the first Ray test and stopped after the last of a run of them (its daemons use
-    ~2.7 CPU-s a minute idle, beside the other tests), since each start costs about 10 CPU-s.
+    ~2.5 CPU-s a minute idle, beside the other tests), since each start costs about 6-10 CPU-s.
     Joined by its own address: a bare ``ray.init()`` joins any cluster already running on the
     machine (another test run's) and then fails on ``num_cpus``. Attributes are those of the
     running ``ray.cluster_utils.Cluster``; a test that removes a node adds one back.
@@ -120,15 +128,16 @@ class _RayCluster:
             from ray.cluster_utils import Cluster
 
             # no worker processes started ahead of need: a raylet otherwise starts one per CPU when it comes up
-            # and when the first driver joins, and most of them are never used (each ~3 CPU-s of imports)
-            config = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
-            # and no log monitor (~6-10 CPU-s over the Ray tests, tailing every worker's log files to relay
-            # their prints to the driver, which no test reads; the files stay in the session's logs folder)
-            c = Cluster(initialize_head=True,
-                        head_node_args={"num_cpus": 1, "include_dashboard": False, "include_log_monitor": False,
-                                        "_system_config": config})
-            for _ in range(2):
-                c.add_node(num_cpus=1)
+            # and when the first driver joins, and most of them are never used (each ~3 CPU-s of imports);
+            # and no periodic metrics, task events, event statistics or debug dumps, which no test reads
+            config = {"enable_worker_prestart": False, "prestart_worker_first_driver": False, **_RAY_QUIET}
+            # no log monitor (~6-10 CPU-s over the Ray tests, tailing every worker's log files to relay
+            # their prints to the driver, which no test reads; the files stay in the session's logs folder),
+            # and no autoscaler monitor (a fixed local cluster has nothing to scale)
+            head = {"num_cpus": 1, "include_dashboard": False, "include_log_monitor": False, "no_monitor": True,
+                    "_system_config": config}
+            c = Cluster(initialize_head=True, head_node_args=head)
+            c.add_node(num_cpus=1)
             c.wait_for_nodes()
             ray.init(address=c.address, include_dashboard=False, configure_logging=False)
             self._cluster = c

@@ -19,7 +19,7 @@ pytestmark = [needs("ray"), pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 @pytest.fixture(scope="module")
 def cluster(ray_cluster: Any) -> Any:
-    """The session's local cluster (conftest.py): a head node and two worker nodes, one CPU each."""
+    """The session's local cluster (conftest.py): a head node and a worker node, one CPU each."""
     return ray_cluster
 
 
@@ -78,7 +78,7 @@ def test_a_lost_node_is_recovered_exactly(cluster: Any, corpus: str, small_token
         got += collect(loader)
         loader.close()
     finally:
-        c.add_node(num_cpus=1)   # the session's cluster keeps its three nodes for the tests after this one
+        c.add_node(num_cpus=1)   # the session's cluster keeps its two nodes for the tests after this one
         c.wait_for_nodes()
     assert sum(placement.restarts) >= 1
     assert_batches_equal(want, got, "after a lost node")

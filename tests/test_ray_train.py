@@ -109,7 +109,7 @@ RAY_TRAIN_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25", "RAY_TRAIN_ENABLE_
 
 @pytest.fixture(scope="module")
 def ray_session(request: pytest.FixtureRequest) -> Iterator[Any]:
-    """The session's local Ray cluster (conftest.py: three one-CPU nodes); this module pickles by value."""
+    """The session's local Ray cluster (conftest.py: two one-CPU nodes); this module pickles by value."""
     ray = pytest.importorskip("ray")
     pytest.importorskip("torch")
     pytest.importorskip("ray.train.torch")
