@@ -122,11 +122,36 @@ def ray_session(request: pytest.FixtureRequest) -> Iterator[Any]:
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
+def lean_torch_trainer() -> Any:
+    """``TorchTrainer`` less two of Ray Train's internal callbacks that start an actor each per fit (a
+    process importing ray.train, ~2.5 CPU-s) and serve nothing a fit here uses: the Ray Data shard
+    manager (no ``datasets``) and the cleaner of a controller's placement groups should the controller
+    die (the session's cluster is torn down). The controller, the workers, their torch process group,
+    reports and checkpoints are Ray Train's own. Where Ray Train's internals differ: TorchTrainer."""
+    from ray.train.torch import TorchTrainer
+
+    try:
+        from ray.train.v2._internal.callbacks import DatasetsCallback
+        from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+    except ImportError:
+        return TorchTrainer
+    if not hasattr(TorchTrainer, "_create_default_callbacks"):
+        return TorchTrainer
+    skipped = (DatasetsCallback, PlacementGroupCleanerCallback)
+
+    class LeanTorchTrainer(TorchTrainer):  # type: ignore[misc,valid-type]
+        def _create_default_callbacks(self) -> list[Any]:
+            return [c for c in super()._create_default_callbacks() if not isinstance(c, skipped)]
+
+    return LeanTorchTrainer
+
+
 @needs_data
 @pytest.mark.slow
 def test_torch_trainer_workers_get_their_shards_and_resume(ray_session: Any, spec: dict[str, Any], tmp_path: Path) -> None:
     from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+
+    TorchTrainer = lean_torch_trainer()
 
     def fit(run: str, workers: int, steps: int) -> Any:
         """A run named "job": a second fit restores from the first's latest checkpoint (Ray Train v2)."""
