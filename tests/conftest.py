@@ -17,6 +17,10 @@ from xdist_groups import pytest_collection_modifyitems  # noqa: F401  (--dist lo
 # test module imports torch): with an xdist worker on each core, torch's default of a thread per
 # core left its threads spinning while they waited for a core (15-25 % more CPU in torch-heavy files).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# XLA compiles the JAX tests' steps without its LLVM optimisation passes: their models are tiny, so
+# compiling is most of a step's cost (the JAX example, the JAX recipe and test_jax_loader.py 18.6 and
+# 18.7 CPU-s with the passes, 15.4 and 14.1 without); the arrays computed are the same operations.
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 
 # The cyclic garbage collector runs a young collection every 100,000 allocations in the test processes,
 # not every 700: they hold torch, transformers, datasets ... (0.3-0.5 M objects), and the default
