@@ -27,8 +27,8 @@ os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 # thresholds brought a full collection every few seconds (~130 ms each). Over six tokenizer-heavy files
 # (-n 2) collection took 1.4 CPU s, not 4.2, and the run 5 % less CPU. Cycles are still collected, later.
 gc.set_threshold(100_000, 50, 100)
-# And so does every Python process the tests start that imports torch, transformers, ray or jax
-# (subprocess_site/sitecustomize.py, found through PYTHONPATH by the subprocesses, not by this process).
+# And so does every Python process the tests start but `feedline serve` (the servers' memory bounds
+# see a user's server): subprocess_site/sitecustomize.py, found through PYTHONPATH by the subprocesses.
 SUBPROCESS_SITE = str(Path(__file__).resolve().parent / "subprocess_site")
 if SUBPROCESS_SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SUBPROCESS_SITE, os.environ.get("PYTHONPATH")) if p)
