@@ -356,3 +356,47 @@ def test_rewinding_a_cursor_never_waits_for_a_step_in_progress(spec: dict[str, A
     finally:
         release.set()
         cursor.close()
+
+
+def test_a_closing_client_s_ack_and_bye_reach_a_server_that_is_slow_to_take_them() -> None:
+    """A client closes while ZeroMQ has not yet written its last messages (nothing listens yet: as on
+    a loaded machine, or a server coming back): its hello and bye still reach the server that binds
+    0.3 s later. They were dropped at close (a linger of 0), and the server then took a client that
+    acked its last step for a lost one and re-queued that step."""
+    import socket
+    import threading
+
+    import zmq
+
+    from feedline._service.connection import Connection
+    from feedline._service.protocol import unpack_header
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    conn = Connection(address, hello={"stream": "train"}, resume=None, prefetch=2, keys=None, timeout=30.0,
+                      reconnect=30.0, max_message=1 << 20)
+    conn.start()
+    time.sleep(0.2)   # the thread has connected (to nothing yet) and queued its hello
+    ops: list[str] = []
+
+    def server() -> None:
+        time.sleep(0.3)
+        ctx = zmq.Context()
+        router = ctx.socket(zmq.ROUTER)
+        router.bind(address)
+        until = time.monotonic() + 5
+        while "bye" not in ops and time.monotonic() < until:
+            if router.poll(100):
+                ops.append(unpack_header(router.recv_multipart()[-1])["op"])
+        router.close(linger=0)
+        ctx.term()
+
+    thread = threading.Thread(target=server)
+    thread.start()
+    t0 = time.monotonic()
+    conn.close()
+    took = time.monotonic() - t0
+    thread.join()
+    assert ops == ["hello", "bye"]
+    assert took < 5 + 1.5   # close() stays bounded: its wait, and a second for the last words

@@ -55,11 +55,12 @@ log = logging.getLogger("feedline.service")
 
 __all__ = ["Close", "Connection", "Consumed", "Delivered", "Ended", "Failed", "Item", "Welcome"]
 
-
 #: A keyed client whose handshakes keep failing for this long (or its ``timeout``, if shorter) gives
 #: up with ``AuthError`` (:mod:`.handshake`).
 HANDSHAKE_BOUND_S = 5.0
 _MIN_POLL_MS = 10   # the poller never spins, whatever a welcome said
+#: How long a closing connection's last ack and ``bye`` may take to leave (at 0 they were lost: a step acked re-queued).
+_LAST_WORDS_MS = 1000
 
 _LIVE: weakref.WeakSet[Connection] = weakref.WeakSet()
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
@@ -106,8 +107,7 @@ class Connection:
         # ranked acks are cumulative, so credit goes back in groups; shared mode acks every batch
         self._grant_every = max(1, prefetch // 2) if self.hello.get("mode", "ranked") == "ranked" else 1
         self._unreported = 0   # batches consumed since the last Consumed command (caller's thread)
-        self._heartbeat = 1.0
-        self._welcomed_once = False
+        self._heartbeat, self._welcomed_once = 1.0, False
         self._handshakes = HandshakeWatch(address, keys, min(HANDSHAKE_BOUND_S, timeout))
         self._guard = BatchGuard(limits, max_message)   # what batches may hold
         self._credit = 0   # batches the server may still send on this connection (granted, not yet received)
@@ -162,9 +162,9 @@ class Connection:
     def close(self, ack: int | None = None, wait: float = 5.0) -> None:
         """Ack ``ack`` (if given), say bye, stop the thread and free the sockets. Idempotent.
 
-        Waits at most ``wait`` seconds for the thread; one that does not stop (it cannot run during
-        interpreter shutdown) keeps its socket, and the context is left to the process's exit
-        instead of blocking in ``zmq_ctx_term``.
+        Waits at most ``wait`` seconds for the thread (and :data:`_LAST_WORDS_MS` for the bye to leave); one
+        that does not stop (it cannot run during interpreter shutdown) keeps its socket, and the context is
+        left to the process's exit instead of blocking in ``zmq_ctx_term``.
         """
         if self._ctx.closed or self._pipe_out.closed:
             return
@@ -206,13 +206,16 @@ class Connection:
         self._sock = sock
         self._send(pack("hello", **self.hello, state=None if self.resume is None else state_as_json(self.resume)))
 
-    def _disconnect(self) -> None:
+    def _disconnect(self, bye: bool = False) -> None:
+        """Close the socket; with ``bye``, say it first and give it :data:`_LAST_WORDS_MS` to leave."""
+        if bye:
+            self._send(pack("bye"))
         if self._monitor is not None and self._sock is not None:
             self._sock.disable_monitor()
             self._monitor.close(linger=0)
             self._monitor = None
         if self._sock is not None:
-            self._sock.close(linger=0)
+            self._sock.close(linger=_LAST_WORDS_MS if bye else 0)
             self._sock = None
 
     def _loop(self) -> None:
@@ -239,7 +242,7 @@ class Connection:
                 if isinstance(command, Close):
                     if welcomed and command.ack is not None:
                         self._send(pack("credit", n=0, step=command.ack))
-                    self._send(pack("bye"))
+                    self._disconnect(bye=True)
                     return
                 self._queued -= command.n
                 if welcomed:
@@ -255,7 +258,7 @@ class Connection:
                         self._credit = 0
                         self._grant(max(0, self.prefetch - self._queued))
                     elif outcome == "end":
-                        self._send(pack("bye"))
+                        self._disconnect(bye=True)
                         return
                     elif outcome == "lost":
                         last_heard = 0.0
@@ -325,9 +328,8 @@ class Connection:
         self.items.put(Delivered(step, state, arrays))
 
     def _revoke(self, h: dict[str, Any]) -> None:
-        """A shared queue at its end asks for batches back: give back those the caller has not taken
-        (they are skipped when it reaches them), never one it has taken. Their credit is not restored
-        on either side: the stream has ended, and the batches must go to a client that waits."""
+        """A shared queue at its end asks for batches back: those the caller has not taken (skipped when it
+        reaches them), never one it took. No credit comes back: the batches must go to a client that waits."""
         steps = h.get("steps")
         if not isinstance(steps, list):
             raise ProtocolError("revoke without a list of steps")
@@ -353,10 +355,9 @@ class Connection:
             else:
                 items = [(item, [buf]) for item, buf in split_batches(h, frames[1])]
             if self._credit < len(items):
-                raise ProtocolError(f"the loader service at {self.address} sent {len(items)} batches beyond the "
-                                    f"credit this client granted ({self._credit} left of prefetch {self.prefetch}, "
-                                    f"{self._queued} queued): a server that ignores credit would fill this "
-                                    "process's memory")
+                raise ProtocolError(f"the loader service at {self.address} sent {len(items)} batches beyond the credit "
+                                    f"this client granted ({self._credit} left of prefetch {self.prefetch}, {self._queued} "
+                                    "queued): a server that ignores credit would fill this process's memory")
             for item, payload in items:
                 self._deliver(item, payload)
         elif op == "welcome":
