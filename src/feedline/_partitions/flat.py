@@ -35,14 +35,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Flat", "Layouts", "encode"]
+__all__ = ["PLAIN_KINDS", "Flat", "Layouts", "encode"]
 
 #: ``<u32 batches> <u32 layout> <u32 pickled bytes> <u32 its buffers> <u64 region start> <u64 region end>``,
 #: then each of the pickled part's buffers (``<u64 offset> <u64 bytes>``), the pickled part (a new
 #: layout, states: only where there are any), and one struct per batch.
 _HEAD = struct.Struct("<IIIIQQ")
 _BUF = struct.Struct("<QQ")
-_OK_KINDS = frozenset("biufc")   # numbers and booleans: their arrays export their memory (times do not)
+#: The dtype kinds whose arrays export their memory as a buffer: numbers and booleans (times do not).
+PLAIN_KINDS = frozenset("biufc")
 
 
 def _struct(ndims: tuple[int, ...]) -> struct.Struct:
@@ -103,7 +104,7 @@ def encode(layouts: dict[Any, int], msgs: list[tuple[Any, ...]]) -> Flat | None:
         return None
     n = len(names)
     for a in arrays:
-        if type(a) is not np.ndarray or not a.flags.c_contiguous or a.dtype.kind not in _OK_KINDS:
+        if type(a) is not np.ndarray or not a.flags.c_contiguous or a.dtype.kind not in PLAIN_KINDS:
             return None
     key = (names, tuple([a.dtype.str for a in arrays[:n]]), tuple([a.ndim for a in arrays[:n]]))
     for i in range(n, len(arrays), n):

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from feedline._core.deferred import shipping
-from feedline._partitions.flat import Layouts, encode
+from feedline._partitions.flat import PLAIN_KINDS, Layouts, encode
 from feedline._partitions.ring import CAPACITY, HAS_RING, RingReader, RingWriter
 
 __all__ = ["FrameReader", "FrameWriter"]
@@ -67,16 +67,13 @@ _FLAT = 1 << 29      # (with IN_RING) batches described as integers: :mod:`.flat
 _ANCILLARY = socket.CMSG_SPACE(4) if HAS_RING else 0   # room for one descriptor
 
 
-_PLAIN = frozenset("biufc")   # dtypes whose arrays export their memory as a buffer: numbers and booleans
-
-
 class _Pickler(pickle.Pickler):
     """Protocol 5 with a plain contiguous array made by ``numpy.ndarray(shape, dtype, buffer)``:
     a C call on the reading side, where numpy's own reduction runs a Python function per array
     (~15 of the ~30 us a 6-field batch took to unpickle)."""
 
     def reducer_override(self, obj: Any) -> Any:
-        if type(obj) is np.ndarray and obj.flags.c_contiguous and obj.dtype.kind in _PLAIN:   # (times export no buffer)
+        if type(obj) is np.ndarray and obj.flags.c_contiguous and obj.dtype.kind in PLAIN_KINDS:   # (times export no buffer)
             return np.ndarray, (obj.shape, obj.dtype.str, pickle.PickleBuffer(obj))  # type: ignore[arg-type]
         return NotImplemented
 
