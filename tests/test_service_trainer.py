@@ -28,7 +28,7 @@ from service_helpers import make_spec, start_server, stop, tokenizer_path, write
 pytestmark = [needs("torch", "transformers"), needs("accelerate", reason="the HF Trainer needs accelerate")]
 
 LAUNCHER = textwrap.dedent("""
-    import json, os, signal, socket, sys, time
+    import gc, json, os, signal, socket, sys, time
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -88,6 +88,9 @@ LAUNCHER = textwrap.dedent("""
         loader.close()
         with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
             json.dump(result, f)
+        # the Trainers' DDP reducers sit in reference cycles: freed now, while the group lives (left to the
+        # interpreter's exit, a reducer tore the gloo group down while a gloo thread waited for the GIL: a hang)
+        gc.collect()
         dist.destroy_process_group()   # a gloo group left to the interpreter's exit can abort the rank
 
 
