@@ -117,13 +117,14 @@ def _prose(n: int) -> list[str]:
 @pytest.mark.slow
 def test_a_check_that_passes_mid_call_takes_the_rest_of_the_call() -> None:
     """Before the check passes, tokenizers encodes a slice at a time; the texts after the slice where
-    it passed go to fastokens (here with no window), and the ids are those of tokenizers."""
+    it passed go to fastokens (here with no window), and the ids are those of tokenizers. No wait for
+    the running check (check_wait 0): the call goes straight to its first slice, where the check passes."""
     fastokens = pytest.importorskip("fastokens")
     tok = load_tokenizer(str(shared("tokenizers", "gpt2")))
     pending: Future[Verdict] = Future()
     fast = backends.FastEncoder(fastokens.Tokenizer.from_json_str(tok.backend.to_str()))
     hf = _CountingHf(tok.backend, on_call=lambda: pending.done() or pending.set_result(Verdict(fast, "test")))
-    enc = VerifiedEncoder(hf, None, strict=True, label="gpt2", pending=pending, window=0)
+    enc = VerifiedEncoder(hf, None, strict=True, label="gpt2", pending=pending, window=0, check_wait=0.0)
     texts = _prose(120)
     assert sum(map(len, texts)) > 3 * backends.SLICE_CHARS
     got = enc.encode_batch(texts)
