@@ -87,14 +87,14 @@ def test_a_caller_that_stops_asking_for_a_while_is_not_taken_for_a_silent_worker
     """With no thread here reading the workers' pipes between the caller's next() calls, their
     heartbeats wait on the pipes meanwhile: they are read before any silence is judged, so a
     caller busy for longer than hang_timeout finds its workers alive, named by nobody, not restarted."""
-    parallel = {"placement": "processes", "prefetch": 2, "warm_start": False, "hang_timeout": 2}
+    parallel = {"placement": "processes", "prefetch": 2, "warm_start": False, "hang_timeout": 1.2}
     want = collect(Loader(spec(corpus, small_tokenizer, "threads")), limit=8)
     with caplog.at_level("WARNING", logger="feedline"), \
             Loader(spec(corpus, small_tokenizer, "processes", parallel=parallel)) as loader:
         got = []
         for _ in range(4):
             got += [dict(next(loader)), dict(next(loader))]
-            time.sleep(2.5)   # longer than hang_timeout: a training step, an evaluation
+            time.sleep(1.5)   # longer than hang_timeout: a training step, an evaluation
         placement = loader._stage._parent.parent.parent.runner
         assert not any(placement.restarts), placement.restarts
     assert not [r for r in caplog.records if "said nothing" in r.getMessage() or "killed" in r.getMessage()], caplog.text
