@@ -62,7 +62,7 @@ def test_a_client_waiting_on_a_stopped_worker_is_told_which_and_the_stream_goes_
     monkeypatch.setattr(client_module, "WAIT_WARN_EVERY_S", 1.0)
     spec: dict[str, Any] = make_spec(tmp_path, tokenizer_path(tmp_path), docs=200)
     spec.update(partitions=2, parallel={"placement": "processes", "processes": 2, "prefetch": 1,
-                                        "warm_start": False, "hang_timeout": 4})
+                                        "warm_start": False, "hang_timeout": 3})
     proc, address = start_server(write_spec(tmp_path / "spec.json", spec), "--heartbeat", "0.2", "--window", "2",
                                  "--max-prefetch", "1")
     got: list[int] = []
@@ -96,7 +96,7 @@ def test_a_client_of_another_stream_is_never_told_of_the_stopped_worker(
     monkeypatch.setattr(client_module, "WAIT_WARN_EVERY_S", 1.0)
     spec: dict[str, Any] = make_spec(tmp_path, tokenizer_path(tmp_path), docs=200)
     spec["streams"] = {"slow": {"partitions": 2, "parallel": {"placement": "processes", "processes": 2, "prefetch": 1,
-                                                               "warm_start": False, "hang_timeout": 4}}}
+                                                               "warm_start": False, "hang_timeout": 3}}}
     proc, address = start_server(write_spec(tmp_path / "spec.json", spec), "--heartbeat", "0.2", "--window", "2",
                                  "--max-prefetch", "1")
     ctx = zmq.Context()
