@@ -361,7 +361,7 @@ USER_MAPS = textwrap.dedent("""
     def dawdle(rec):
         if rec["text"].startswith("Document 1-5:"):
             import time
-            time.sleep(4)
+            time.sleep(2.5)
         return rec
 """)
 
@@ -426,7 +426,7 @@ def test_a_stopped_worker_is_named_then_restarted_and_the_stream_resumes_exactly
         corpus: str, small_tokenizer: str, caplog: pytest.LogCaptureFixture) -> None:
     """SIGSTOP froze the stream for as long as the worker stayed stopped, and nothing was logged.
     A live worker says so every beat; a silent one is named, then killed and restarted from its states."""
-    parallel = {"placement": "processes", "processes": 2, "prefetch": 2, "warm_start": False, "hang_timeout": 3}
+    parallel = {"placement": "processes", "processes": 2, "prefetch": 2, "warm_start": False, "hang_timeout": 2}
     s = spec(corpus, small_tokenizer, 2, "processes", epochs=None, parallel=parallel)
     want = collect(Loader(spec(corpus, small_tokenizer, 2, "threads", epochs=None)), limit=60)
     loader = Loader(s)
