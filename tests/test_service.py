@@ -374,7 +374,7 @@ def test_unauthenticated_client_gets_nothing(env: dict, tmp_path: Path) -> None:
         ctx, sock = raw_socket(address)
         try:
             sock.send(pack("stats"))
-            assert not sock.poll(1500), "an unauthenticated peer received an answer"
+            assert not sock.poll(750), "an unauthenticated peer received an answer"
         finally:
             sock.close()
             ctx.term()
@@ -449,7 +449,7 @@ def test_a_rank_waiting_on_a_stalled_stream_is_told_why(env: dict, monkeypatch: 
     """Rank 0 of 2 alone: the window fills and rank 0 waits; its log says which rank holds it back."""
     from feedline._service import client as client_module
 
-    monkeypatch.setattr(client_module, "WAIT_WARN_S", 3.0)
+    monkeypatch.setattr(client_module, "WAIT_WARN_S", 1.5)
     proc, address = start_server(env["path"], *FAST, "--window", "2")
     got: list[int] = []
     try:
@@ -482,7 +482,7 @@ def test_a_client_without_a_server_says_so_then_times_out(monkeypatch: pytest.Mo
     monkeypatch.setattr(client_module, "WAIT_WARN_S", 1.0)
     address = f"tcp://127.0.0.1:{free_port()}"
     with (caplog.at_level("WARNING", logger="feedline.service"), pytest.raises(TransportTimeout),
-          feedline.Loader(address, timeout=1.0, reconnect=3.0) as loader):
+          feedline.Loader(address, timeout=1.0, reconnect=2.0) as loader):
         next(iter(loader))
     assert any("no answer from the loader service" in r.message and "is 'feedline serve' running there" in r.message
                for r in caplog.records), [r.message for r in caplog.records]
