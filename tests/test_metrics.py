@@ -25,6 +25,12 @@ def scrape(port: int) -> dict[str, Any]:
     return {f.name: f for f in text_string_to_metric_families(body)}
 
 
+def _sent(fams: dict[str, Any]) -> float:
+    """The batches sent, as the scraped snapshot counts them (0 before the first)."""
+    family = fams.get("feedline_batches")
+    return sum(s.value for s in family.samples if s.name == "feedline_batches_total") if family else 0.0
+
+
 @pytest.mark.slow
 def test_metrics_are_typed_documented_and_parse(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, tokenizer_path(tmp_path), docs=30)
@@ -36,8 +42,12 @@ def test_metrics_are_typed_documented_and_parse(tmp_path: Path) -> None:
         assert server.metrics_port is not None
         with feedline.Loader(address, mode="shared") as shared, feedline.Loader(address) as ranked:
             n = len(collect(shared, limit=3)) + len(collect(ranked, limit=2))
-            time.sleep(1.5)  # the endpoint reads the snapshot taken once a second
-            fams = scrape(server.metrics_port)
+            deadline = time.monotonic() + 10
+            while True:   # the endpoint reads the snapshot taken once a second: the first one after these batches
+                fams = scrape(server.metrics_port)
+                if _sent(fams) >= n or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
     finally:
         server.stop()
         thread.join(timeout=30)

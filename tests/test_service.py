@@ -222,8 +222,12 @@ def test_stats_command_and_prometheus_endpoint(server: Any) -> None:
             port = int(line.rsplit(":", 1)[1].split("/")[0])
             break
     assert port is not None
-    time.sleep(1.2)  # the endpoint serves the snapshot taken once a second
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    deadline = time.monotonic() + 10
+    while True:   # the endpoint serves the snapshot taken once a second: the first one after the batches above
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        if 'feedline_batches_total{stream="train"}' in body or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert 'feedline_batches_total{stream="train"}' in body and "feedline_tokens_per_s" in body
 
 
