@@ -41,7 +41,7 @@ def test_a_pause_longer_than_the_lease_repeats_no_batch(env: dict[str, Any]) -> 
     proc, url = start_http(env["path"], "--http", "127.0.0.1:0", "--lease", "2")
     try:
         first = _steps(url, 1)
-        time.sleep(4.5)   # the gateway held the next 4 batches; their 2 s leases would have run out
+        time.sleep(3.0)   # the gateway held the next 4 batches; their 2 s leases would have run out
         rest = _steps(url)
         stats = json.loads(http_get(f"{url}/stats")[2])
     finally:
