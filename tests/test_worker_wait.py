@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import doctest
 import multiprocessing
+import os
 import threading
 import time
 
 import pytest
 
+from feedline._partitions import ring
 from feedline._partitions.waker import Waker
 from feedline._partitions.worker import _Waker
 
@@ -95,3 +97,22 @@ def test_a_waker_over_many_pipes_names_those_with_something_to_read(poll: bool) 
     threading.Timer(0.2, waker.wake).start()
     assert waker.wait(5) == []    # woken, nothing to read
     waker.close()
+
+
+@pytest.mark.skipif(not ring.HAS_RING, reason="shared memory (Linux)")
+def test_credit_counted_in_the_ring_wakes_the_worker_exactly_at_the_count_it_asked_for() -> None:
+    """The parent counts its takes in the worker's ring (no message per credit); a worker out of
+    credit asks to be woken at a count, and exactly the take that reaches it says to wake it."""
+    writer = ring.RingWriter(1 << 16)
+    reader = ring.RingReader(os.dup(writer.fd))
+    try:
+        assert not reader.took(0) and not reader.took(5) and writer.taken(0) == 1 and writer.taken(5) == 1
+        assert writer.wake_at(0, 3)           # waits: at 1, woken at 3
+        assert not reader.took(0)             # 2
+        assert reader.took(0)                 # 3: this take wakes it
+        assert not reader.took(0)             # 4: once
+        assert not writer.wake_at(0, 4)       # reached already: it goes on without waiting (and the word is cleared)
+        assert not reader.took(0) and writer.taken(0) == 5
+        assert not reader.took(5)             # another partition's word
+    finally:
+        writer.close()

@@ -65,6 +65,7 @@ from feedline._partitions.launch import DEAD, pickled
 from feedline._partitions.placement import Make, PartitionStage, Placement
 from feedline._partitions.pool import WorkerPool
 from feedline._partitions.remote import with_remote
+from feedline._partitions.ring import SLOTS
 from feedline._partitions.streams import Handover, WorkerStream
 from feedline._spec import ParallelSpec
 
@@ -171,6 +172,18 @@ class ProcessPlacement(Placement):
 
     def send(self, p: int, msg: tuple[Any, ...]) -> None:
         self.pool.get(self.pool.owner(p)).send(msg)
+
+    def credit(self, p: int, gen: int) -> bool:
+        """Count a batch of partition ``p`` taken in its worker's shared memory (its credit), waking its
+        sender where it waits for credit; ``False`` where the worker has no ring (credit goes by message)."""
+        worker = self.pool.procs[self.pool.owner(p)]
+        slot = p // self.pool.size   # (its place among the worker's partitions)
+        ring = worker.reader.ring if worker is not None else None
+        if worker is None or ring is None or slot >= SLOTS:
+            return False
+        if ring.took(slot):
+            worker.send(("credit", gen, p, 0))   # (a wake: the count is the credit)
+        return True
 
     def start_state(self, p: int) -> State:
         """Partition ``p``'s state at its start, read here."""

@@ -16,6 +16,13 @@ it are not reused meanwhile: a message whose arrays do not fit in the free part 
 socket as before, so the worker never waits for the ring and nothing kept is ever overwritten. A
 worker that dies leaves nothing behind (the memory goes with the last mapping).
 
+The control area (a page) also carries each of the worker's partitions' credit: the parent counts
+there every batch it takes (:meth:`RingReader.took`), and the worker reads the count
+(:meth:`RingWriter.taken`) instead of credit messages; a worker out of credit for a partition writes
+the count it wants to be woken at (:meth:`RingWriter.wake_at`), and the take that reaches it wakes
+the worker by message (an eventcount: each side writes, fences, then reads the other's word, so one
+of them sees the other).
+
     >>> w = RingWriter(1 << 16)
     >>> at = w.place([memoryview(b"abc"), memoryview(b"de")])
     >>> r = RingReader(os.dup(w.fd))
@@ -39,14 +46,18 @@ from collections import deque
 
 import numpy as np
 
-__all__ = ["CAPACITY", "HAS_RING", "RingReader", "RingWriter"]
+__all__ = ["CAPACITY", "HAS_RING", "SLOTS", "RingReader", "RingWriter"]
 
 #: Shared memory per worker for the arrays of the messages on their way (4 batches of 16 x 1024 laid
 #: out take ~1.1 MB; a worker of several partitions may have more on the way: those go by the socket).
 CAPACITY = 4 << 20
 #: ``memfd`` and descriptor passing (Linux); elsewhere every message goes through the socket.
 HAS_RING = hasattr(os, "memfd_create") and hasattr(socket, "SCM_RIGHTS")
-_CONTROL = 64   # the control word (the released position, u64) and padding to a cache line
+_SLOT = 16      # a partition's credit: the batches the parent took (u64, the parent's) and the count to wake the worker at (u64)
+_SLOTS_AT = 64  # after the released position (u64) and padding to a cache line
+#: The partitions of one worker whose credit goes through the ring (the others' goes by message).
+SLOTS = 252
+_CONTROL = _SLOTS_AT + SLOTS * _SLOT   # the control area: one page
 _ALIGN = 64
 _POS = struct.Struct("<Q")
 
@@ -100,6 +111,24 @@ class RingWriter:
         self.head = start + total
         return at, self.head
 
+    def taken(self, slot: int) -> int:
+        """The batches of the partition in ``slot`` the parent took so far (:meth:`RingReader.took`)."""
+        return _POS.unpack_from(self.map, _SLOTS_AT + slot * _SLOT)[0]  # type: ignore[no-any-return]
+
+    def wake_at(self, slot: int, count: int) -> bool:
+        """Ask to be woken (by message) when the parent's count of ``slot`` reaches ``count`` (0: not
+        waiting); ``False`` where it already has, so the caller goes on without waiting. The word is
+        written, fenced, then the count read again: a take the read missed sees the word (the parent
+        counts, fences, then reads it), so exactly one of the two acts."""
+        _POS.pack_into(self.map, _SLOTS_AT + slot * _SLOT + 8, count)
+        if not count:
+            return True
+        _fence()
+        if self.taken(slot) >= count:
+            _POS.pack_into(self.map, _SLOTS_AT + slot * _SLOT + 8, 0)
+            return False
+        return True
+
     def close(self) -> None:
         self.mem.release()
         self.map.close()
@@ -149,6 +178,15 @@ class RingReader:
         self.held.append((end, [weakref.ref(buf)]))
         self.release()
         return buf
+
+    def took(self, slot: int) -> bool:
+        """Count a batch of the partition in ``slot`` taken (its credit: one more batch may come);
+        ``True`` where this is the count its worker asked to be woken at (:meth:`RingWriter.wake_at`)."""
+        at = _SLOTS_AT + slot * _SLOT
+        n = _POS.unpack_from(self.map, at)[0] + 1
+        _POS.pack_into(self.map, at, n)
+        _fence()
+        return _POS.unpack_from(self.map, at + 8)[0] == n  # type: ignore[no-any-return]
 
     def release(self) -> None:
         """Give the worker back the ring up to the last message none of whose arrays is held (in order)."""

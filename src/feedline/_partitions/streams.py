@@ -3,8 +3,10 @@
 :class:`WorkerStream` is partition ``p`` of a :class:`~feedline._partitions.processes.ProcessPlacement`
 (its :class:`Router`: it routes the workers' messages to the partitions' streams): started from its state (``("start", gen, {p: state})``),
 it receives its batches with the states after them into a queue of its own, returns credit to the
-worker ``prefetch // 2`` batches at a time (at most ``parallel.prefetch`` batches on their way, and
-as many made ahead in the worker), and keeps the state after the last batch it handed out. Its
+worker (at most ``parallel.prefetch`` batches on their way, and one made ahead in the worker: each
+batch taken is counted in the worker's shared memory, :meth:`RingReader.took`, which wakes the
+worker's sender by message only where it waits for credit; without shared memory, by message,
+``prefetch // 2`` batches at a time), and keeps the state after the last batch it handed out. Its
 generation (``gen``, new at every open and ``set_state``) tells its messages from those of an
 earlier start of the partition, which are dropped. When its worker dies the stream begins again
 from that state once the new worker is ready, so the stream goes on exactly.
@@ -54,6 +56,7 @@ class Router(Protocol):
     def detach(self, stream: WorkerStream) -> None: ...
     def worker_ready(self, p: int) -> bool: ...
     def send(self, p: int, msg: tuple[Any, ...]) -> None: ...   # to partition p's worker
+    def credit(self, p: int, gen: int) -> bool: ...   # a batch taken: counted in its worker's memory (False: no ring)
     def start_state(self, p: int) -> State: ...
     def remote_error(self, msg: tuple[Any, ...]) -> BaseException: ...
     def ask_state(self, p: int, gen: int, seq: int) -> State | None: ...   # of the worker; None: not kept
@@ -175,8 +178,11 @@ class WorkerStream:
             self.ended, self.end_state = True, state
             raise StopIteration
         self.took(state, base, n)
-        self.owed += 1
-        if self.owed >= self.credit_every:  # credit in bulk: fewer messages, the worker stays ahead
+        shared = self.router.credit(self.p, self.gen)   # its credit, in the worker's shared memory: no message
+        if not shared:
+            self.owed += 1
+        # by message, in bulk (fewer messages, the worker stays ahead); what was owed before the ring came goes at once
+        if self.owed >= self.credit_every or (shared and self.owed):
             self.router.send(self.p, ("credit", self.gen, self.p, self.owed))
             self.owed = 0
         return batch, state

@@ -5,13 +5,17 @@ has one: the tokenizer loaded), says it is ready, and then runs the streams (``m
 partitions it is told to start, each from a state and a number of batches to make again and drop
 after it (a restart from the last state the parent holds), sending every batch as far ahead as the
 parent's credit allows (``prefetch`` per partition, one more per batch the parent takes or drops).
+The parent counts the batches it takes in the worker's ring (:mod:`.ring`: no message per credit);
+a worker out of credit for a partition writes there the count to be woken at (``prefetch // 2``
+more), and the parent's take that reaches it sends a wake (``("credit", gen, p, 0)``). Without a
+ring, credit comes by message.
 A batch's state goes with it only every ``every`` batches (1: every batch, where the consumer reads
 each state: the service); the others are numbered, and the worker keeps their states (the last
 :data:`KEEP`) to send when asked, which is rare (a checkpoint). Messages, all tuples over one duplex
 pipe (the parent's on its ``Connection``, the worker's as frames with their arrays out of band:
 :mod:`.frames`):
 
-    parent -> worker: ("start", gen, {p: (state or None, batches to drop)}, every) | ("credit", gen, p, n)
+    parent -> worker: ("start", gen, {p: (state or None, batches to drop)}, every) | ("credit", gen, p, n: 0 wakes)
                       | ("state", gen, p, seq) | ("stop",)
     worker -> parent: ("ready",) | ("batch", gen, p, batch, state or None, seq) | ("end", gen, p, state at the end)
                       | ("error", gen, p, exception, its formatted traceback: :mod:`.remote`)
@@ -44,6 +48,7 @@ from feedline._core.deferred import materialize
 from feedline._core.prefetch import Prefetch
 from feedline._partitions.frames import FrameWriter
 from feedline._partitions.remote import portable
+from feedline._partitions.ring import SLOTS
 from feedline._partitions.waker import HAS_POLL, Readable, Waker
 
 __all__ = ["KEEP", "run_worker"]
@@ -135,11 +140,23 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
             pass
     woken = _Waker(conn)   # the parent spoke, or a partition made a batch into an empty queue
     stages: dict[int, Prefetch] = {}
-    credit = dict.fromkeys(owned, 0)
+    credit = dict.fromkeys(owned, 0)   # granted: at the start and by message (where there is no ring)
+    base = dict.fromkeys(owned, 0)     # the parent's count of takes in the ring when the partition started
+    sent = dict.fromkeys(owned, 0)     # batches sent since it started
+    slot = {p: i for i, p in enumerate(owned) if i < SLOTS}   # its credit word in the ring
+
+    def taken(p: int) -> int:   # the parent's takes since the start, counted in the ring (0 without one)
+        ring = writer.ring
+        return ring.taken(slot[p]) - base[p] if ring is not None and p in slot else 0
+
+    def left(p: int) -> int:
+        return credit[p] + taken(p) - sent[p]
+
     gens = dict.fromkeys(owned, -1)   # each partition's start, as the parent numbered it
     drop = dict.fromkeys(owned, 0)    # batches still to make again and drop (a restart's replay)
     seqs = dict.fromkeys(owned, 0)    # the number of the partition's next batch sent
     every = 1
+    refill = max(1, prefetch // 2)   # credit that wakes a worker out of it (in bulk: fewer wake-ups)
     kept: dict[int, deque[tuple[int, Any]]] = {p: deque(maxlen=KEEP) for p in owned}
     try:
         send(("ready",))
@@ -158,7 +175,8 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
                 elif msg[0] == "start":
                     every = msg[3]
                     for p, (state, skip) in msg[2].items():
-                        gens[p], drop[p], seqs[p] = msg[1], skip, 0
+                        gens[p], drop[p], seqs[p], sent[p] = msg[1], skip, 0, 0
+                        base[p] = taken(p) + base[p]   # (the takes so far were of earlier starts)
                         kept[p].clear()
                         old = stages.pop(p, None)
                         if old is not None:
@@ -175,8 +193,12 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
                             out.append(("error", msg[1], p, *portable(e)))
                             continue
                         stages[p] = stage
+            short: list[int] = []   # out of credit (batches may be waiting in their queues)
             for p in list(stages):  # everything ready that credit allows (a wake is heard once per empty queue)
-                while credit[p] > 0 and p in stages:
+                while p in stages:
+                    if left(p) <= 0:
+                        short.append(p)
+                        break
                     try:
                         got = stages[p].poll()
                     except StopIteration:
@@ -199,10 +221,14 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
                         kept[p].append((seq, state))
                         state = None
                     out.append(("batch", gens[p], p, batch, state, seq))   # a snapshot: pickled as the state, in one pass
-                    credit[p] -= 1
+                    sent[p] += 1
             if out:  # one message for all that was ready: one pipe write, one wake-up of the parent
                 # (batches without a state may reach the consumer as they lie in shared memory: frames.py)
                 send(out[0] if len(out) == 1 else ("many", out), all(m[0] == "batch" and m[4] is None for m in out))
+            for p in short:   # woken by the parent's take that gives a few more (by message), or now where it did
+                if p in slot and writer.ring is not None and (
+                        left(p) > 0 or not writer.ring.wake_at(slot[p], base[p] + sent[p] - credit[p] + refill)):
+                    woken.wake()   # (taken meanwhile: look again at once; a queue's wake comes only when it was empty)
     except (EOFError, OSError, BrokenPipeError):
         return  # the parent closed the pipe
     finally:
