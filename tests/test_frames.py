@@ -368,3 +368,26 @@ def test_a_message_the_parent_keeps_for_long_is_copied_out_of_the_ring() -> None
     assert state["window"].tolist() == list(range(20_000))
     writer.close()
     reader.close()
+
+
+@pytest.mark.skipif(not ring.HAS_RING, reason="shared memory with descriptor passing (Linux)")
+def test_the_reader_takes_what_the_pipe_has_in_one_read_and_never_waits_for_a_message_not_begun() -> None:
+    """The parent's end reads into a buffer of its own: messages already on the pipe (prefixes,
+    headers) come in one read, ``recv_ready`` says ``None`` at once where nothing came, a message
+    whose header outgrows the buffer arrives whole, and ``drained`` says the last read emptied the pipe."""
+    parent, child = multiprocessing.Pipe(duplex=True)
+    reader, writer = FrameReader(parent), FrameWriter(child)
+    assert reader.recv_ready() is None and not reader.buffered()
+    msgs = [("batch", 1, 0, _laid(i), None, i) for i in range(3)] + [("alive",), ("state", 1, 0, 5, {"big": "x" * 200_000})]
+    for m in msgs:
+        writer.send(m, views=True)
+    reader.sock = _Counting(reader.sock)   # type: ignore[assignment]
+    got = [reader.recv_ready() for _ in msgs]
+    assert [g[0] for g in got] == ["batch", "batch", "batch", "alive", "state"]
+    assert all((g[3]["labels"] == m[3]["labels"]).all() for g, m in zip(got[:3], msgs))
+    assert got[4][4]["big"] == "x" * 200_000
+    assert reader.sock.calls <= 3   # type: ignore[attr-defined]   # (the small ones in one read; the big header beside it)
+    assert reader.recv_ready() is None and reader.drained and not reader.buffered()
+    del got
+    writer.close()
+    reader.close()

@@ -23,7 +23,9 @@ of laid-out batches (dicts of plain number arrays, one layout) is not pickled at
 IN_RING | FLAT> <u32 header bytes> <header>``, the header a few integers per batch (:mod:`.flat`:
 its arrays handed out where they lie, a state beside them pickled and copied out): on documents
 the parent's CPU per step went from ~0.17-0.20 to ~0.14 ms, the worker's down ~0.01-0.02 ms. A message
-whose buffers do not fit in the ring's free part goes as above. Messages the other way (the parent's credits, starts and stops) stay on the
+whose buffers do not fit in the ring's free part goes as above. The parent's end reads what the
+socket has into a buffer of its own, so a prefix and its header (or several small messages) cost
+one system call. Messages the other way (the parent's starts, stops and wakes) stay on the
 ``Connection``: the duplex pipe is a socket pair, whose two directions are separate byte streams.
 Where the pipe is not a socket (Windows), both ends use the ``Connection`` as before.
 
@@ -65,6 +67,7 @@ _IN_RING = 1 << 31   # (in the buffer count) the arrays are in the worker's shar
 _VIEWS = 1 << 30     # (with it) and may be handed out where they lie
 _FLAT = 1 << 29      # (with IN_RING) batches described as integers: :mod:`.flat`
 _ANCILLARY = socket.CMSG_SPACE(4) if HAS_RING else 0   # room for one descriptor
+_BUFFER = 1 << 16   # what the parent's end reads at once (headers; arrays outside the ring are read into their own memory)
 
 
 class _Pickler(pickle.Pickler):
@@ -198,7 +201,9 @@ class FrameWriter:
 
 
 class FrameReader:
-    """The parent's end: :meth:`recv` reads one message (from one thread)."""
+    """The parent's end: :meth:`recv` reads one message, :meth:`recv_ready` one that has begun to
+    arrive (from one thread at a time). What the socket has is read in one call into a buffer of
+    its own (a header and its prefix, or several small messages, cost one system call, not two each)."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -206,6 +211,14 @@ class FrameReader:
         self.kept: OrderedDict[bytes, Any] = OrderedDict()   # what came whole lately (see FrameWriter.sent)
         self.ring: RingReader | None = None   # the worker's shared memory, once its descriptor came
         self.layouts = Layouts()   # the batch layouts the worker sent (:mod:`.flat`)
+        self.buf = bytearray(_BUFFER)   # read from the socket, not yet taken: buf[lo:hi]
+        self.view = memoryview(self.buf)
+        self.lo = self.hi = 0
+        self.drained = False   # the last read took all the socket had then
+
+    def buffered(self) -> bool:
+        """Whether part of a message was read and not yet taken."""
+        return self.hi > self.lo
 
     def recv(self) -> Any:
         """The next message.
@@ -217,20 +230,28 @@ class FrameReader:
         with shipping(self.kept):
             return self._recv()
 
+    def recv_ready(self) -> Any:
+        """The next message where any of it has arrived (then it waits for the rest), else ``None`` at once."""
+        if self.sock is None:
+            return self.recv() if self.conn.poll() else None
+        if self.lo == self.hi and not self._fill(socket.MSG_DONTWAIT):
+            return None
+        return self.recv()
+
     def _recv(self) -> Any:
         if self.sock is None:
             return self.conn.recv()
-        count, header_size = _PREFIX.unpack(self._read_prefix())
+        count, header_size = _PREFIX.unpack(self._take(_PREFIX.size))
         if count & _FLAT:   # batches as integers, their arrays in the ring (:mod:`.flat`)
             if self.ring is None or count != _IN_RING | _FLAT:
                 raise EOFError("a partition worker's message is in shared memory it never sent: the stream is corrupt")
-            msgs = self.layouts.decode(self._read(header_size), self.ring.region)
+            msgs = self.layouts.decode(self._take(header_size), self.ring.region)
             return msgs[0] if len(msgs) == 1 else ("many", msgs)
         shared, as_views, count = count & _IN_RING, count & _VIEWS, count & ~(_IN_RING | _VIEWS | _FLAT)
         if count > MAX_BUFFERS:
             raise EOFError(f"a partition worker's message announces {count} buffers: the stream is corrupt")
         skip = _SIZE.size * (2 * count + 1 if shared else count)
-        head = self._read(skip + header_size)
+        head = self._take(skip + header_size)
         sizes = [_SIZE.unpack_from(head, _SIZE.size * i)[0] for i in range(count)]
         if shared:
             if self.ring is None:
@@ -255,13 +276,24 @@ class FrameReader:
             self.sock.close()
         self.ring = None   # (unmapped once a thread still taking from it is done)
 
-    def _read_prefix(self) -> bytearray:
-        """A message's prefix, and the worker's shared memory where its descriptor comes with it (a
-        descriptor comes with the first byte of its message: read without room for it, it is lost)."""
+    def _fill(self, flags: int = 0) -> bool:
+        """Read what the socket has (at least a byte: waits for one, unless ``flags`` says not to) into
+        the buffer, and the worker's shared memory where its descriptor comes with it (a descriptor
+        comes with the first byte of its message: every read leaves room for it); ``False`` where
+        nothing was there (``MSG_DONTWAIT``)."""
         assert self.sock is not None
-        out = bytearray(_PREFIX.size)
-        view = memoryview(out)
-        got, ancillary, _, _ = self.sock.recvmsg_into([view], _ANCILLARY, _WAITALL)
+        if self.lo == self.hi:
+            self.lo = self.hi = 0
+        elif self.hi == len(self.buf):   # full: what is left moves to the start
+            n = self.hi - self.lo
+            self.buf[:n] = bytes(self.view[self.lo:self.hi])   # (a copy: the two overlap)
+            self.lo, self.hi = 0, n
+        free = len(self.buf) - self.hi
+        try:
+            got, ancillary, _, _ = self.sock.recvmsg_into([self.view[self.hi:]], _ANCILLARY, flags)
+        except BlockingIOError:
+            self.drained = True
+            return False
         if got == 0:
             raise EOFError("the partition worker closed its pipe")
         for level, kind, data in ancillary:
@@ -272,18 +304,33 @@ class FrameReader:
                     os.close(fd)
                 if fds:
                     self.ring = RingReader(fds[0])
-        if got < _PREFIX.size:
-            self._read_into(view[got:])
-        return out
+        self.hi += got
+        self.drained = got < free
+        return True
 
-    def _read(self, n: int) -> bytearray:
-        out = bytearray(n)
-        self._read_into(memoryview(out))
-        return out
+    def _take(self, n: int) -> bytes:
+        """The next ``n`` bytes (waiting for them)."""
+        if n > len(self.buf):   # (a large pickled header) read beside the buffer
+            big = bytearray(n)
+            self._read_into(memoryview(big))
+            return bytes(big)
+        while self.hi - self.lo < n:
+            if len(self.buf) - self.lo < n:   # not room enough after lo: what is left moves to the start
+                k = self.hi - self.lo
+                self.buf[:k] = bytes(self.view[self.lo:self.hi])
+                self.lo, self.hi = 0, k
+            self._fill()
+        got = bytes(self.view[self.lo:self.lo + n])
+        self.lo += n
+        return got
 
     def _read_into(self, view: memoryview) -> None:
+        """Fill ``view``: from the buffer first, then straight from the socket."""
         assert self.sock is not None
-        got, n = 0, view.nbytes
+        got, n = min(view.nbytes, self.hi - self.lo), view.nbytes
+        if got:
+            view[:got] = self.view[self.lo:self.lo + got]
+            self.lo += got
         while got < n:
             k = self.sock.recv_into(view[got:], n - got, _WAITALL)
             if k == 0:
@@ -291,9 +338,14 @@ class FrameReader:
             got += k
 
     def _read_all(self, views: list[memoryview]) -> None:
-        """Fill ``views`` in order, in one system call where the kernel has them all (``MSG_WAITALL``)."""
+        """Fill ``views`` in order (what the buffer has first), in one system call where the kernel has the rest (``MSG_WAITALL``)."""
         assert self.sock is not None
         pending = [v.cast("B") for v in views if v.nbytes]
+        while pending and self.lo < self.hi:
+            k = min(pending[0].nbytes, self.hi - self.lo)
+            pending[0][:k] = self.view[self.lo:self.lo + k]
+            self.lo += k
+            pending = _advance(pending, k)
         while pending:
             k = self.sock.recvmsg_into(pending[:_IOV_MAX], 0, _WAITALL)[0]
             if k == 0:

@@ -88,6 +88,7 @@ class WorkerProcess:
         self.reading = threading.Lock()   # reading: the composing thread, or one asking for a state
         self.read: deque[tuple[Any, ...]] = deque()   # read by an asking thread, for the composing one
         self.gone = False                 # its pipe closed, or it failed to start: (DEAD,) is its last message
+        self.drained = False              # the last message's read took all the pipe had (see take)
         self.wake = wake
         self.started = threading.Event()  # start() returned (or failed)
         self.asked: dict[tuple[int, int, int], list[Any]] = {}   # states asked for: (gen, p, seq) -> [Event, state]
@@ -106,9 +107,14 @@ class WorkerProcess:
 
     def take(self) -> tuple[Any, ...] | None:
         """The worker's next message, if one is on its pipe (``("dead",)`` once its pipe closed); never
-        waits for one (heartbeats are noted, :attr:`heard`, and states asked for answered on the way)."""
+        waits for one (heartbeats are noted, :attr:`heard`, and states asked for answered on the way).
+        Right after a message whose read took all the pipe had, the next ``take`` says ``None`` without
+        looking (the pool's wait hears what comes later)."""
         if self.read:
             return self.read.popleft()
+        if self.drained:
+            self.drained = False
+            return None
         if self.gone or not self.started.is_set():
             return None
         with self.reading:
@@ -119,14 +125,21 @@ class WorkerProcess:
     def _read(self, keep: bool, timeout: float = 0.0) -> tuple[Any, ...] | None:
         """Read what is on the pipe (within ``timeout``), holding :attr:`reading`: the first message for
         the composing stage is returned, or, with ``keep``, every one is queued for it in :attr:`read`."""
-        while not self.gone and self.readable(timeout):
-            timeout = 0.0
-            try:
-                msg = self.reader.recv()   # EOF/OSError: the worker is gone (died, or was stopped)
+        while not self.gone:
+            try:   # EOF/OSError: the worker is gone (died, or was stopped)
+                if keep:
+                    if not self.reader.buffered() and not self.readable(timeout):
+                        return None
+                    msg = self.reader.recv()
+                else:
+                    msg = self.reader.recv_ready()
+                    if msg is None:
+                        return None
             except BaseException:
                 self.gone, msg = True, (DEAD,)
                 self.answer(None)   # nobody waits for an answer from a worker that is gone
             else:
+                timeout = 0.0
                 self.heard, self.spoke = time.monotonic(), True
                 if msg[0] == STATE:
                     self.answer(msg)
@@ -134,6 +147,7 @@ class WorkerProcess:
                 if msg[0] == ALIVE:
                     continue
             if not keep:
+                self.drained = self.reader.drained and not self.reader.buffered()
                 return msg  # type: ignore[no-any-return]
             self.read.append(msg)
             self.wake()

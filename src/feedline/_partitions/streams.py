@@ -165,7 +165,8 @@ class WorkerStream:
             raise self.failed
         if not self.router.attached(self):
             self.start()
-        self.router.drain()   # hears "ready"s, batches, deaths
+        if self.queue:   # hears "ready"s, batches, deaths (with nothing queued, the wait below does: no look first)
+            self.router.drain()
         while not self.queue:
             if not self.begun:
                 if self.owner is not None:
