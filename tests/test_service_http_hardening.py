@@ -62,24 +62,24 @@ def test_a_given_back_batch_keeps_its_age_across_a_pause_longer_than_the_lease(e
     from feedline._service.server import Server
     from feedline._service.streams import load_streams
 
-    server = Server(load_streams(env["spec"]), ServerOptions(bind="tcp://127.0.0.1:0", lease=3.0))
+    server = Server(load_streams(env["spec"]), ServerOptions(bind="tcp://127.0.0.1:0", lease=2.0))
     thread = threading.Thread(target=server.serve, daemon=True)
-    feed = StreamFeed(server.bind(), "train", keys=None, prefetch=2, timeout=30.0, hold=1.5)
+    feed = StreamFeed(server.bind(), "train", keys=None, prefetch=2, timeout=30.0, hold=1.0)
     thread.start()
     try:
         slow, served = feed.take(), feed.take()
         assert slow is not None and served is not None
-        time.sleep(2.0)
+        time.sleep(1.4)
         assert not feed.release_stale()   # a GET is being served: nothing is given back under it
         feed.ack(served)                  # a young credit ...
-        feed.giveback(slow)               # ... and a batch granted 2 s ago, back at the front
+        feed.giveback(slow)               # ... and a batch granted 1.4 s ago, back at the front
         steps, released_at = [served.step], None
-        pause_end = time.monotonic() + 4.0   # longer than the lease; the gateway checks every lease / 8
+        pause_end = time.monotonic() + 2.7   # longer than the lease; the gateway checks every lease / 8
         while time.monotonic() < pause_end:
             if feed.release_stale() and released_at is None:
                 released_at = time.monotonic()
-            time.sleep(0.375)
-        assert released_at is not None and released_at < pause_end - 3.0, "the given-back batch was held too long"
+            time.sleep(0.25)
+        assert released_at is not None and released_at < pause_end - 2.0, "the given-back batch was held too long"
         while (d := feed.take()) is not None:
             steps.append(d.step)
             feed.ack(d)
