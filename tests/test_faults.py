@@ -480,7 +480,7 @@ def test_stats_are_answered_only_to_authenticated_peers(env: dict, tmp_path: Pat
             strangers.apply(stranger)
             stranger.connect(address)
             stranger.send(pack("stats"))
-            answered = stranger.poll(1500)
+            answered = stranger.poll(750)   # a server answers stats in ms
             stranger.close()
             assert not answered, "an unauthenticated peer received stats"
         assert server.stats()["unauthenticated"] >= 1
@@ -492,11 +492,16 @@ def test_stats_are_answered_only_to_authenticated_peers(env: dict, tmp_path: Pat
 
 
 # ----------------------------------------------------------------------------- 6. a stalled ranked window
+# feedline's command line, with the server logging a window stalled for 1 s rather than 3 (the test's wait)
+SERVE_STALL_LOGGED_AFTER_1S = ("import sys; from feedline._service import dispatch; dispatch._STALL_LOG_AFTER = 1.0; "
+                               "from feedline._cli.__main__ import main; sys.exit(main())")
+
+
 @pytest.mark.slow
 def test_a_stalled_window_is_logged_with_the_rank_behind(env: dict, tmp_path: Path) -> None:
     log_path = tmp_path / "serve.log"
     with open(log_path, "w") as log_file:
-        proc = subprocess.Popen([sys.executable, "-m", "feedline", "serve", env["path"], "--bind",
+        proc = subprocess.Popen([sys.executable, "-c", SERVE_STALL_LOGGED_AFTER_1S, "serve", env["path"], "--bind",
                                  "tcp://127.0.0.1:0", "--window", "2", *FAST],
                                 stdout=subprocess.PIPE, stderr=log_file, text=True)
     loaders: list[Any] = []
