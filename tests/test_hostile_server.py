@@ -247,11 +247,11 @@ def _keys(tmp: Path, *, wrong: bool) -> tuple[tuple[bytes, bytes], str]:
 
 @pytest.mark.slow
 def test_a_wrong_server_key_is_an_auth_error_within_seconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The client's bound on failing handshakes (5 s; 1.5 s here), not its 30 s timeout nor its
+    """The client's bound on failing handshakes (5 s; 0.75 s here), not its 30 s timeout nor its
     300 s reconnect, ends the wait: an ``AuthError`` naming the key."""
     from feedline._service import connection
 
-    monkeypatch.setattr(connection, "HANDSHAKE_BOUND_S", 1.5)
+    monkeypatch.setattr(connection, "HANDSHAKE_BOUND_S", 0.75)
     pair, keys = _keys(tmp_path, wrong=True)
     with HostileServer(keys=pair) as srv:
         got = outcome(lambda: first_batch(srv, keys=keys, timeout=30.0, reconnect=300.0), 20)
