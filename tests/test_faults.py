@@ -391,7 +391,10 @@ def test_the_server_caps_what_a_client_makes_it_hold(server: Any) -> None:
         idle = Peer(ctx, address)   # declares the largest prefetch, grants all its credit, never reads on
         assert idle.answer_to(pack("hello", v=PROTOCOL_VERSION, stream="train", mode="shared", prefetch=1024))["op"] == "welcome"
         idle.send(pack("credit", n=64))
-        time.sleep(1.5)
+        deadline = time.monotonic() + 10
+        while fetch_stats(address)["streams"]["train"]["shared"]["in_flight"] < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)   # until the server holds its cap's worth for it ...
+        time.sleep(0.5)       # ... and then a while: a server without the cap would go on to the 64 granted
         shared = fetch_stats(address)["streams"]["train"]["shared"]
         assert shared["in_flight"] <= 4 and shared["in_flight"] + shared["queued"] <= window + 4, shared
         idle.send(pack("bye"))
