@@ -16,8 +16,8 @@ from service_helpers import make_spec, rows, start_server, stop, tokenizer_path,
 
 pytestmark = pytest.mark.timeout(120)
 
-LEASE = 12.0
-SLOW_S = 4.0   # the slow consumer's time per batch: 4 of them outlast the lease
+LEASE = 9.0
+SLOW_S = 3.0   # the slow consumer's time per batch: 4 of them outlast the lease
 
 
 @pytest.mark.slow
@@ -59,5 +59,5 @@ def test_a_slow_consumers_prefetched_batches_go_to_the_waiting_one(tmp_path: Pat
     total = len(step_of)
     assert sorted(slow_steps + fast_steps) == list(range(1, total + 1)), (slow_steps, fast_steps, total)
     # the fast consumer ends once the slow one acks the batch it works on (one SLOW_S), not after the
-    # slow one went through its whole prefetch (4 x SLOW_S) or a lease (12 s)
+    # slow one went through its whole prefetch (4 x SLOW_S) or a lease (9 s)
     assert len(slow_steps) <= 2 and fast_done[0] < SLOW_S + 3.0, (slow_steps, fast_done)
