@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import textwrap
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,6 @@ from feedline._cli.commands.stats import fetch_stats
 from feedline._service.auth import generate_keys
 from feedline._service.protocol import PROTOCOL_VERSION, pack, unpack_header
 from feedline.errors import AuthError, ProtocolError, SpecError, StateError, TransportTimeout
-from feedline.service import serve_process
 from feedline.testing import assert_batches_equal, collect
 from service_helpers import free_port, make_spec, rows, rss_kb, start_server, stop, tokenizer_path, write_spec
 
@@ -140,6 +141,17 @@ def test_named_stream_unknown_stream_and_mismatches_are_refused(env: dict, serve
         first(feedline.Loader(address, state=val_state))
     with pytest.raises(SpecError, match="not a multiple"):
         first(feedline.Loader(address, 0, 3))
+
+
+@contextlib.contextmanager
+def served(spec_path: str, *args: str) -> Iterator[str]:
+    """``feedline serve`` for the block (its address), then SIGKILLed: the tests that use it assert nothing of
+    a server's stop, and serve_process's SIGTERM and drain took ~1 s a test."""
+    proc, address = start_server(spec_path, *args)
+    try:
+        yield address
+    finally:
+        stop(proc)
 
 
 def first(loader: Any) -> Any:
@@ -326,7 +338,7 @@ _SHARED_CLIENT = textwrap.dedent("""
 def test_shared_mode_redelivers_a_killed_clients_batches(env: dict, tmp_path: Path) -> None:
     want, _ = reference(env["spec"])
     n = len(want)
-    with serve_process(env["path"], args=FAST) as address:
+    with served(env["path"], *FAST) as address:
         script = tmp_path / "client.py"
         script.write_text(_SHARED_CLIENT)
         victim = subprocess.Popen([sys.executable, str(script), address, "3"], stdout=subprocess.PIPE, text=True)
@@ -368,7 +380,7 @@ def test_unauthenticated_client_gets_nothing(env: dict, tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     other = tmp_path / "other"
     generate_keys(other)   # another server's keys, made here: the CLI made the first ones (and test_keys_permissions.py)
-    with serve_process(env["path"], args=["--keys", str(keys), *FAST]) as address:
+    with served(env["path"], "--keys", str(keys), *FAST) as address:
         with feedline.Loader(address, keys=keys) as loader:
             assert len(collect(loader, limit=2)) == 2
         with pytest.raises((AuthError, TransportTimeout)):
