@@ -526,3 +526,29 @@ def test_serve_process_takes_the_server_with_it_when_the_parent_dies(env: dict, 
     except psutil.TimeoutExpired:
         server.kill()
         pytest.fail("the server outlived its parent")
+
+
+def test_a_server_watching_its_stdin_exits_cleanly_when_stopped(env: dict) -> None:
+    """SIGTERM to ``serve --stop-with-stdin`` while its parent still holds the pipe open (as
+    ``serve_process`` stops it): the drain ends in exit code 0. Its watching thread reads the pipe's
+    descriptor, not ``sys.stdin``: blocked inside the buffered reader, it held that reader's lock, and
+    the exit aborted a second later ("Fatal Python error: _enter_buffered_busy", exit code -6)."""
+    proc = subprocess.Popen([sys.executable, "-m", "feedline", "serve", str(env["path"]), "--bind", "tcp://127.0.0.1:0",
+                             "--stop-with-stdin", *FAST], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        for line in proc.stdout:
+            if line.startswith("feedline serve: listening on "):
+                break
+        proc.terminate()
+        code = proc.wait(timeout=30)   # stdin still open: the watcher is still blocked in its read
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    assert code == 0 and "Fatal Python error" not in err, err[-2000:]

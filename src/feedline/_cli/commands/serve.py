@@ -182,9 +182,13 @@ def raise_fd_limit() -> None:
 
 
 def _stop_at_end_of_stdin(stop: Callable[[], None]) -> None:
-    """Read standard input to its end (the parent closed the pipe or exited), then ``stop``."""
+    """Read standard input to its end (the parent closed the pipe or exited), then ``stop``.
+
+    It reads the descriptor, not ``sys.stdin``: a thread blocked inside the buffered reader holds its
+    lock, and the interpreter's exit then waits a second for that lock (and reports a fatal error)."""
     try:
-        while sys.stdin.buffer.read(1 << 16):
+        fd = sys.stdin.fileno()
+        while os.read(fd, 1 << 16):
             pass
     except (OSError, ValueError):  # closed or not readable: the parent is gone as far as we can tell
         pass
