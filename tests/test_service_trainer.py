@@ -28,7 +28,7 @@ from service_helpers import make_spec, start_server, stop, tokenizer_path, write
 pytestmark = [needs("torch", "transformers"), needs("accelerate", reason="the HF Trainer needs accelerate")]
 
 LAUNCHER = textwrap.dedent("""
-    import gc, json, os, signal, socket, sys, time
+    import json, os, signal, socket, sys, time
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -88,10 +88,15 @@ LAUNCHER = textwrap.dedent("""
         loader.close()
         with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
             json.dump(result, f)
-        # the Trainers' DDP reducers sit in reference cycles: freed now, while the group lives (left to the
-        # interpreter's exit, a reducer tore the gloo group down while a gloo thread waited for the GIL: a hang)
-        gc.collect()
-        dist.destroy_process_group()   # a gloo group left to the interpreter's exit can abort the rank
+        # The rank ends here without unwinding. The Trainers' DDP reducers hold the gloo group; freeing the last of
+        # them (this function's locals at its return, or the interpreter's exit) runs the group's destructor with the
+        # GIL held, and where gloo's thread is then freeing a finished all_gather's tensors it waits for the GIL: a
+        # deadlock inside torch (py-spy: ~ProcessGroupGloo under the Reducer's dealloc, gloo's runLoop in
+        # gil_scoped_acquire; the test's timeout failed it in two timed runs, the second after a gc.collect() here).
+        dist.barrier()   # neither rank leaves while the other may still need it
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
     # torchrun's part: a rendezvous port, then each rank in its own process with torchrun's variables
