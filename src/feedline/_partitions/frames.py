@@ -284,10 +284,8 @@ class FrameReader:
         assert self.sock is not None
         if self.lo == self.hi:
             self.lo = self.hi = 0
-        elif self.hi == len(self.buf):   # full: what is left moves to the start
-            n = self.hi - self.lo
-            self.buf[:n] = bytes(self.view[self.lo:self.hi])   # (a copy: the two overlap)
-            self.lo, self.hi = 0, n
+        elif self.hi == len(self.buf):   # full
+            self._compact()
         free = len(self.buf) - self.hi
         try:
             got, ancillary, _, _ = self.sock.recvmsg_into([self.view[self.hi:]], _ANCILLARY, flags)
@@ -308,6 +306,12 @@ class FrameReader:
         self.drained = got < free
         return True
 
+    def _compact(self) -> None:
+        """Move what is read and not yet taken to the buffer's start."""
+        n = self.hi - self.lo
+        self.buf[:n] = bytes(self.view[self.lo:self.hi])   # (a copy: the two overlap)
+        self.lo, self.hi = 0, n
+
     def _take(self, n: int) -> bytes:
         """The next ``n`` bytes (waiting for them)."""
         if n > len(self.buf):   # (a large pickled header) read beside the buffer
@@ -315,10 +319,8 @@ class FrameReader:
             self._read_into(memoryview(big))
             return bytes(big)
         while self.hi - self.lo < n:
-            if len(self.buf) - self.lo < n:   # not room enough after lo: what is left moves to the start
-                k = self.hi - self.lo
-                self.buf[:k] = bytes(self.view[self.lo:self.hi])
-                self.lo, self.hi = 0, k
+            if len(self.buf) - self.lo < n:   # not room enough after lo
+                self._compact()
             self._fill()
         got = bytes(self.view[self.lo:self.lo + n])
         self.lo += n

@@ -177,9 +177,11 @@ class ProcessPlacement(Placement):
         """Count a batch of partition ``p`` taken in its worker's shared memory (its credit), waking its
         sender where it waits for credit; ``False`` where the worker has no ring (credit goes by message)."""
         worker = self.pool.procs[self.pool.owner(p)]
-        slot = p // self.pool.size   # (its place among the worker's partitions)
         ring = worker.reader.ring if worker is not None else None
-        if worker is None or ring is None or slot >= SLOTS:
+        if worker is None or ring is None:
+            return False
+        slot = worker.owned.index(p)   # its place among the worker's partitions, as the worker numbers them
+        if slot >= SLOTS:
             return False
         if ring.took(slot):
             worker.send(("credit", gen, p, 0))   # (a wake: the count is the credit)
