@@ -552,3 +552,13 @@ def test_a_server_watching_its_stdin_exits_cleanly_when_stopped(env: dict) -> No
             if stream is not None:
                 stream.close()
     assert code == 0 and "Fatal Python error" not in err, err[-2000:]
+
+
+def test_a_server_whose_stdin_is_already_at_its_end_says_why_it_stops(env: dict) -> None:
+    """``--stop-with-stdin`` with an input at its end from the start (``</dev/null``, a detached job: a
+    likely mistake) stops the server at once, as asked; it says why instead of stopping unexplained."""
+    out = subprocess.run([sys.executable, "-m", "feedline", "serve", str(env["path"]), "--bind", "tcp://127.0.0.1:0",
+                          "--stop-with-stdin", *FAST], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "standard input ended (--stop-with-stdin): stopping" in out.stderr, out.stderr[-2000:]

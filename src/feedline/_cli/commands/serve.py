@@ -192,4 +192,8 @@ def _stop_at_end_of_stdin(stop: Callable[[], None]) -> None:
             pass
     except (OSError, ValueError):  # closed or not readable: the parent is gone as far as we can tell
         pass
+    try:   # said, so a server given an input already at its end (</dev/null, a detached job) does not stop unexplained
+        print("feedline serve: standard input ended (--stop-with-stdin): stopping", file=sys.stderr, flush=True)
+    except (OSError, ValueError):   # its error output went with the parent (a broken pipe): stop all the same
+        pass
     stop()
