@@ -17,7 +17,8 @@ import pytest
 
 from feedline import Loader, Spec
 from feedline._core.cores import usable_cores
-from feedline._partitions import processes
+from feedline._partitions import processes, ring
+from feedline._partitions.ring import HAS_RING
 from feedline._pipeline import Pipeline
 from feedline.testing import assert_batches_equal, assert_resumes_exactly, assert_stage_resumes, collect
 
@@ -419,6 +420,53 @@ def test_sys_exit_in_a_workers_transform_is_an_error_naming_it_without_restarts(
         collect(loader)
     assert not any(runner(loader).restarts) and time.monotonic() - t < 60
     loader.close()
+
+
+def test_closing_a_loader_whose_worker_is_blocked_sending_through_the_pipe_is_prompt(corpus: str, small_tokenizer: str) -> None:
+    """A consumer that keeps its batches fills its worker's shared-memory ring; the worker then sends
+    the arrays through the pipe and, with nobody reading, blocks there. Closing the loader waited the
+    5 s allowed for a stop, then killed it: the pipe is now shut once the stop is on it."""
+    s = spec(corpus, small_tokenizer, 1, "processes", epochs=None, task={"kind": "clm", "max_length": 1024},
+             batching={"strategy": "pack", "batch_size": 16, "window": 8})
+    loader = Loader(s)
+    kept = [next(loader) for _ in range(16)]   # 16 x 16 x 1024 int64 per array: more than the 4 MB ring
+    worker = runner(loader).pids()[0]
+    time.sleep(1.5)   # the worker sends what its credit allows, beyond what the pipe holds
+    t = time.monotonic()
+    loader.close()
+    took = time.monotonic() - t
+    assert took < 3, f"closing took {took:.1f} s"
+    assert not alive(worker) and len(kept) == 16
+
+
+@pytest.mark.skipif(not HAS_RING, reason="credit in shared memory (Linux)")
+def test_a_worker_whose_wakes_are_lost_goes_on_after_a_heartbeat_and_says_so(
+        corpus: str, small_tokenizer: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A worker out of credit sleeps until the parent's take that reaches the count it asked for sends
+    a wake. Were a wake ever lost (a bug in that protocol), the worker slept forever while the parent
+    waited for its batch: it now looks again after a heartbeat, goes on and says so."""
+    from feedline._partitions.ring import RingReader
+
+    monkeypatch.setattr(RingReader, "took", _counts_without_waking)   # this process: the parent
+    want = collect(Loader(spec(corpus, small_tokenizer, 1, "threads", epochs=None)), limit=12)
+    loader = Loader(spec(corpus, small_tokenizer, 1, "processes", epochs=None, parallel={
+        "placement": "processes", "prefetch": 2, "warm_start": False, "hang_timeout": 60}))
+    t = time.monotonic()
+    with caplog.at_level("WARNING", logger="feedline"):
+        got = [dict(next(loader)) for _ in range(12)]
+    took = time.monotonic() - t
+    loader.close()
+    assert_batches_equal(want, got, "with wakes lost")
+    assert 1 <= took < 30, took   # a heartbeat's wait at least once (never sent a wake)
+    said = [r.getMessage() for r in caplog.records if "credit came without a wake" in r.getMessage()]
+    assert said and "partitions [0]" in said[0] and "(pid " in said[0], caplog.text
+
+
+def _counts_without_waking(self: Any, slot: int) -> bool:
+    at = ring._SLOTS_AT + slot * ring._SLOT   # the parent's count of the partition's batches taken
+    n = int.from_bytes(self.map[at:at + 8], "little") + 1
+    self.map[at:at + 8] = n.to_bytes(8, "little")
+    return False
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
-"""A partition worker's wait (feedline/_partitions/worker.py, ``_Waker``): its loop sleeps until
-the parent speaks on the real pipe or a partition's thread wakes it, and takes the parent's messages
-in order, on both of its ways of waiting (``select.poll``, and ``multiprocessing.connection.wait``, the
-one Windows takes, where pipes are not selectable)."""
+"""A partition worker's wait (feedline/_partitions/worker.py, ``_Parent``): its loop sleeps until
+the parent speaks on the real pipe (or closes it), and takes the parent's messages in order, on both
+of its ways of waiting (``select.poll``, and ``multiprocessing.connection.wait``, the one Windows
+takes, where pipes are not selectable); the composing process's :class:`Waker` over many pipes."""
 
 from __future__ import annotations
 
@@ -15,46 +15,40 @@ import pytest
 
 from feedline._partitions import ring
 from feedline._partitions.waker import Waker
-from feedline._partitions.worker import _Waker
+from feedline._partitions.worker import _Parent
 
 
 @pytest.fixture(params=[True, False], ids=["poll", "connection-wait"])
 def pair(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     parent, child = multiprocessing.Pipe(duplex=True)
-    waker = _Waker(child, poll=request.param)
+    waker = _Parent(child, poll=request.param)
     yield parent, waker
-    waker.close()
     parent.close()
     child.close()
 
 
-def test_a_wake_from_another_thread_ends_a_wait_in_progress(pair) -> None:  # type: ignore[no-untyped-def]
+def test_a_wait_without_a_message_lasts_its_timeout_and_says_so(pair) -> None:  # type: ignore[no-untyped-def]
     _, waker = pair
     t0 = time.monotonic()
-    waker.wait(0.2)   # nothing said: it waits out its timeout
+    assert waker.wait(0.2) is False   # nothing said: it waits out its timeout
     assert time.monotonic() - t0 >= 0.15
-    threading.Timer(0.3, waker.wake).start()
-    t0 = time.monotonic()
-    waker.wait(10)
-    assert 0.2 <= time.monotonic() - t0 < 5   # woken by the thread, long before the timeout
-    assert list(waker.commands()) == []       # a wake is not a message
+    assert list(waker.commands()) == []
 
 
-def test_wakes_are_taken_by_the_wait_and_never_block_the_thread_that_wakes(pair) -> None:  # type: ignore[no-untyped-def]
-    _, waker = pair
-    for _ in range(20_000):   # more than the socket's buffer: the extra wakes are dropped, not blocked on
-        waker.wake()
-    waker.wait(10)   # returns at once, and takes them all
+def test_a_wait_without_a_timeout_lasts_until_the_parent_speaks(pair) -> None:  # type: ignore[no-untyped-def]
+    parent, waker = pair
+    threading.Timer(0.3, parent.send, args=(("credit", 0, 1, 0),)).start()
     t0 = time.monotonic()
-    waker.wait(0.2)
-    assert time.monotonic() - t0 >= 0.15   # nothing left to wake it
+    assert waker.wait(None) is True
+    assert 0.2 <= time.monotonic() - t0 < 5
+    assert list(waker.commands()) == [("credit", 0, 1, 0)]
 
 
 def test_the_parents_messages_wake_the_wait_and_come_in_order(pair) -> None:  # type: ignore[no-untyped-def]
     parent, waker = pair
     threading.Timer(0.3, lambda: [parent.send(m) for m in (("credit", 0, 1, 2), ("state", 0, 1, 5))]).start()
     t0 = time.monotonic()
-    waker.wait(10)
+    assert waker.wait(10)
     assert time.monotonic() - t0 < 5
     time.sleep(0.1)   # (both sent)
     assert list(waker.commands()) == [("credit", 0, 1, 2), ("state", 0, 1, 5)]

@@ -4,7 +4,9 @@
     >>> element, state = next(it)                        # made now, in the caller's thread
 
 ``Loader(spec, prefetch=0)`` uses it: each batch is made when the caller asks for it, as LitData's
-``num_workers=0`` or a torch ``DataLoader`` without workers does. Nothing overlaps the caller's
+``num_workers=0`` or a torch ``DataLoader`` without workers does. So does a partition worker
+(:mod:`feedline._partitions.worker`), which makes its partitions' batches in turn on its one thread
+as the parent's credit allows. Nothing overlaps the caller's
 work, but no batch crosses a queue either: a thread hand-off costs a consumer that does little else
 (a benchmark, a CPU-bound caller on a busy machine) ~30-100 us of CPU a batch in wake-ups and GIL
 switches. Elements and states are those of :class:`Prefetch` (each element with the parent's
@@ -66,6 +68,11 @@ class Inline:
             raise
         self._state, self._resolved = self._snapshot(), None  # type: ignore[misc]
         return element, self._state
+
+    def start(self) -> None:
+        """Build the parent now rather than at the first :meth:`__next__` (what building it raises is raised here)."""
+        if not self._ended:
+            self._ensure_parent()
 
     def _ensure_parent(self) -> Any:
         if self._parent is None:

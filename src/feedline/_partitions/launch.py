@@ -22,6 +22,7 @@ process fails in the caller, with the fix, before anything starts.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import pickle
 import threading
@@ -42,6 +43,8 @@ __all__ = ["DEAD", "MAIN_GUARD", "WorkerProcess", "context", "importing_main", "
 DEAD = "dead"
 ALIVE = "alive"
 STATE = "state"
+WARN = "warn"   # ("warn", text): the worker's warning, logged here
+log = logging.getLogger("feedline")
 #: A worker runs these; the fork server preloads them where it would import this copy of feedline.
 preload_own("feedline._partitions.worker", "feedline._pipeline", "feedline._loader")
 
@@ -146,6 +149,9 @@ class WorkerProcess:
                     continue
                 if msg[0] == ALIVE:
                     continue
+                if msg[0] == WARN:
+                    log.warning("the worker process of partitions %s (pid %s): %s", self.owned, self.pid, msg[1])
+                    continue
             if not keep:
                 self.drained = self.reader.drained and not self.reader.buffered()
                 return msg  # type: ignore[no-any-return]
@@ -201,9 +207,14 @@ class WorkerProcess:
             self.process.kill()
 
     def stop(self) -> None:
-        """Ask the worker to stop, then kill it if it does not within 5 s; close the pipe."""
+        """Ask the worker to stop, then kill it if it does not within 5 s; close the pipe.
+
+        The pipe is shut as soon as the stop is on it: a worker blocked sending a batch this process
+        will no longer read (arrays through the pipe where its ring was full) fails that send and
+        stops at once, rather than at the kill."""
         self.send(("stop",))
         self.started.wait(timeout=60)  # it may still be starting
+        self.reader.close()   # (the stop already on the pipe is read before its end)
         if self.process.pid is not None:
             self.process.join(timeout=5)
             if self.process.is_alive():

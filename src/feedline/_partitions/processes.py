@@ -13,8 +13,8 @@ here from the last one sent where the worker no longer keeps it), so a batch's s
 only when needed; where every step's state is read (the service) each batch carries its own. The
 composing thread reads the workers' pipes itself (:mod:`feedline._partitions.pool`: one wait on
 them all; no receiving thread per worker). At most ``parallel.prefetch``
-batches per partition are on their way to the composing stage (credit) and as many made ahead in
-the worker, so memory is bounded.
+batches per partition are made and not yet taken by the composing stage (credit; a worker makes
+its partitions' batches in turn on its own thread), so memory is bounded.
 
 **Warm start.** A worker needs a while before its first batch (a process, its imports, the
 tokenizer): until it says it is ready, its partitions run here, on threads (as ``threads`` runs

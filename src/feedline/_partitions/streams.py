@@ -3,7 +3,7 @@
 :class:`WorkerStream` is partition ``p`` of a :class:`~feedline._partitions.processes.ProcessPlacement`
 (its :class:`Router`: it routes the workers' messages to the partitions' streams): started from its state (``("start", gen, {p: state})``),
 it receives its batches with the states after them into a queue of its own, returns credit to the
-worker (at most ``parallel.prefetch`` batches on their way, and one made ahead in the worker: each
+worker (at most ``parallel.prefetch`` batches made and not yet taken here: each
 batch taken is counted in the worker's shared memory, :meth:`RingReader.took`, which wakes the
 worker's sender by message only where it waits for credit; without shared memory, by message,
 ``prefetch // 2`` batches at a time), and keeps the state after the last batch it handed out. Its
@@ -34,6 +34,7 @@ from feedline._core.dataset import State
 from feedline._core.deferred import Deferred, materialize
 from feedline._core.prefetch import Prefetch
 from feedline._partitions.placement import Part
+from feedline._partitions.worker import refill_of
 from feedline._spec import ParallelSpec
 
 __all__ = ["Handover", "Router", "WorkerStream"]
@@ -76,7 +77,7 @@ class WorkerStream:
     def __init__(self, router: Router, p: int, state: State | None) -> None:
         self.router, self.p = router, p
         self.owner: Handover | None = None   # a warm start's handover: it begins the stream, not a ready worker
-        self.credit_every = max(1, router.options.prefetch // 2)
+        self.credit_every = refill_of(router.options.prefetch)
         self._reset(state)
 
     def _reset(self, state: State | None) -> None:

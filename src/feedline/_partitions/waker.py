@@ -111,9 +111,10 @@ class Readable:
             self.poller = select.poll()
             self.poller.register(conn.fileno(), select.POLLIN)
 
-    def __call__(self, timeout: float = 0.0) -> bool:
+    def __call__(self, timeout: float | None = 0.0) -> bool:
+        """Whether it has, now or within ``timeout`` seconds (``None``: until it has)."""
         if self.poller is not None:
-            return bool(self.poller.poll(timeout * 1000))
+            return bool(self.poller.poll(None if timeout is None else timeout * 1000))
         try:
             return self.conn.poll(timeout)
         except (OSError, EOFError):   # a broken pipe: the read says so

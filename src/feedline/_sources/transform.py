@@ -25,6 +25,7 @@ by ``Loader.stats()["filtered"]`` (they are not rejections); beside them the rej
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -84,8 +85,8 @@ class Transform(Dataset[Record]):
             except Exception as e:
                 at = raised_at(e, fn)
                 self._fail(key, f"{name} raised {type(e).__name__}{f' at {at}' if at else ''}: {e}", e)
-            except (SystemExit, KeyboardInterrupt) as e:  # user code's: no Ctrl-C lands off the main thread
-                if isinstance(e, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
+            except (SystemExit, KeyboardInterrupt) as e:  # user code's: a Ctrl-C lands only where it is heard
+                if isinstance(e, KeyboardInterrupt) and _hears_ctrl_c():
                     raise
                 at = raised_at(e, fn)
                 self._fail(key, f"{name} raised {type(e).__name__}({e}){f' at {at}' if at else ''} (a transform "
@@ -200,3 +201,8 @@ class TransformIterator(DatasetIterator[Record]):
         self.filtered = counts.pop(FILTERED, 0)
         self.rejections.set_state(counts)
 
+
+def _hears_ctrl_c() -> bool:
+    """Whether a ``KeyboardInterrupt`` here may be a Ctrl-C: on the main thread of a process that does
+    not ignore SIGINT (a worker process ignores it and runs its partitions on its main thread)."""
+    return threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
