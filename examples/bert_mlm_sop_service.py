@@ -93,6 +93,8 @@ def worker(args: argparse.Namespace) -> None:
     if rank == 0:
         print(f"done: {step} steps on {dist.get_world_size()} ranks; loader state at step {state['step']}", flush=True)
     loader.close()
+    dist.barrier()   # every rank done with its collectives, then DDP's reducer lets go of the group before it
+    del ddp, opt     # goes: a group freed with the reducer at exit can deadlock a rank (gloo joins its threads holding the GIL)
     dist.destroy_process_group()
 
 
