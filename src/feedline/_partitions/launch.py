@@ -159,6 +159,16 @@ class WorkerProcess:
             self.wake()
         return None
 
+    def listen(self) -> None:
+        """Read what is on the pipe now (never waits), keeping its messages for the composing stage:
+        its heartbeats are noted (:attr:`heard`) before anyone judges its silence."""
+        if self.gone or not self.started.is_set() or not self.reading.acquire(timeout=0.05):
+            return
+        try:
+            self._read(keep=True)
+        finally:
+            self.reading.release()
+
     def ask(self, key: tuple[int, int, int], wait: float) -> Any:
         """The state after batch ``seq`` of partition ``p``'s start ``gen`` (``key``), asked of the
         worker from any thread (which reads the pipe itself while the composing thread does not, keeping

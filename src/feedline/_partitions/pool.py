@@ -158,8 +158,10 @@ class WorkerPool:
         for worker in self.procs:
             if worker is None or worker.pid is None or worker.named < 0:
                 continue
-            silent = now - worker.heard
             limit = timeout if worker.spoke else 4 * timeout + 60
+            if now - worker.heard >= min(limit / 4, 30.0):
+                worker.listen()   # what waits on its pipe first: a caller away for a while has not read its heartbeats
+            silent = now - worker.heard
             if silent >= min(limit / 4, 30.0) and worker.named != worker.heard:
                 worker.named = worker.heard
                 note = (f"the worker process of partitions {worker.owned} (pid {worker.pid}) has said nothing for "
