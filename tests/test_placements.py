@@ -436,7 +436,8 @@ def test_closing_a_loader_whose_worker_is_blocked_sending_through_the_pipe_is_pr
     loader.close()
     took = time.monotonic() - t
     assert took < 3, f"closing took {took:.1f} s"
-    assert not alive(worker) and len(kept) == 16
+    assert not alive(worker)
+    del kept   # (held until the close)
 
 
 @pytest.mark.skipif(not HAS_RING, reason="credit in shared memory (Linux)")

@@ -117,11 +117,11 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
 
     The partitions run on this thread, in turn (an :class:`~feedline._core.inline.Inline`
     each): a pass makes one batch of each partition with credit left, in the order the parent takes
-    them, and sends what it made in one message; the parent's messages are read between passes,
-    and the loop sleeps on the pipe once no partition has credit. No partition shares the
-    interpreter with another's thread, and no batch crosses a queue before it is sent: on 2 cores
-    a worker of 4 partitions on threads spent 1.16-1.29x the CPU per token of one of 1, and a
-    partition's thread hop 1.15-1.47x the in-process pipeline's on long documents.
+    them, and sends a batch at once where the parent has none of its partition's (it may be waiting
+    for it), the rest of the pass in one message; the parent's messages are read between passes,
+    and the loop sleeps on the pipe once no partition has credit (looking again after a heartbeat,
+    should a wake never come). No partition shares the interpreter with another's thread, and no
+    batch crosses a queue before it is sent (the figures: docs/benchmarks.md, partitions).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, name="feedline-parent-watch", daemon=True).start()
@@ -172,8 +172,11 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
     try:
         send(("ready",))
         while True:
-            if not busy and not parent.wait(beat) and any(left(p) >= refill for p in stages) and not parent.wait(0.1):
-                _lost_wake(send, stages, left, refill)   # (a wake the parent owed and this loop never had)
+            if not busy and not parent.wait(beat):   # a heartbeat without a word: look again (a safety net)
+                missed = [p for p in stages if left(p) >= refill]   # its count reached, and no wake came
+                if missed and not parent.wait(0.1):   # (nor is one just arriving): a bug, said, not a hang
+                    send(("warn", f"credit came without a wake (partitions {missed}); it went on after a "
+                                  "heartbeat's wait (a bug in feedline: please report it)"))
             out: list[tuple[Any, ...]] = []
             for msg in parent.commands():
                 if msg[0] == "stop":
@@ -247,13 +250,6 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
             stage.close()
         with lock:
             writer.close()
-
-
-def _lost_wake(send: Callable[[Any], None], stages: dict[int, Any], left: Callable[[int], int], refill: int) -> None:
-    """Tell the parent (which logs it) that a partition had credit and no wake came: a bug in the
-    credit's protocol (:mod:`.ring`), which costs a heartbeat's wait instead of a hang."""
-    send(("warn", f"credit came without a wake (partitions {[p for p in stages if left(p) >= refill]}); it went on "
-                  "after a heartbeat's wait (a bug in feedline: please report it)"))
 
 
 def _open(make: Callable[[int], Any], p: int) -> Any:
