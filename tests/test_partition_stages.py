@@ -129,14 +129,19 @@ def test_partitions_that_start_together_all_start_at_the_first_ask(corpus: str, 
 
 
 @pytest.mark.slow
-def test_a_worker_sends_a_state_every_16_batches_and_every_state_read_is_exact(corpus: str, small_tokenizer: str) -> None:
+def test_a_worker_sends_a_state_every_anchor_and_every_state_read_is_exact(
+        corpus: str, small_tokenizer: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 34 item 3: the worker pickles and sends a batch's state with it only every
-    ANCHOR_EVERY batches; the others stay there until read. A state read is asked of the worker
-    while it keeps it (the threads' state, identical), and made again here from the last state
-    sent where it does not (another start of the partition, a restart): exact, the same batches
-    follow it. The service reads every step's state: there (eager) each batch carries its own."""
+    ANCHOR_EVERY batches (8 here, for a partition of 20; 64 in use); the others stay there until
+    read. A state read is asked of the worker while it keeps it (the threads' state, identical),
+    and made again here from the last state sent where it does not (another start of the
+    partition, a restart): exact, the same batches follow it. The service reads every step's
+    state: there (eager) each batch carries its own."""
     from feedline._core.deferred import Deferred
-    from feedline._partitions.streams import ANCHOR_EVERY
+    from feedline._partitions import streams
+
+    ANCHOR_EVERY = 8
+    monkeypatch.setattr(streams, "ANCHOR_EVERY", ANCHOR_EVERY)
 
     threads = placement(corpus, small_tokenizer, ThreadPlacement)
     procs = placement(corpus, small_tokenizer, ProcessPlacement, warm_start=False)

@@ -37,10 +37,9 @@ by the process that reads a state (issue 34)::
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["Deferred", "arrived", "materialize", "sent_before", "shipping"]
@@ -103,15 +102,21 @@ def materialize(state: Any) -> Any:
     return state
 
 
-@contextlib.contextmanager
-def shipping(kept: OrderedDict[bytes, Any]) -> Iterator[None]:
+class shipping:
     """Pickle or unpickle, in this thread, one ordered stream (``kept`` is its end's memory): a value
     pickled by key (:func:`sent_before`, :func:`arrived`) goes whole only while the other end does
-    not keep it. Both ends keep the last :data:`KEEP_SENT` keys in the same order, so they agree."""
-    _stream.kept = kept
-    try:
-        yield
-    finally:
+    not keep it. Both ends keep the last :data:`KEEP_SENT` keys in the same order, so they agree.
+    (A class, not a generator: it wraps every message a worker sends and its parent reads.)"""
+
+    __slots__ = ("kept",)
+
+    def __init__(self, kept: OrderedDict[bytes, Any]) -> None:
+        self.kept = kept
+
+    def __enter__(self) -> None:
+        _stream.kept = self.kept
+
+    def __exit__(self, *exc: object) -> None:
         _stream.kept = None
 
 
