@@ -21,6 +21,10 @@ copied from the arena (:func:`_lay_slices`). Pieces in between are gathered as s
 a batch at a time. The batches are the ones the per-batch path gives, array for array.
 Block masks (``attention: block_diagonal``/``block_causal``) are laid out a batch at a time, from
 the compact rows (gathered at the first :meth:`ReadyRows.next_compact`).
+
+Rows laid out at once are made in the arena the thread was given, where it has one
+(:mod:`feedline._core.memory`: a partition worker's shared memory, which its parent reads the
+batches from in place), with their counts.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from feedline._batching.rows import (
     piece_positions,
     row_counts,
 )
+from feedline._core import memory
 from feedline._core.block import spans
 
 __all__ = ["ReadyRows", "rows_to_gather"]
@@ -97,13 +102,16 @@ class ReadyRows:
             return
         # the layout's counts (what collate_flat computes for a batch), for every gathered row at once
         self._seq_lens, self._cu, self._totals, self._first = row_counts(docs, lengths, max_length, max_docs)
-        if len(lengths) and int(self._token_at[-1]) < _LAID_BELOW * len(lengths):
-            # short pieces: every gathered row laid out at once, straight from the arena (one index)
-            self._laid = _lay_rows(loc, self._piece_at, self._first, self._totals, max_length, pad_values, mask_first)
-            return
-        if len(lengths) <= _SLICED_PIECES * n and max_length <= COUNTING_UP_TO:
-            # few pieces a row (long documents): every gathered row laid out at once, a slice a piece
-            self._laid = _lay_slices(loc, self._first, self._totals, max_length, pad_values, mask_first)
+        short = len(lengths) and int(self._token_at[-1]) < _LAID_BELOW * len(lengths)
+        if short or (len(lengths) <= _SLICED_PIECES * n and max_length <= COUNTING_UP_TO):
+            where = memory.arena(_laid_bytes(loc, n * max_length) + self._seq_lens.nbytes + self._cu.nbytes)
+            if where is not None:   # the counts beside the rows: a batch lies wholly in the arena
+                self._seq_lens, self._cu = _into(where, self._seq_lens), _into(where, self._cu)
+            if short:   # short pieces: every gathered row laid out at once, straight from the arena (one index)
+                self._laid = _lay_rows(loc, self._piece_at, self._first, self._totals, max_length, pad_values,
+                                       mask_first, where)
+            else:   # few pieces a row (long documents): every gathered row laid out at once, a slice a piece
+                self._laid = _lay_slices(loc, self._first, self._totals, max_length, pad_values, mask_first, where)
             return
         self._positions = piece_positions(lengths)
 
@@ -177,8 +185,27 @@ class ReadyRows:
         return batch, t1 - t0
 
 
+def _laid_bytes(loc: Located, places: int) -> int:
+    """At most the bytes :func:`_lay_rows` or :func:`_lay_slices` makes for ``places`` places (with alignment)."""
+    per = 8   # position_ids, attention_mask
+    for name, kept in loc.fields.items():
+        buf = loc.arena[kept]
+        wide = max(buf.dtype.itemsize, int_dtype(name, buf).itemsize) * int(np.prod(buf.shape[1:], dtype=np.int64))
+        per += 2 * wide   # (taken in the arena's dtype, then cast)
+    return places * per + 64 * (2 * len(loc.fields) + 6)
+
+
+def _into(where: memory.Arena, arr: np.ndarray) -> np.ndarray:
+    """``arr`` copied into ``where`` (itself where it does not fit)."""
+    out = where.empty(arr.shape, arr.dtype)
+    if out is None:
+        return arr
+    out[...] = arr
+    return out
+
+
 def _lay_rows(loc: Located, piece_at: np.ndarray, first: np.ndarray, totals: np.ndarray, width: int,
-              pad_values: Mapping[str, Any], mask_first: bool) -> dict[str, np.ndarray]:
+              pad_values: Mapping[str, Any], mask_first: bool, where: memory.Arena | None = None) -> dict[str, np.ndarray]:
     """Every row of ``loc`` laid out ``[rows, width]``: its token fields, ``position_ids`` and
     ``attention_mask`` (what :func:`~feedline._batching.rows.collate_flat` gives). Each row is its
     pieces then its padding; one index over the laid-out places (each place's arena token: its
@@ -198,25 +225,29 @@ def _lay_rows(loc: Located, piece_at: np.ndarray, first: np.ndarray, totals: np.
     kind = np.int32 if n * width < 1 << 31 else np.int64
     # each place's index in its segment, and its arena token (padding: any, overwritten)
     # (in place in the repeats' outputs: no further array of a place each)
-    positions = np.repeat(dest.astype(kind), seg_len)
-    np.subtract(counting(n * width, kind), positions, out=positions)
+    starts = np.repeat(dest.astype(kind), seg_len)
+    positions = memory.empty(where, (n * width,), np.dtype(kind))
+    np.subtract(counting(n * width, kind), starts, out=positions)
     index = np.repeat(src - dest, seg_len)
     index += counting(n * width, np.int64)
-    taken: dict[str, np.ndarray] = {}
+    taken: dict[str, np.ndarray] = {}   # each arena field's tokens, in its own dtype
     fields: dict[str, np.ndarray] = {}
     for name, kept in loc.fields.items():
         buf = loc.arena[kept]
-        if kept in taken:   # a field sharing another's tokens (clm: labels): a copy, padded its own way
-            fields[name] = taken[kept].astype(int_dtype(name, buf), copy=True)
-        else:
-            fields[name] = taken[kept] = np.take(buf, index, axis=0, mode="clip").astype(int_dtype(name, buf), copy=False)
-    return _finish(fields, positions.astype(np.int32, copy=False), spans(pad_first, width - totals), first, n, width,
-                   pad_values, mask_first)
+        if kept not in taken:
+            taken[kept] = np.take(buf, index, axis=0, mode="clip",
+                                  out=memory.empty(where, (len(index), *buf.shape[1:]), buf.dtype))
+            fields[name] = taken[kept] if buf.dtype == int_dtype(name, buf) else _copy(where, taken[kept], int_dtype(name, buf))
+        else:   # a field sharing another's tokens (clm: labels): a copy, padded its own way
+            fields[name] = _copy(where, taken[kept], int_dtype(name, buf))
+    if positions.dtype != np.int32:
+        positions = positions.astype(np.int32)
+    return _finish(fields, positions, spans(pad_first, width - totals), first, n, width, pad_values, mask_first, where)
 
 
 
 def _lay_slices(loc: Located, first: np.ndarray, totals: np.ndarray, width: int, pad_values: Mapping[str, Any],
-                mask_first: bool) -> dict[str, np.ndarray]:
+                mask_first: bool, where: memory.Arena | None = None) -> dict[str, np.ndarray]:
     """What :func:`_lay_rows` gives, for pieces of about a row each (long documents): each piece's
     tokens are copied as one slice from the arena straight to its place in the layout, and its
     positions as one slice of ``0, 1, 2, ...`` (pieces of at most :data:`COUNTING_UP_TO` tokens);
@@ -226,9 +257,9 @@ def _lay_slices(loc: Located, first: np.ndarray, totals: np.ndarray, width: int,
     places = n * width
     pads = spans(np.arange(n, dtype=np.int64) * width + totals, width - totals)
     used = set(loc.fields.values())
-    laid = {kept: np.empty((places, *buf.shape[1:]), dtype=int_dtype(kept, buf))
+    laid = {kept: memory.empty(where, (places, *buf.shape[1:]), int_dtype(kept, buf))
             for kept, buf in loc.arena.items() if kept in used}
-    positions = np.empty(places, dtype=np.int32)
+    positions = memory.empty(where, (places,), np.dtype(np.int32))
     count = counting(COUNTING_UP_TO)
     pieces = zip(first.tolist(), loc.at.tolist(), loc.lengths.tolist(), strict=True)
     if len(laid) == 1:
@@ -247,13 +278,21 @@ def _lay_slices(loc: Located, first: np.ndarray, totals: np.ndarray, width: int,
     taken: set[str] = set()
     for name, kept in loc.fields.items():
         # a field sharing another's tokens (clm: labels): a copy, padded its own way
-        fields[name] = laid[kept].copy() if kept in taken else laid[kept]
+        fields[name] = _copy(where, laid[kept]) if kept in taken else laid[kept]
         taken.add(kept)
-    return _finish(fields, positions, pads, first, n, width, pad_values, mask_first)
+    return _finish(fields, positions, pads, first, n, width, pad_values, mask_first, where)
+
+
+def _copy(where: memory.Arena | None, arr: np.ndarray, dtype: np.dtype[Any] | None = None) -> np.ndarray:
+    """``arr`` copied (as ``dtype``), into ``where`` where it fits."""
+    out = memory.empty(where, arr.shape, arr.dtype if dtype is None else dtype)
+    out[...] = arr
+    return out
 
 
 def _finish(fields: dict[str, np.ndarray], positions: np.ndarray, pads: np.ndarray, first: np.ndarray, n: int,
-            width: int, pad_values: Mapping[str, Any], mask_first: bool) -> dict[str, np.ndarray]:
+            width: int, pad_values: Mapping[str, Any], mask_first: bool,
+            where: memory.Arena | None = None) -> dict[str, np.ndarray]:
     """The layout's fields (flat, a place each, every field its own array), ``position_ids`` and
     ``attention_mask`` as ``[n, width]`` rows: the padding places ``pads`` written, and the first
     token of each piece (flat places ``first``) left out of the labels with ``mask_first``."""
@@ -265,7 +304,8 @@ def _finish(fields: dict[str, np.ndarray], positions: np.ndarray, pads: np.ndarr
         out["labels"].reshape(n * width, *out["labels"].shape[2:])[first] = -100
     positions[pads] = 0
     out["position_ids"] = positions.reshape(n, width)
-    mask = np.ones(n * width, dtype=np.int32)
+    mask = memory.empty(where, (n * width,), np.dtype(np.int32))
+    mask.fill(1)
     mask[pads] = 0
     out["attention_mask"] = mask.reshape(n, width)
     return out

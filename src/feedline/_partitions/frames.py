@@ -22,7 +22,10 @@ are the ring's memory, held until nothing refers to them; otherwise they are cop
 of laid-out batches (dicts of plain number arrays, one layout) is not pickled at all: ``<u32
 IN_RING | FLAT> <u32 header bytes> <header>``, the header a few integers per batch (:mod:`.flat`:
 its arrays handed out where they lie, a state beside them pickled and copied out): on documents
-the parent's CPU per step went from ~0.17-0.20 to ~0.14 ms, the worker's down ~0.01-0.02 ms. A message
+the parent's CPU per step went from ~0.17-0.20 to ~0.14 ms, the worker's down ~0.01-0.02 ms. Such
+a message whose arrays were laid out in one of the worker's blocks (:mod:`.blocks`: the batcher
+made them there) is not copied at all: ``<u32 IN_RING | FLAT | BLOCK> ...``, its positions in
+the blocks. A message
 whose buffers do not fit in the ring's free part goes as above. The parent's end reads what the
 socket has into a buffer of its own, so a prefix and its header (or several small messages) cost
 one system call. Messages the other way (the parent's starts, stops and wakes) stay on the
@@ -51,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from feedline._core.deferred import shipping
+from feedline._partitions.blocks import BLOCK, BlockArena
 from feedline._partitions.flat import PLAIN_KINDS, Layouts, encode
 from feedline._partitions.ring import CAPACITY, HAS_RING, RingReader, RingWriter
 
@@ -66,6 +70,7 @@ _IOV_MAX = 512   # buffers per sendmsg/recvmsg call (the system's limit is at le
 _IN_RING = 1 << 31   # (in the buffer count) the arrays are in the worker's shared memory: :mod:`.ring`
 _VIEWS = 1 << 30     # (with it) and may be handed out where they lie
 _FLAT = 1 << 29      # (with IN_RING) batches described as integers: :mod:`.flat`
+_BLOCK = 1 << 28     # (with FLAT) their arrays where the batcher made them, in a block: :mod:`.blocks`
 _ANCILLARY = socket.CMSG_SPACE(4) if HAS_RING else 0   # room for one descriptor
 _BUFFER = 1 << 16   # what the parent's end reads at once (headers; arrays outside the ring are read into their own memory)
 
@@ -104,8 +109,9 @@ def _socket_of(conn: Connection) -> socket.socket | None:
 class FrameWriter:
     """The worker's end: :meth:`send` writes one message (from one thread)."""
 
-    def __init__(self, conn: Connection, ring: int = CAPACITY) -> None:
+    def __init__(self, conn: Connection, ring: int = CAPACITY, blocks: int = 0, block: int = BLOCK) -> None:
         self.conn = conn
+        self.blocks, self.block = blocks, block   # the blocks after the ring, for the batcher's gathers (:mod:`.blocks`)
         self.sock = _socket_of(conn)
         self.sent: OrderedDict[bytes, Any] = OrderedDict()   # what went whole lately (a pack window: see shipping)
         self.ring: RingWriter | None = None   # made at the first message with arrays (its descriptor goes with it)
@@ -150,6 +156,14 @@ class FrameWriter:
         if flat is None:
             return False
         extra, before = flat.extra(), None
+        if extra is None and self.ring is not None:
+            found = self.ring.blocks.locate(flat.arrays)
+            if found is not None:   # laid out in place: only where they lie goes
+                at, start, end, b = found
+                header = flat.header(self.layouts, at, start, end, b"", [])
+                _send_all(self.sock, [_PREFIX.pack(_IN_RING | _FLAT | _BLOCK, len(header)) + header], self._fresh())
+                self.ring.blocks.sent[b] += 1
+                return True
         buffers: list[pickle.PickleBuffer] = []
         if extra is not None:   # pickled before it surely goes: what it notes as sent is put back if it does not
             before = OrderedDict(self.sent)
@@ -169,17 +183,36 @@ class FrameWriter:
         _send_all(self.sock, [_PREFIX.pack(_IN_RING | _FLAT, len(header)) + header], ancillary)
         return True
 
+    def arena(self, key: Any, nbytes: int) -> BlockArena | None:
+        """A block for the next gather of partition ``key``'s batcher (:mod:`feedline._core.memory`'s
+        source), its last one retired; ``None`` where there is none free (or no shared memory)."""
+        if not self.blocks or not self._made():
+            return None
+        assert self.ring is not None
+        return self.ring.blocks.arena(key, nbytes)
+
+    def retire(self, key: Any) -> None:
+        """Partition ``key`` sends nothing more from its block (it restarts, or ended)."""
+        if self.ring is not None:
+            self.ring.blocks.retire(key)
+
+    def _made(self) -> bool:
+        """Whether the ring is there (made now if it is not yet: its descriptor goes with the next message)."""
+        if self.ring is None and self.shared:
+            try:
+                self.ring = RingWriter(self.capacity, self.blocks, self.block)
+                self.unsent_fd = True
+            except OSError:   # no memfd here (a sandbox): the socket carries everything
+                self.shared = False
+        return self.ring is not None
+
     def _place(self, raw: list[memoryview]) -> tuple[list[int], int, list[Any]] | None:
         """``raw`` copied into the ring (made now if it is not yet): their positions, the region's end
         and what goes with the message (the ring's descriptor, with the first one after it is made);
         ``None`` where it cannot hold them (or there is no ring: the socket carries them)."""
-        if self.ring is None:
-            try:
-                self.ring = RingWriter(self.capacity)
-                self.unsent_fd = True
-            except OSError:   # no memfd here (a sandbox): the socket carries everything
-                self.shared = False
-                return None
+        if not self._made():
+            return None
+        assert self.ring is not None
         placed = self.ring.place(raw)
         if placed is None:
             return None
@@ -242,10 +275,10 @@ class FrameReader:
         if self.sock is None:
             return self.conn.recv()
         count, header_size = _PREFIX.unpack(self._take(_PREFIX.size))
-        if count & _FLAT:   # batches as integers, their arrays in the ring (:mod:`.flat`)
-            if self.ring is None or count != _IN_RING | _FLAT:
+        if count & _FLAT:   # batches as integers, their arrays in the ring or a block (:mod:`.flat`)
+            if self.ring is None or count & ~_BLOCK != _IN_RING | _FLAT:
                 raise EOFError("a partition worker's message is in shared memory it never sent: the stream is corrupt")
-            msgs = self.layouts.decode(self._take(header_size), self.ring.region)
+            msgs = self.layouts.decode(self._take(header_size), self.ring.block_region if count & _BLOCK else self.ring.region)
             return msgs[0] if len(msgs) == 1 else ("many", msgs)
         shared, as_views, count = count & _IN_RING, count & _VIEWS, count & ~(_IN_RING | _VIEWS | _FLAT)
         if count > MAX_BUFFERS:

@@ -21,7 +21,9 @@ there every batch it takes (:meth:`RingReader.took`), and the worker reads the c
 (:meth:`RingWriter.taken`) instead of credit messages; a worker out of credit for a partition writes
 the count it wants to be woken at (:meth:`RingWriter.wake_at`), and the take that reaches it wakes
 the worker by message (an eventcount: each side writes, fences, then reads the other's word, so one
-of them sees the other).
+of them sees the other). After the ring lie the worker's blocks (:mod:`.blocks`: gathers laid out
+in place, sent without a copy), their words in the control area too; the ring's and the blocks'
+sizes are written there, before the descriptor goes.
 
     >>> w = RingWriter(1 << 16)
     >>> at = w.place([memoryview(b"abc"), memoryview(b"de")])
@@ -46,6 +48,8 @@ from collections import deque
 
 import numpy as np
 
+from feedline._partitions.blocks import BLOCK, MAX_BLOCKS, Blocks, HeldBlocks
+
 __all__ = ["CAPACITY", "HAS_RING", "SLOTS", "RingReader", "RingWriter"]
 
 #: Shared memory per worker for the arrays of the messages on their way (4 batches of 16 x 1024 laid
@@ -54,10 +58,12 @@ CAPACITY = 4 << 20
 #: ``memfd`` and descriptor passing (Linux); elsewhere every message goes through the socket.
 HAS_RING = hasattr(os, "memfd_create") and hasattr(socket, "SCM_RIGHTS")
 _SLOT = 16      # a partition's credit: the batches the parent took (u64, the parent's) and the count to wake the worker at (u64)
-_SLOTS_AT = 64  # after the released position (u64) and padding to a cache line
+_SIZES_AT = 8   # after the released position (u64): the ring's bytes, the blocks and their bytes (u64 each, the worker's)
+_SLOTS_AT = 64  # (padded to a cache line)
 #: The partitions of one worker whose credit goes through the ring (the others' goes by message).
-SLOTS = 252
-_CONTROL = _SLOTS_AT + SLOTS * _SLOT   # the control area: one page
+SLOTS = 248
+_WORDS_AT = _SLOTS_AT + SLOTS * _SLOT   # each block's word (:mod:`.blocks`)
+_CONTROL = _WORDS_AT + MAX_BLOCKS * 8   # the control area: one page
 _ALIGN = 64
 _POS = struct.Struct("<Q")
 
@@ -75,17 +81,20 @@ _LOCK = threading.Lock()
 class RingWriter:
     """The worker's end: :meth:`place` copies arrays in, where there is room."""
 
-    def __init__(self, capacity: int = CAPACITY) -> None:
+    def __init__(self, capacity: int = CAPACITY, blocks: int = 0, block: int = BLOCK) -> None:
         self.capacity = capacity
+        blocks = min(blocks, MAX_BLOCKS)
         self.fd = os.memfd_create("feedline-ring", os.MFD_CLOEXEC)  # type: ignore[attr-defined]
-        try:
-            os.ftruncate(self.fd, _CONTROL + capacity)
-            self.map = mmap.mmap(self.fd, _CONTROL + capacity)
+        try:   # (memory is used only where written: the blocks a worker never takes cost nothing)
+            os.ftruncate(self.fd, _CONTROL + capacity + blocks * block)
+            self.map = mmap.mmap(self.fd, _CONTROL + capacity + blocks * block)
         except BaseException:
             os.close(self.fd)
             raise
         self.mem = memoryview(self.map)
+        struct.pack_into("<QQQ", self.map, _SIZES_AT, capacity, blocks, block)
         self.head = 0   # the position after the last region taken (positions only grow; index = position % capacity)
+        self.blocks = Blocks(self.mem, _CONTROL + capacity, _WORDS_AT, blocks, block)
 
     def free(self) -> int:
         """The bytes the parent released and the worker may write."""
@@ -130,8 +139,12 @@ class RingWriter:
         return True
 
     def close(self) -> None:
-        self.mem.release()
-        self.map.close()
+        self.blocks = Blocks(self.mem, 0, 0, 0, 0)
+        try:
+            self.mem.release()
+            self.map.close()
+        except BufferError:   # arrays of a block still referred to (a pipeline being closed): unmapped at exit
+            pass
         os.close(self.fd)
 
 
@@ -144,8 +157,13 @@ class RingReader:
             self.map = mmap.mmap(fd, size)
         finally:
             os.close(fd)   # (the mapping keeps the memory, and the arrays handed out keep the mapping)
-        self.capacity = size - _CONTROL
+        self.capacity, blocks, block = struct.unpack_from("<QQQ", self.map, _SIZES_AT)
+        if size < _CONTROL or blocks > MAX_BLOCKS or _CONTROL + self.capacity + blocks * block != size:
+            self.map.close()
+            raise EOFError(f"a partition worker's shared memory is {size} bytes, not the {self.capacity}-byte ring and "
+                           f"{blocks} blocks of {block} bytes it says: the stream is corrupt")
         self.mem = memoryview(self.map)
+        self.blocks = HeldBlocks(self.mem, _CONTROL + self.capacity, _WORDS_AT, blocks, block)
         # each message's region: its end, and its arrays (weakly: it is done when none is left)
         self.held: deque[tuple[int, list[weakref.ref[np.ndarray]]]] = deque()
 
@@ -188,8 +206,16 @@ class RingReader:
         _fence()
         return _POS.unpack_from(self.map, at + 8)[0] == n  # type: ignore[no-any-return]
 
+    def block_region(self, start: int, end: int) -> np.ndarray:
+        """A message's arrays in one of the worker's blocks (:meth:`region`'s, for :mod:`.blocks`)."""
+        buf = self.blocks.region(start, end)
+        self.release()
+        return buf
+
     def release(self) -> None:
-        """Give the worker back the ring up to the last message none of whose arrays is held (in order)."""
+        """Give the worker back the ring up to the last message none of whose arrays is held (in order),
+        and the blocks it is done with."""
+        self.blocks.release()
         released = None
         while self.held and all(ref() is None for ref in self.held[0][1]):
             released = self.held.popleft()[0]

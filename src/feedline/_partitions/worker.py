@@ -49,6 +49,8 @@ from typing import Any
 
 from feedline._core.deferred import materialize
 from feedline._core.inline import Inline
+from feedline._core.memory import providing
+from feedline._partitions.blocks import MAX_BLOCKS
 from feedline._partitions.frames import FrameWriter
 from feedline._partitions.remote import portable
 from feedline._partitions.ring import SLOTS
@@ -125,7 +127,8 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, name="feedline-parent-watch", daemon=True).start()
-    writer = FrameWriter(conn)   # batches with their arrays out of band (see frames.py)
+    # batches with their arrays out of band (frames.py), laid out in place where they can be (blocks.py)
+    writer = FrameWriter(conn, blocks=min(MAX_BLOCKS, 2 * len(owned) + 1))
     lock = threading.Lock()
 
     def send(msg: Any, views: bool = False) -> None:
@@ -148,6 +151,16 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
     base = dict.fromkeys(owned, 0)     # the parent's count of takes in the ring when the partition started
     sent = dict.fromkeys(owned, 0)     # batches sent since it started
     slot = {p: i for i, p in enumerate(owned) if i < SLOTS}   # its credit word in the ring
+
+    def arena(p: int, nbytes: int) -> Any:   # partition p's next gather's memory (the writer's, as sending)
+        with lock:
+            return writer.arena(p, nbytes)
+
+    def retire(p: int) -> None:
+        with lock:
+            writer.retire(p)
+
+    arenas = {p: functools.partial(arena, p) for p in owned}
 
     def taken(p: int) -> int:   # the parent's takes since the start, counted in the ring (0 without one)
         ring = writer.ring
@@ -196,6 +209,7 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
                         old = stages.pop(p, None)
                         if old is not None:
                             old.close()
+                        retire(p)
                         credit[p] = prefetch
                         stage = Inline(functools.partial(_open, make, p))
                         try:   # building the pipeline may fail (a missing file, a bad spec): the parent raises it
@@ -216,15 +230,18 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
                     continue
                 busy = True
                 try:
-                    batch, state = next(stages[p])
+                    with providing(arenas[p]):   # a gather laid out in one of the blocks, if one is free
+                        batch, state = next(stages[p])
                 except StopIteration:
                     stage = stages.pop(p)
                     out.append(("end", gens[p], p, materialize(stage.end_state)))
                     stage.close()
+                    retire(p)
                     continue
                 except BaseException as e:   # SystemExit from user code too: reported, never a death
                     out.append(("error", gens[p], p, *portable(e)))
                     stages.pop(p).close()
+                    retire(p)
                     continue
                 if drop[p]:   # made again after a restart, up to the parent's last state
                     drop[p] -= 1

@@ -1,0 +1,158 @@
+"""Blocks of a worker's shared memory that its batcher lays batches out in, read by the parent in place.
+
+The ring (:mod:`.ring`) takes a copy of each batch's arrays: ~30 us of a worker's CPU for a 270 KB
+batch (16 x 1024, six fields), ~5 % of a batch of long documents. The pack batcher lays out a
+gather of ready rows (up to 16 batches) at once, and each batch is a slice of it
+(:mod:`feedline._batching.readyrows`); where the worker gives its thread an arena
+(:mod:`feedline._core.memory`), that gather is made in a *block* of the same shared memory (after
+the ring: one descriptor, one mapping), and a batch whose arrays all lie in one block goes as
+integers saying where (:mod:`.flat`), with no copy. A block is the worker's from the moment the
+batcher takes it until the parent frees it:
+
+- the worker takes a free block (its word 0) for a partition's gather, and sends the batches of it;
+- at that partition's next gather (or its restart, or its end) the worker *retires* it: it writes
+  the number of messages it sent from it in the block's word (with :data:`RETIRED`);
+- the parent counts the messages it read from each block and holds their arrays weakly; once the
+  word is retired, every message counted and none of their arrays left, it writes 0: free.
+
+So the parent frees a block only after it has read all that will ever come from it (the count),
+and the worker writes one only after the parent freed it; neither waits for the other. Where no
+block is free (a consumer that keeps batches; more partitions than blocks) or a gather does not
+fit one, the batcher makes its arrays on the heap and the batches go through the ring as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+
+__all__ = ["BLOCK", "MAX_BLOCKS", "RETIRED", "BlockArena", "Blocks", "HeldBlocks"]
+
+#: A block's bytes: a gather of 16 batches of 16 x 1024 with six int32 fields and their counts is ~4.4 MB.
+BLOCK = 8 << 20
+#: At most this many blocks per worker (two per partition and one more: the gather being sent and the one
+#: before, whose last batches the parent may still hold).
+MAX_BLOCKS = 8
+RETIRED = 1 << 63
+_WORD = struct.Struct("<Q")
+_ALIGN = 64
+_LOCK = threading.Lock()
+
+
+def _fence() -> None:
+    """A full memory barrier (a lock taken and given back), as :mod:`.ring`'s."""
+    with _LOCK:
+        pass
+
+
+def _address(buf: Any) -> int:
+    """Where ``buf``'s first byte lies in this process (a writable buffer of a byte or more; a
+    tenth of what ``__array_interface__`` costs)."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+
+
+class BlockArena:
+    """One block handed out in order (:class:`feedline._core.memory.Arena`)."""
+
+    __slots__ = ("at", "block", "mem")
+
+    def __init__(self, block: int, mem: memoryview) -> None:
+        self.block, self.mem, self.at = block, mem, 0
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray | None:
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        start = -(-self.at // _ALIGN) * _ALIGN
+        if start + n > len(self.mem):
+            return None
+        self.at = start + n
+        return np.frombuffer(self.mem[start:start + n], dtype=dtype).reshape(shape)
+
+
+class Blocks:
+    """The worker's side: blocks taken for a key's (a partition's) gathers, retired at its next."""
+
+    def __init__(self, mem: memoryview, at: int, words: int, count: int, size: int) -> None:
+        self.mem, self.at, self.words, self.count, self.size = mem, at, words, count, size
+        self.base = _address(mem[at:]) if count else 0
+        self.current: dict[Any, int] = {}   # key -> its block now
+        self.sent = [0] * count             # messages sent from each block in its current use
+
+    def _word(self, b: int) -> int:
+        return _WORD.unpack_from(self.mem, self.words + 8 * b)[0]  # type: ignore[no-any-return]
+
+    def arena(self, key: Any, nbytes: int) -> BlockArena | None:
+        """A free block for ``key``'s next gather of ``nbytes`` (its last one is retired), or ``None``."""
+        self.retire(key)
+        if nbytes > self.size:
+            return None
+        held = set(self.current.values())
+        for b in range(self.count):
+            if b not in held and self._word(b) == 0:
+                _fence()   # (the parent's reads of what it freed came before its word)
+                self.current[key], self.sent[b] = b, 0
+                return BlockArena(b, self.mem[self.at + b * self.size:self.at + (b + 1) * self.size])
+        return None
+
+    def retire(self, key: Any) -> None:
+        """``key``'s block will carry no more messages: the parent frees it once it read them all."""
+        b = self.current.pop(key, None)
+        if b is not None:
+            _WORD.pack_into(self.mem, self.words + 8 * b, RETIRED | self.sent[b])
+
+    def locate(self, arrays: list[np.ndarray]) -> tuple[list[int], int, int, int] | None:
+        """Where ``arrays`` lie where they all lie in one block in use: their positions (``block *
+        size + offset``), the span's start and end, and the block; ``None`` otherwise."""
+        if not self.current or not arrays:
+            return None
+        at, lo, hi = [], -1, -1
+        for a in arrays:
+            try:
+                pos = _address(a) - self.base
+            except (TypeError, ValueError):   # read-only, or empty: not the batcher's
+                return None
+            if not 0 <= pos < self.count * self.size:
+                return None
+            at.append(pos)
+            lo = pos if lo < 0 else min(lo, pos)
+            hi = max(hi, pos + a.nbytes)
+        b = lo // self.size
+        if hi > (b + 1) * self.size or b not in self.current.values():
+            return None
+        return at, lo, hi, b
+
+
+class HeldBlocks:
+    """The parent's side: the arrays of each block's messages, and each block freed once done."""
+
+    def __init__(self, mem: memoryview, at: int, words: int, count: int, size: int) -> None:
+        self.mem, self.at, self.words, self.count, self.size = mem, at, words, count, size
+        self.read = [0] * count   # messages read from each block in its current use
+        self.total = 0            # (and in all: for tests and monitoring)
+        self.held: list[list[weakref.ref[np.ndarray]]] = [[] for _ in range(count)]
+
+    def region(self, start: int, end: int) -> np.ndarray:
+        """The memory from ``start`` to ``end`` (one message's arrays, in one block) as ``uint8``, the
+        base of every array built over it: its block is not freed while any is left."""
+        b = start // self.size if self.size else -1
+        if not 0 <= b < self.count or not start <= end <= (b + 1) * self.size:
+            raise EOFError(f"a partition worker's message places its arrays at {start}..{end} of {self.count} blocks "
+                           f"of {self.size} bytes: the stream is corrupt")
+        buf = np.frombuffer(self.mem[self.at + start:self.at + end], dtype=np.uint8)
+        self.held[b].append(weakref.ref(buf))
+        self.read[b] += 1
+        self.total += 1
+        return buf
+
+    def release(self) -> None:
+        """Free each block that the worker retired, whose messages were all read and none of whose arrays is left."""
+        for b in range(self.count):
+            word = _WORD.unpack_from(self.mem, self.words + 8 * b)[0]
+            if word & RETIRED and word & ~RETIRED == self.read[b] and all(r() is None for r in self.held[b]):
+                self.held[b], self.read[b] = [], 0
+                _fence()
+                _WORD.pack_into(self.mem, self.words + 8 * b, 0)
