@@ -109,21 +109,17 @@ class Blocks:
         size + offset``), the span's start and end, and the block; ``None`` otherwise."""
         if not self.current or not arrays:
             return None
-        at, lo, hi = [], -1, -1
-        for a in arrays:
-            try:
-                pos = _address(a) - self.base
-            except (TypeError, ValueError):   # read-only, or empty: not the batcher's
-                return None
-            if not 0 <= pos < self.count * self.size:
-                return None
-            at.append(pos)
-            lo = pos if lo < 0 else min(lo, pos)
-            hi = max(hi, pos + a.nbytes)
-        b = lo // self.size
-        if hi > (b + 1) * self.size or b not in self.current.values():
+        base, address, buffer = self.base, ctypes.addressof, ctypes.c_char.from_buffer
+        try:
+            at = [address(buffer(a)) - base for a in arrays]
+        except (TypeError, ValueError):   # read-only, or empty: not the batcher's
             return None
-        return at, lo, hi, b
+        lo = min(at)
+        b = lo // self.size
+        if lo < 0 or b not in self.current.values():
+            return None
+        hi = max([p + a.nbytes for p, a in zip(at, arrays)])
+        return (at, lo, hi, b) if hi <= (b + 1) * self.size else None
 
 
 class HeldBlocks:
