@@ -167,3 +167,19 @@ def test_a_worker_lays_its_batches_out_in_its_blocks_and_a_consumer_that_keeps_t
     assert held.total > before, "the blocks were not used again once the batches were dropped"
     loader.close()
     assert_batches_equal(want[60:], rest, "after")
+
+
+def test_a_pass_of_several_partitions_goes_a_batch_at_a_time_each_from_its_block_in_order() -> None:
+    """A worker of several partitions sends a pass's batches as one message; laid out in as many
+    blocks, they go back to back, each where it lies, and arrive in order."""
+    writer, reader = primed(count=3)
+    a, b = writer.arena(0, 1 << 12), writer.arena(1, 1 << 12)
+    assert a is not None and b is not None and a.block != b.block
+    one, two, heap = batch_in(a, 2, 5), batch_in(b, 2, 6), batch_in(None, 2, 7)
+    writer.send(("many", [("batch", 1, 0, one, None, 0), ("batch", 1, 1, two, None, 0), ("batch", 1, 2, heap, None, 0)]), True)
+    got = [reader.recv() for _ in range(3)]
+    assert [m[2] for m in got] == [0, 1, 2]
+    for m, want in zip(got, (one, two, heap)):
+        for k in want:
+            np.testing.assert_array_equal(m[3][k], want[k])
+    assert sorted(reader.ring.blocks.read) == [0, 1, 1]   # type: ignore[union-attr]

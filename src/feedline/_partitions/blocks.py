@@ -104,6 +104,15 @@ class Blocks:
         if b is not None:
             _WORD.pack_into(self.mem, self.words + 8 * b, RETIRED | self.sent[b])
 
+    def holds(self, batch: dict[str, np.ndarray]) -> bool:
+        """Whether ``batch``'s first array lies in a block in use (its batcher laid it out there)."""
+        first = next(iter(batch.values()), None)
+        try:
+            pos = _address(first) - self.base
+        except (TypeError, ValueError):   # (none, read-only, empty)
+            return False
+        return 0 <= pos < self.count * self.size and pos // self.size in self.current.values()
+
     def locate(self, arrays: list[np.ndarray]) -> tuple[list[int], int, int, int] | None:
         """Where ``arrays`` lie where they all lie in one block in use: their positions (``block *
         size + offset``), the span's start and end, and the block; ``None`` otherwise."""
@@ -111,7 +120,7 @@ class Blocks:
             return None
         base, address, buffer = self.base, ctypes.addressof, ctypes.c_char.from_buffer
         try:
-            at = [address(buffer(a)) - base for a in arrays]
+            at = [address(buffer(a)) - base for a in arrays]  # type: ignore[arg-type]
         except (TypeError, ValueError):   # read-only, or empty: not the batcher's
             return None
         lo = min(at)

@@ -164,6 +164,10 @@ class FrameWriter:
                 _send_all(self.sock, [_PREFIX.pack(_IN_RING | _FLAT | _BLOCK, len(header)) + header], self._fresh())
                 self.ring.blocks.sent[b] += 1
                 return True
+            if kind == "many" and any(self.ring.blocks.holds(m[3]) for m in msg[1]):
+                for one in msg[1]:   # several partitions' blocks: each batch where it lies, back to back
+                    self.send(one, True)   # (the parent reads them in one call, as it would the one message)
+                return True
         buffers: list[pickle.PickleBuffer] = []
         if extra is not None:   # pickled before it surely goes: what it notes as sent is put back if it does not
             before = OrderedDict(self.sent)
