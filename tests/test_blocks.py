@@ -183,3 +183,43 @@ def test_a_pass_of_several_partitions_goes_a_batch_at_a_time_each_from_its_block
         for k in want:
             np.testing.assert_array_equal(m[3][k], want[k])
     assert sorted(reader.ring.blocks.read) == [0, 1, 1]   # type: ignore[union-attr]
+
+
+class _Bump:
+    """An arena over one numpy buffer (what a worker's block is to the batcher), counting what it handed out."""
+
+    made = 0
+
+    def __init__(self, nbytes: int) -> None:
+        self.buf, self.at = np.empty(nbytes, dtype=np.uint8), 0
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray | None:
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        start = -(-self.at // 64) * 64
+        if start + n > len(self.buf):
+            return None
+        self.at = start + n
+        _Bump.made += 1
+        return self.buf[start:start + n].view(dtype).reshape(shape)
+
+
+@pytest.mark.parametrize("length", [48, 256])   # short pieces (laid out by one index), documents (a slice a piece)
+def test_batches_laid_out_in_an_arena_are_the_heaps(tmp_path: Any, small_tokenizer: str, length: int) -> None:
+    """The pack batcher lays a gather out in the arena its thread was given, array for array what
+    it makes on the heap, for both ways it lays rows out."""
+    import json
+
+    rng = np.random.default_rng(1)
+    words = ["the", "river", "ran", "past", "stone", "walls", "and", "quiet", "fields", "of", "barley"]
+    (tmp_path / "c").mkdir()
+    with open(tmp_path / "c" / "docs.jsonl", "w") as f:
+        for _ in range(60):   # documents of ~40 to ~900 words
+            f.write(json.dumps({"text": " ".join(rng.choice(words, int(rng.integers(40, 900))))}) + "\n")
+    s = {"sources": [str(tmp_path / "c")], "tokenizer": small_tokenizer, "task": {"kind": "clm", "max_length": length},
+         "batching": {"strategy": "pack", "batch_size": 4}}
+    want = collect(Loader(s, prefetch=0))
+    _Bump.made = 0
+    with memory.providing(_Bump):
+        got = collect(Loader(s, prefetch=0))
+    assert _Bump.made > 0, "the batcher made nothing in the arena"
+    assert_batches_equal(want, got, f"max_length {length}")

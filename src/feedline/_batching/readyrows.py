@@ -189,9 +189,9 @@ def _laid_bytes(loc: Located, places: int) -> int:
     """At most the bytes :func:`_lay_rows` or :func:`_lay_slices` makes for ``places`` places (with alignment)."""
     per = 8   # position_ids, attention_mask
     for name, kept in loc.fields.items():
-        buf = loc.arena[kept]
-        wide = max(buf.dtype.itemsize, int_dtype(name, buf).itemsize) * int(np.prod(buf.shape[1:], dtype=np.int64))
-        per += 2 * wide   # (taken in the arena's dtype, then cast)
+        buf, want = loc.arena[kept], int_dtype(name, loc.arena[kept])
+        wide = int(np.prod(buf.shape[1:], dtype=np.int64))
+        per += wide * (want.itemsize + (buf.dtype.itemsize if buf.dtype != want else 0))   # (taken, then cast)
     return places * per + 64 * (2 * len(loc.fields) + 6)
 
 
