@@ -25,7 +25,10 @@ pytestmark = pytest.mark.skipif(not HAS_RING, reason="shared memory with descrip
 
 
 def test_docstring_examples() -> None:
-    assert doctest.testmod(memory).failed == 0
+    from feedline._partitions import ring
+
+    for module in (memory, blocks, ring):
+        assert doctest.testmod(module).failed == 0, module.__name__
 
 
 _OPEN: list[Any] = []

@@ -19,6 +19,22 @@ So the parent frees a block only after it has read all that will ever come from 
 and the worker writes one only after the parent freed it; neither waits for the other. Where no
 block is free (a consumer that keeps batches; more partitions than blocks) or a gather does not
 fit one, the batcher makes its arrays on the heap and the batches go through the ring as before.
+
+    >>> import os
+    >>> from feedline._partitions.ring import RingReader, RingWriter
+    >>> w = RingWriter(1 << 16, blocks=1, block=1 << 12)   # the worker's (one block of 4 KB)
+    >>> r = RingReader(os.dup(w.fd))                         # the parent's, over the same memory
+    >>> x = w.blocks.arena("p0", 256).empty((4,), np.dtype(np.int64))   # the batcher's gather
+    >>> x[:] = [1, 2, 3, 4]
+    >>> at, start, end, b = w.blocks.locate([x])
+    >>> w.blocks.sent[b] += 1                                 # (a message says where it lies)
+    >>> got = r.block_region(start, end)
+    >>> got.view(np.int64).tolist()
+    [1, 2, 3, 4]
+    >>> w.blocks.arena("p0", 256) is None   # its next gather: retired, but the parent holds it
+    True
+    >>> del got; r.release(); w.blocks.arena("p0", 256).block   # read and dropped: free again
+    0
 """
 
 from __future__ import annotations
