@@ -226,7 +226,7 @@ def _lay_rows(loc: Located, piece_at: np.ndarray, first: np.ndarray, totals: np.
     # each place's index in its segment, and its arena token (padding: any, overwritten)
     # (in place in the repeats' outputs: no further array of a place each)
     starts = np.repeat(dest.astype(kind), seg_len)
-    positions = memory.empty(where, (n * width,), np.dtype(kind))
+    positions = starts if where is None else memory.empty(where, (n * width,), np.dtype(kind))
     np.subtract(counting(n * width, kind), starts, out=positions)
     index = np.repeat(src - dest, seg_len)
     index += counting(n * width, np.int64)
