@@ -400,3 +400,28 @@ def test_a_closing_client_s_ack_and_bye_reach_a_server_that_is_slow_to_take_them
     thread.join()
     assert ops == ["hello", "bye"]
     assert took < 5 + 1.5   # close() stays bounded: its wait, and a second for the last words
+
+
+def test_a_client_gone_after_acking_and_saying_bye_keeps_its_acks(wired: Any) -> None:
+    """A client that acks its last step, says bye and closes at once: the server's next send to it
+    may fail (gone) before it reads those last words. It was dropped there, its batches re-queued and
+    its last ack then read for an unknown client (a shared stream's state one step short). It is
+    dropped at the next dispatch instead, after what it sent was read."""
+    d, t = wired
+    d.receive(b"s", _hello(mode="shared", prefetch=2), now=0.0)
+    d.receive(b"s", [pack("credit", n=1)], now=0.0)
+    first = next(h for h, _ in _until(d, t, b"s", "batch") if h["op"] == "batch")
+    queue = d.queues["train"]
+    before = queue.watermark
+    t.gone.add(b"s")
+    d.receive(b"s", [pack("credit", n=2)], now=0.0)   # more credit: the next send finds it gone
+    deadline = time.monotonic() + 30
+    while not d.clients[b"s"].unreachable:
+        assert time.monotonic() < deadline, "no send was tried"
+        d.dispatch(0.0)
+        time.sleep(0.01)
+    assert b"s" in d.clients   # not yet dropped: what it sent may be waiting
+    d.receive(b"s", [pack("credit", n=0, step=first["step"])], now=0.0)   # its last words, read now
+    d.receive(b"s", [pack("bye")], now=0.0)
+    d.dispatch(0.0)
+    assert b"s" not in d.clients and before < queue.watermark == first["step"]

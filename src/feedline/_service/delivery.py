@@ -46,6 +46,7 @@ class Client:
     acked: int = 0
     ended: bool = False
     revocable: bool = False   # its hello said it answers ``revoke`` (shared mode, at the stream's end)
+    unreachable: bool = False   # a send found it gone: dropped at the next dispatch, after what it sent last is read
 
 
 class Delivery(Protocol):

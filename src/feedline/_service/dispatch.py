@@ -281,11 +281,14 @@ class Dispatcher:
     def dispatch(self, now: float | None = None) -> None:
         """Move produced steps into every delivery and send each client what its credit allows."""
         now = time.monotonic() if now is None else now
+        for client in [c for c in self.clients.values() if c.unreachable]:
+            # gone at the last dispatch; what it sent before it went (its last acks, its bye) was read since
+            self.drop(client, "is unreachable")
         for d in self.deliveries():
             d.pump(now)
         self.due = None
         for client in list(self.clients.values()):
-            while client.credit > 0 and not client.ended and client.ident in self.clients:
+            while client.credit > 0 and not client.ended and not client.unreachable and client.ident in self.clients:
                 if not self._send_ready(client, now):
                     break
 
@@ -344,8 +347,8 @@ class Dispatcher:
         if sent is not True:
             for item in reversed(items):
                 d.giveback(client, item)
-            if sent is None:
-                self.drop(client, "is unreachable")
+            if sent is None:   # dropped at the next dispatch: its last acks and bye may be waiting to be read
+                client.unreachable = True
             return False
         client.credit -= len(items)
         client.sent += len(items)
