@@ -281,9 +281,7 @@ class Dispatcher:
     def dispatch(self, now: float | None = None) -> None:
         """Move produced steps into every delivery and send each client what its credit allows."""
         now = time.monotonic() if now is None else now
-        for client in [c for c in self.clients.values() if c.unreachable]:
-            # gone at the last dispatch; what it sent before it went (its last acks, its bye) was read since
-            self.drop(client, "is unreachable")
+        self.drop_gone()
         for d in self.deliveries():
             d.pump(now)
         self.due = None
@@ -382,6 +380,12 @@ class Dispatcher:
                     log.warning("%s", why)
             for c in [c for c in cursors if not c.clients() and now - c.idle_since > o.idle_close]:
                 self._close_cursor(key, c, f"after {o.idle_close:.0f}s without clients")
+
+    def drop_gone(self) -> None:
+        """Drop the clients a send found gone (at the last dispatch): what they sent before they went
+        (their last acks, their bye) has been read since."""
+        for client in [c for c in self.clients.values() if c.unreachable]:
+            self.drop(client, "is unreachable")
 
     def drained(self) -> bool:
         """No shared-mode batch is in flight (what a stopping server waits for)."""

@@ -167,6 +167,8 @@ class Server:
                     self._receive()
                 if deadline is None:
                     d.dispatch()
+                else:   # (draining: what a gone client held is re-queued, not waited for)
+                    d.drop_gone()
                 if now >= next_tick:
                     next_tick = now + 1.0
                     d.tick(now)
