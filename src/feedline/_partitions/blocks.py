@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BLOCK", "MAX_BLOCKS", "RETIRED", "BlockArena", "Blocks", "HeldBlocks"]
+__all__ = ["BLOCK", "MAX_BLOCKS", "RETIRED", "BlockArena", "Blocks", "HeldBlocks", "fence"]
 
 #: A block's bytes: a gather of 16 batches of 16 x 1024 with six int32 fields and their counts is ~4.4 MB.
 BLOCK = 8 << 20
@@ -60,8 +60,10 @@ _ALIGN = 64
 _LOCK = threading.Lock()
 
 
-def _fence() -> None:
-    """A full memory barrier (a lock taken and given back), as :mod:`.ring`'s."""
+def fence() -> None:
+    """A full memory barrier (a lock taken and given back): what one process read out of shared memory
+    is read before a word it writes next lets the other overwrite it, on every architecture (the ring's
+    and the blocks' words)."""
     with _LOCK:
         pass
 
@@ -109,7 +111,7 @@ class Blocks:
         held = set(self.current.values())
         for b in range(self.count):
             if b not in held and self._word(b) == 0:
-                _fence()   # (the parent's reads of what it freed came before its word)
+                fence()   # (the parent's reads of what it freed came before its word)
                 self.current[key], self.sent[b] = b, 0
                 return BlockArena(b, self.mem[self.at + b * self.size:self.at + (b + 1) * self.size])
         return None
@@ -175,5 +177,5 @@ class HeldBlocks:
             word = _WORD.unpack_from(self.mem, self.words + 8 * b)[0]
             if word & RETIRED and word & ~RETIRED == self.read[b] and all(r() is None for r in self.held[b]):
                 self.held[b], self.read[b] = [], 0
-                _fence()
+                fence()
                 _WORD.pack_into(self.mem, self.words + 8 * b, 0)

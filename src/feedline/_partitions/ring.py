@@ -42,13 +42,12 @@ import mmap
 import os
 import socket
 import struct
-import threading
 import weakref
 from collections import deque
 
 import numpy as np
 
-from feedline._partitions.blocks import BLOCK, MAX_BLOCKS, Blocks, HeldBlocks
+from feedline._partitions.blocks import BLOCK, MAX_BLOCKS, Blocks, HeldBlocks, fence
 
 __all__ = ["CAPACITY", "HAS_RING", "SLOTS", "RingReader", "RingWriter"]
 
@@ -66,16 +65,6 @@ _WORDS_AT = _SLOTS_AT + SLOTS * _SLOT   # each block's word (:mod:`.blocks`)
 _CONTROL = _WORDS_AT + MAX_BLOCKS * 8   # the control area: one page
 _ALIGN = 64
 _POS = struct.Struct("<Q")
-
-
-def _fence() -> None:
-    """A full memory barrier (a lock taken and given back): what was read out of the ring is read
-    before the release that lets the worker overwrite it, on every architecture."""
-    with _LOCK:
-        pass
-
-
-_LOCK = threading.Lock()
 
 
 class RingWriter:
@@ -132,14 +121,13 @@ class RingWriter:
         _POS.pack_into(self.map, _SLOTS_AT + slot * _SLOT + 8, count)
         if not count:
             return True
-        _fence()
+        fence()
         if self.taken(slot) >= count:
             _POS.pack_into(self.map, _SLOTS_AT + slot * _SLOT + 8, 0)
             return False
         return True
 
     def close(self) -> None:
-        self.blocks = Blocks(self.mem, 0, 0, 0, 0)
         try:
             self.mem.release()
             self.map.close()
@@ -203,7 +191,7 @@ class RingReader:
         at = _SLOTS_AT + slot * _SLOT
         n = _POS.unpack_from(self.map, at)[0] + 1
         _POS.pack_into(self.map, at, n)
-        _fence()
+        fence()
         return _POS.unpack_from(self.map, at + 8)[0] == n  # type: ignore[no-any-return]
 
     def block_region(self, start: int, end: int) -> np.ndarray:
@@ -220,5 +208,5 @@ class RingReader:
         while self.held and all(ref() is None for ref in self.held[0][1]):
             released = self.held.popleft()[0]
         if released is not None:
-            _fence()
+            fence()
             _POS.pack_into(self.map, 0, released)
