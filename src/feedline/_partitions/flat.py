@@ -28,6 +28,7 @@ before (:mod:`.frames`).
 
 from __future__ import annotations
 
+import functools
 import pickle
 import struct
 from collections.abc import Callable
@@ -46,6 +47,7 @@ _BUF = struct.Struct("<QQ")
 PLAIN_KINDS = frozenset("biufc")
 
 
+@functools.lru_cache(maxsize=64)
 def _struct(ndims: tuple[int, ...]) -> struct.Struct:
     """A batch's integers: generation, partition, number, each array's offset, then every dimension."""
     return struct.Struct("<qqq" + "Q" * len(ndims) + "Q" * sum(ndims))
@@ -65,23 +67,23 @@ class Flat:
 
     def extra(self) -> Any:
         """What goes pickled (``None``: nothing): the layout where it is new, and the states where any is sent."""
-        states = [m[4] for m in self.msgs]
-        if self.known and all(s is None for s in states):
+        if self.known and all(m[4] is None for m in self.msgs):
             return None
-        return (None if self.known else (self.number, self.key), states)
+        return (None if self.known else (self.number, self.key), [m[4] for m in self.msgs])
 
     def header(self, layouts: dict[Any, int], at: list[int], start: int, end: int, extra: bytes,
                sizes: list[int]) -> bytes:
         """The header, the arrays placed at ``at`` (then the pickled part's buffers, ``sizes`` bytes
         each) in the region ``start``..``end``; the layout is noted in ``layouts`` as sent."""
         layouts[self.key] = self.number
-        n, one = len(self.key[0]), _struct(self.key[2])
-        k = len(self.arrays)
+        n, one, arrays = len(self.key[0]), _struct(self.key[2]), self.arrays
+        k = len(arrays)
         parts = [_HEAD.pack(len(self.msgs), self.number, len(extra), len(sizes), start, end),
                  *[_BUF.pack(p - start, size) for p, size in zip(at[k:], sizes)], extra]
         for j, m in enumerate(self.msgs):
-            dims = [d for a in self.arrays[j * n:(j + 1) * n] for d in a.shape]
-            parts.append(one.pack(m[1], m[2], m[5], *[p - start for p in at[j * n:(j + 1) * n]], *dims))
+            i = j * n
+            parts.append(one.pack(m[1], m[2], m[5], *[p - start for p in at[i:i + n]],
+                                  *[d for a in arrays[i:i + n] for d in a.shape]))
         return b"".join(parts)
 
 
@@ -94,30 +96,49 @@ def encode(layouts: dict[Any, int], msgs: list[tuple[Any, ...]]) -> Flat | None:
     for m in msgs:
         if len(m) != 6 or m[0] != "batch" or type(m[3]) is not dict:
             return None
-        batch = m[3]
         if names is None:
-            names = tuple(batch)
-        elif len(batch) != len(names) or tuple(batch) != names:
+            names = tuple(m[3])
+        elif tuple(m[3]) != names:
             return None
-        arrays.extend(batch.values())
+        arrays += m[3].values()
     if not names:   # (no message, or a batch without fields: pickled)
         return None
-    n = len(names)
+    ndarray, kinds = np.ndarray, PLAIN_KINDS
     for a in arrays:
-        if type(a) is not np.ndarray or not a.flags.c_contiguous or a.dtype.kind not in PLAIN_KINDS:
+        if type(a) is not ndarray or not a.flags.c_contiguous or a.dtype.kind not in kinds:
             return None
-    key = (names, tuple([a.dtype.str for a in arrays[:n]]), tuple([a.ndim for a in arrays[:n]]))
+    n = len(names)
+    key = (names, tuple([a.dtype for a in arrays[:n]]), tuple([a.ndim for a in arrays[:n]]))
     for i in range(n, len(arrays), n):
-        if tuple([a.dtype.str for a in arrays[i:i + n]]) != key[1] or tuple([a.ndim for a in arrays[i:i + n]]) != key[2]:
+        if tuple([a.dtype for a in arrays[i:i + n]]) != key[1] or tuple([a.ndim for a in arrays[i:i + n]]) != key[2]:
             return None
     return Flat(msgs, arrays, key, layouts)
+
+
+class _Layout:
+    """One layout as the parent reads it: a batch's struct, and where each field's offset and
+    dimensions lie among its integers."""
+
+    __slots__ = ("fields", "one")
+
+    def __init__(self, names: tuple[str, ...], dtypes: tuple[Any, ...], ndims: tuple[int, ...]) -> None:
+        self.one = _struct(ndims)
+        self.fields, d = [], 3 + len(names)
+        for i, (name, dtype, nd) in enumerate(zip(names, dtypes, ndims)):
+            self.fields.append((name, np.dtype(dtype), 3 + i, d, d + nd))
+            d += nd
+
+    def batch(self, v: tuple[int, ...], buf: np.ndarray) -> dict[str, np.ndarray]:
+        """One batch's arrays over ``buf``, from its integers ``v``."""
+        nd = np.ndarray
+        return {name: nd(v[lo:hi], dtype, buf, v[at]) for name, dtype, at, lo, hi in self.fields}
 
 
 class Layouts:
     """The parent's end: the layouts a worker sent, and :meth:`decode`."""
 
     def __init__(self) -> None:
-        self.known: dict[int, tuple[tuple[str, ...], list[np.dtype[Any]], tuple[int, ...], struct.Struct]] = {}
+        self.known: dict[int, _Layout] = {}
 
     def decode(self, head: bytes | bytearray | memoryview, region: Callable[[int, int], np.ndarray]) -> list[tuple[Any, ...]]:
         """The messages a header describes, their arrays over ``region(start, end)`` (the ring's part
@@ -127,10 +148,10 @@ class Layouts:
             EOFError: the header is not one :func:`encode` made (a corrupt stream).
         """
         count, number, extra, nbufs, start, end = _HEAD.unpack_from(head, 0)
-        buf = region(start, end)
         at = _HEAD.size + nbufs * _BUF.size
         states: list[Any] = [None] * count
         if extra:
+            buf = region(start, end)
             try:   # the pickled part's arrays are copied out: a state is kept long, and must not hold the ring
                 bufs = [buf[o:o + size].copy() for o, size in _BUF.iter_unpack(head[_HEAD.size:at])]
                 layout, states = pickle.loads(memoryview(head)[at:at + extra], buffers=bufs)
@@ -138,22 +159,17 @@ class Layouts:
                 raise EOFError(f"a partition worker's message has a broken header ({e}): the stream is corrupt") from e
             at += extra
             if layout is not None:
-                names, dtypes, ndims = layout[1]
-                self.known[layout[0]] = (names, [np.dtype(d) for d in dtypes], ndims, _struct(ndims))
-        if number not in self.known or len(states) != count:
+                self.known[layout[0]] = _Layout(*layout[1])
+        known = self.known.get(number)
+        if known is None or len(states) != count:
             raise EOFError("a partition worker's message names a batch layout it never sent: the stream is corrupt")
-        names, dtypes, ndims, one = self.known[number]
+        one = known.one
         if len(head) != at + count * one.size:
             raise EOFError(f"a partition worker's message of {count} batches has a {len(head)}-byte header: the stream is corrupt")
-        n, out = len(names), []
+        if not extra:
+            buf = region(start, end)
         try:
-            for j in range(count):
-                v = one.unpack_from(head, at + j * one.size)
-                d, batch = 3 + n, {}
-                for i in range(n):
-                    batch[names[i]] = np.ndarray(v[d:d + ndims[i]], dtypes[i], buf, v[3 + i])
-                    d += ndims[i]
-                out.append(("batch", v[0], v[1], batch, states[j], v[2]))
+            return [("batch", v[0], v[1], known.batch(v, buf), state, v[2])
+                    for v, state in zip(one.iter_unpack(memoryview(head)[at:]), states)]
         except (TypeError, ValueError) as e:   # an array outside its region
             raise EOFError(f"a partition worker's message places an array outside its memory ({e}): the stream is corrupt") from e
-        return out

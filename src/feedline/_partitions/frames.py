@@ -161,7 +161,7 @@ class FrameWriter:
             if found is not None:   # laid out in place: only where they lie goes
                 at, start, end, b = found
                 header = flat.header(self.layouts, at, start, end, b"", [])
-                _send_all(self.sock, [_PREFIX.pack(_IN_RING | _FLAT | _BLOCK, len(header)) + header], self._fresh())
+                _send_all(self.sock, [_PREFIX.pack(_IN_RING | _FLAT | _BLOCK, len(header)) + header], self._fresh(), True)
                 self.ring.blocks.sent[b] += 1
                 return True
             if kind == "many" and any(self.ring.blocks.holds(m[3]) for m in msg[1]):
@@ -278,11 +278,21 @@ class FrameReader:
     def _recv(self) -> Any:
         if self.sock is None:
             return self.conn.recv()
-        count, header_size = _PREFIX.unpack(self._take(_PREFIX.size))
+        if self.hi - self.lo >= _PREFIX.size:   # (the common case: read in place)
+            count, header_size = _PREFIX.unpack_from(self.buf, self.lo)
+            self.lo += _PREFIX.size
+        else:
+            count, header_size = _PREFIX.unpack(self._take(_PREFIX.size))
         if count & _FLAT:   # batches as integers, their arrays in the ring or a block (:mod:`.flat`)
             if self.ring is None or count & ~_BLOCK != _IN_RING | _FLAT:
                 raise EOFError("a partition worker's message is in shared memory it never sent: the stream is corrupt")
-            msgs = self.layouts.decode(self._take(header_size), self.ring.block_region if count & _BLOCK else self.ring.region)
+            region = self.ring.block_region if count & _BLOCK else self.ring.region
+            if self.hi - self.lo >= header_size:   # decoded where it lies (nothing reads the socket meanwhile)
+                head: bytes | memoryview = self.view[self.lo:self.lo + header_size]
+                self.lo += header_size
+            else:
+                head = self._take(header_size)
+            msgs = self.layouts.decode(head, region)
             return msgs[0] if len(msgs) == 1 else ("many", msgs)
         shared, as_views, count = count & _IN_RING, count & _VIEWS, count & ~(_IN_RING | _VIEWS | _FLAT)
         if count > MAX_BUFFERS:
@@ -404,9 +414,14 @@ def _advance(views: list[memoryview], n: int) -> list[memoryview]:
     return rest
 
 
-def _send_all(sock: socket.socket, views: list[Any], ancillary: list[Any] | None = None) -> None:
+def _send_all(sock: socket.socket, views: list[Any], ancillary: list[Any] | None = None, one: bool = False) -> None:
     """Write ``views`` in order, in one system call where the socket takes them all (``sendmsg``;
-    ``ancillary`` goes with the first byte)."""
+    ``ancillary`` goes with the first byte); ``one``: a single ``bytes``, tried whole first."""
+    if one:
+        n = sock.sendmsg(views, ancillary or ())
+        if n == len(views[0]):
+            return
+        views, ancillary = [memoryview(views[0])[n:]], None
     pending = [m for m in (memoryview(v).cast("B") for v in views) if m.nbytes]
     while pending:
         pending = _advance(pending, sock.sendmsg(pending[:_IOV_MAX], ancillary or []))
