@@ -8,6 +8,7 @@ import doctest
 import gc
 import mmap
 import multiprocessing
+import socket
 import threading
 from typing import Any
 
@@ -15,12 +16,13 @@ import numpy as np
 import pytest
 
 from feedline._batching.compact import CompactBatch
-from feedline._partitions import frames, ring
+from feedline._partitions import frames, ring, sockets
 from feedline._partitions.frames import FrameReader, FrameWriter
 
 
 def test_docstring_examples() -> None:
     assert doctest.testmod(frames).failed == 0
+    assert doctest.testmod(sockets).failed == 0
 
 
 def message() -> tuple[Any, ...]:
@@ -381,13 +383,42 @@ def test_the_reader_takes_what_the_pipe_has_in_one_read_and_never_waits_for_a_me
     msgs = [("batch", 1, 0, _laid(i), None, i) for i in range(3)] + [("alive",), ("state", 1, 0, 5, {"big": "x" * 200_000})]
     for m in msgs:
         writer.send(m, views=True)
-    reader.sock = _Counting(reader.sock)   # type: ignore[assignment]
+    assert reader.io is not None
+    reader.io.sock = _Counting(reader.io.sock)   # type: ignore[assignment]
     got = [reader.recv_ready() for _ in msgs]
     assert [g[0] for g in got] == ["batch", "batch", "batch", "alive", "state"]
     assert all((g[3]["labels"] == m[3]["labels"]).all() for g, m in zip(got[:3], msgs))
     assert got[4][4]["big"] == "x" * 200_000
-    assert reader.sock.calls <= 3   # type: ignore[attr-defined]   # (the small ones in one read; the big header beside it)
+    assert reader.io.sock.calls <= 3   # type: ignore[attr-defined]   # (the small ones in one read; the big header beside it)
     assert reader.recv_ready() is None and reader.drained and not reader.buffered()
     del got
     writer.close()
     reader.close()
+
+
+class _Stingy:
+    """A real socket whose ``sendmsg`` takes at most 1000 bytes a call (as one interrupted by a signal)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.calls = sock, 0
+
+    def sendmsg(self, views: list[Any], ancillary: Any = ()) -> int:
+        self.calls += 1
+        first = memoryview(views[0]).cast("B")[:1000]
+        return self.sock.sendmsg([first], list(ancillary))
+
+
+def test_a_frame_the_socket_takes_in_parts_is_written_whole_and_in_order() -> None:
+    """``send_all`` with ``one`` tries the bytes whole; what the socket did not take goes after, in order."""
+    a, b = multiprocessing.Pipe(duplex=True)
+    out, inp = sockets.socket_of(b), sockets.socket_of(a)
+    assert out is not None and inp is not None
+    stingy = _Stingy(out)
+    data = np.random.default_rng(1).integers(0, 256, 5500, dtype=np.uint8).tobytes()
+    sockets.send_all(stingy, [data], None, True)   # type: ignore[arg-type]
+    reader = sockets.BufferedSocket(inp, lambda fd: None)
+    got = bytearray(len(data))
+    reader.read_all([memoryview(got)])
+    assert bytes(got) == data and stingy.calls == 6
+    out.close()
+    inp.close()

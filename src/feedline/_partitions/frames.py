@@ -27,8 +27,8 @@ a message whose arrays were laid out in one of the worker's blocks (:mod:`.block
 made them there) is not copied at all: ``<u32 IN_RING | FLAT | BLOCK> ...``, its positions in
 the blocks. A message
 whose buffers do not fit in the ring's free part goes as above. The parent's end reads what the
-socket has into a buffer of its own, so a prefix and its header (or several small messages) cost
-one system call. Messages the other way (the parent's starts, stops and wakes) stay on the
+socket has into a buffer of its own (:mod:`.sockets`), so a prefix and its header (or several small
+messages) cost one system call, and a header is read where it lies there. Messages the other way (the parent's starts, stops and wakes) stay on the
 ``Connection``: the duplex pipe is a socket pair, whose two directions are separate byte streams.
 Where the pipe is not a socket (Windows), both ends use the ``Connection`` as before.
 
@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import array
 import io
-import os
 import pickle
 import socket
 import struct
@@ -57,6 +56,7 @@ from feedline._core.deferred import shipping
 from feedline._partitions.blocks import BLOCK, BlockArena
 from feedline._partitions.flat import PLAIN_KINDS, Layouts, encode
 from feedline._partitions.ring import CAPACITY, HAS_RING, RingReader, RingWriter
+from feedline._partitions.sockets import BufferedSocket, send_all, socket_of
 
 __all__ = ["FrameReader", "FrameWriter"]
 
@@ -65,14 +65,10 @@ _SIZE = struct.Struct("<Q")
 #: The most out-of-band buffers one message may announce (a batch has one per field; a "many"
 #: message one per field of each batch in it); more means the stream is corrupt.
 MAX_BUFFERS = 1 << 16
-_WAITALL = getattr(socket, "MSG_WAITALL", 0)
-_IOV_MAX = 512   # buffers per sendmsg/recvmsg call (the system's limit is at least 1024)
 _IN_RING = 1 << 31   # (in the buffer count) the arrays are in the worker's shared memory: :mod:`.ring`
 _VIEWS = 1 << 30     # (with it) and may be handed out where they lie
 _FLAT = 1 << 29      # (with IN_RING) batches described as integers: :mod:`.flat`
 _BLOCK = 1 << 28     # (with FLAT) their arrays where the batcher made them, in a block: :mod:`.blocks`
-_ANCILLARY = socket.CMSG_SPACE(4) if HAS_RING else 0   # room for one descriptor
-_BUFFER = 1 << 16   # what the parent's end reads at once (headers; arrays outside the ring are read into their own memory)
 
 
 class _Pickler(pickle.Pickler):
@@ -93,26 +89,13 @@ def _dumps(msg: Any, buffers: list[pickle.PickleBuffer]) -> bytes:
     return out.getvalue()
 
 
-def _socket_of(conn: Connection) -> socket.socket | None:
-    """A socket over a duplicate of ``conn``'s descriptor, or ``None`` where it is not a socket."""
-    try:
-        fd = os.dup(conn.fileno())
-    except (OSError, AttributeError):
-        return None
-    try:
-        return socket.socket(fileno=fd)
-    except OSError:
-        os.close(fd)
-        return None
-
-
 class FrameWriter:
     """The worker's end: :meth:`send` writes one message (from one thread)."""
 
     def __init__(self, conn: Connection, ring: int = CAPACITY, blocks: int = 0, block: int = BLOCK) -> None:
         self.conn = conn
         self.blocks, self.block = blocks, block   # the blocks after the ring, for the batcher's gathers (:mod:`.blocks`)
-        self.sock = _socket_of(conn)
+        self.sock = socket_of(conn)
         self.sent: OrderedDict[bytes, Any] = OrderedDict()   # what went whole lately (a pack window: see shipping)
         self.ring: RingWriter | None = None   # made at the first message with arrays (its descriptor goes with it)
         self.capacity = ring   # its bytes (0: none, every array through the socket)
@@ -144,9 +127,9 @@ class FrameWriter:
             at, end, ancillary = placed
             where = b"".join(_SIZE.pack(a) for a in at) + _SIZE.pack(end)
             kind = _IN_RING | (_VIEWS if views else 0)
-            _send_all(self.sock, [_PREFIX.pack(len(raw) | kind, len(header)) + sizes + where + header], ancillary)
+            send_all(self.sock, [_PREFIX.pack(len(raw) | kind, len(header)) + sizes + where + header], ancillary)
             return
-        _send_all(self.sock, [_PREFIX.pack(len(raw), len(header)) + sizes + header, *raw], self._fresh())
+        send_all(self.sock, [_PREFIX.pack(len(raw), len(header)) + sizes + header, *raw], self._fresh())
 
     def _send_flat(self, msg: Any) -> bool:
         """Send ``msg`` as integers (:mod:`.flat`) where it is batches of plain arrays and they fit in the ring."""
@@ -161,7 +144,7 @@ class FrameWriter:
             if found is not None:   # laid out in place: only where they lie goes
                 at, start, end, b = found
                 header = flat.header(self.layouts, at, start, end, b"", [])
-                _send_all(self.sock, [_PREFIX.pack(_IN_RING | _FLAT | _BLOCK, len(header)) + header], self._fresh(), True)
+                send_all(self.sock, [_PREFIX.pack(_IN_RING | _FLAT | _BLOCK, len(header)) + header], self._fresh(), True)
                 self.ring.blocks.sent[b] += 1
                 return True
             if kind == "many" and any(self.ring.blocks.holds(m[3]) for m in msg[1]):
@@ -184,7 +167,7 @@ class FrameWriter:
         at, end, ancillary = placed
         header = flat.header(self.layouts, at, at[0] if at else end, end, extra or b"",
                              [v.nbytes for v in raw[len(flat.arrays):]])
-        _send_all(self.sock, [_PREFIX.pack(_IN_RING | _FLAT, len(header)) + header], ancillary)
+        send_all(self.sock, [_PREFIX.pack(_IN_RING | _FLAT, len(header)) + header], ancillary)
         return True
 
     def arena(self, key: Any, nbytes: int) -> BlockArena | None:
@@ -239,23 +222,27 @@ class FrameWriter:
 
 class FrameReader:
     """The parent's end: :meth:`recv` reads one message, :meth:`recv_ready` one that has begun to
-    arrive (from one thread at a time). What the socket has is read in one call into a buffer of
-    its own (a header and its prefix, or several small messages, cost one system call, not two each)."""
+    arrive (from one thread at a time), through a :class:`~feedline._partitions.sockets.BufferedSocket`."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
-        self.sock = _socket_of(conn)
+        self.sock = socket_of(conn)
+        self.io = BufferedSocket(self.sock, self._shared) if self.sock is not None else None
         self.kept: OrderedDict[bytes, Any] = OrderedDict()   # what came whole lately (see FrameWriter.sent)
         self.ring: RingReader | None = None   # the worker's shared memory, once its descriptor came
         self.layouts = Layouts()   # the batch layouts the worker sent (:mod:`.flat`)
-        self.buf = bytearray(_BUFFER)   # read from the socket, not yet taken: buf[lo:hi]
-        self.view = memoryview(self.buf)
-        self.lo = self.hi = 0
-        self.drained = False   # the last read took all the socket had then
+
+    def _shared(self, fd: int) -> None:
+        self.ring = RingReader(fd)
 
     def buffered(self) -> bool:
         """Whether part of a message was read and not yet taken."""
-        return self.hi > self.lo
+        return self.io is not None and self.io.buffered() > 0
+
+    @property
+    def drained(self) -> bool:
+        """Whether the last read took all the socket had then."""
+        return self.io is not None and self.io.drained
 
     def recv(self) -> Any:
         """The next message.
@@ -269,36 +256,28 @@ class FrameReader:
 
     def recv_ready(self) -> Any:
         """The next message where any of it has arrived (then it waits for the rest), else ``None`` at once."""
-        if self.sock is None:
+        if self.io is None:
             return self.recv() if self.conn.poll() else None
-        if self.lo == self.hi and not self._fill(socket.MSG_DONTWAIT):
+        if not self.io.buffered() and not self.io.fill(socket.MSG_DONTWAIT):
             return None
         return self.recv()
 
     def _recv(self) -> Any:
-        if self.sock is None:
+        io = self.io
+        if io is None:
             return self.conn.recv()
-        if self.hi - self.lo >= _PREFIX.size:   # (the common case: read in place)
-            count, header_size = _PREFIX.unpack_from(self.buf, self.lo)
-            self.lo += _PREFIX.size
-        else:
-            count, header_size = _PREFIX.unpack(self._take(_PREFIX.size))
+        count, header_size = _PREFIX.unpack(io.take(_PREFIX.size))
         if count & _FLAT:   # batches as integers, their arrays in the ring or a block (:mod:`.flat`)
             if self.ring is None or count & ~_BLOCK != _IN_RING | _FLAT:
                 raise EOFError("a partition worker's message is in shared memory it never sent: the stream is corrupt")
             region = self.ring.block_region if count & _BLOCK else self.ring.region
-            if self.hi - self.lo >= header_size:   # decoded where it lies (nothing reads the socket meanwhile)
-                head: bytes | memoryview = self.view[self.lo:self.lo + header_size]
-                self.lo += header_size
-            else:
-                head = self._take(header_size)
-            msgs = self.layouts.decode(head, region)
+            msgs = self.layouts.decode(io.take(header_size), region)   # (at once: the header may lie in the buffer)
             return msgs[0] if len(msgs) == 1 else ("many", msgs)
         shared, as_views, count = count & _IN_RING, count & _VIEWS, count & ~(_IN_RING | _VIEWS | _FLAT)
         if count > MAX_BUFFERS:
             raise EOFError(f"a partition worker's message announces {count} buffers: the stream is corrupt")
         skip = _SIZE.size * (2 * count + 1 if shared else count)
-        head = self._take(skip + header_size)
+        head = io.take(skip + header_size)   # (read before anything more is: the arrays go to their own memory)
         sizes = [_SIZE.unpack_from(head, _SIZE.size * i)[0] for i in range(count)]
         if shared:
             if self.ring is None:
@@ -309,7 +288,7 @@ class FrameReader:
             if self.ring is not None:   # (the ring's parts no longer held are given back at every message)
                 self.ring.release()
             buffers = [np.empty(size, dtype=np.uint8) for size in sizes]
-            self._read_all([b.data for b in buffers])   # the arrays' own memory: the socket writes into it
+            io.read_all([b.data for b in buffers])   # the arrays' own memory: the socket writes into it
         return pickle.loads(memoryview(head)[skip:], buffers=buffers)
 
     def close(self) -> None:
@@ -322,107 +301,3 @@ class FrameReader:
                 pass
             self.sock.close()
         self.ring = None   # (unmapped once a thread still taking from it is done)
-
-    def _fill(self, flags: int = 0) -> bool:
-        """Read what the socket has (at least a byte: waits for one, unless ``flags`` says not to) into
-        the buffer, and the worker's shared memory where its descriptor comes with it (a descriptor
-        comes with the first byte of its message: every read leaves room for it); ``False`` where
-        nothing was there (``MSG_DONTWAIT``)."""
-        assert self.sock is not None
-        if self.lo == self.hi:
-            self.lo = self.hi = 0
-        elif self.hi == len(self.buf):   # full
-            self._compact()
-        free = len(self.buf) - self.hi
-        try:
-            got, ancillary, _, _ = self.sock.recvmsg_into([self.view[self.hi:]], _ANCILLARY, flags)
-        except BlockingIOError:
-            self.drained = True
-            return False
-        if got == 0:
-            raise EOFError("the partition worker closed its pipe")
-        for level, kind, data in ancillary:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds = array.array("i")
-                fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
-                for fd in fds[1:]:
-                    os.close(fd)
-                if fds:
-                    self.ring = RingReader(fds[0])
-        self.hi += got
-        self.drained = got < free
-        return True
-
-    def _compact(self) -> None:
-        """Move what is read and not yet taken to the buffer's start."""
-        n = self.hi - self.lo
-        self.buf[:n] = bytes(self.view[self.lo:self.hi])   # (a copy: the two overlap)
-        self.lo, self.hi = 0, n
-
-    def _take(self, n: int) -> bytes:
-        """The next ``n`` bytes (waiting for them)."""
-        if n > len(self.buf):   # (a large pickled header) read beside the buffer
-            big = bytearray(n)
-            self._read_into(memoryview(big))
-            return bytes(big)
-        while self.hi - self.lo < n:
-            if len(self.buf) - self.lo < n:   # not room enough after lo
-                self._compact()
-            self._fill()
-        got = bytes(self.view[self.lo:self.lo + n])
-        self.lo += n
-        return got
-
-    def _read_into(self, view: memoryview) -> None:
-        """Fill ``view``: from the buffer first, then straight from the socket."""
-        assert self.sock is not None
-        got, n = min(view.nbytes, self.hi - self.lo), view.nbytes
-        if got:
-            view[:got] = self.view[self.lo:self.lo + got]
-            self.lo += got
-        while got < n:
-            k = self.sock.recv_into(view[got:], n - got, _WAITALL)
-            if k == 0:
-                raise EOFError("the partition worker closed its pipe")
-            got += k
-
-    def _read_all(self, views: list[memoryview]) -> None:
-        """Fill ``views`` in order (what the buffer has first), in one system call where the kernel has the rest (``MSG_WAITALL``)."""
-        assert self.sock is not None
-        pending = [v.cast("B") for v in views if v.nbytes]
-        while pending and self.lo < self.hi:
-            k = min(pending[0].nbytes, self.hi - self.lo)
-            pending[0][:k] = self.view[self.lo:self.lo + k]
-            self.lo += k
-            pending = _advance(pending, k)
-        while pending:
-            k = self.sock.recvmsg_into(pending[:_IOV_MAX], 0, _WAITALL)[0]
-            if k == 0:
-                raise EOFError("the partition worker closed its pipe")
-            pending = _advance(pending, k)
-
-
-def _advance(views: list[memoryview], n: int) -> list[memoryview]:
-    """``views`` without their first ``n`` bytes."""
-    i = 0
-    while i < len(views) and n >= views[i].nbytes:
-        n -= views[i].nbytes
-        i += 1
-    rest = views[i:]
-    if n:
-        rest[0] = rest[0][n:]
-    return rest
-
-
-def _send_all(sock: socket.socket, views: list[Any], ancillary: list[Any] | None = None, one: bool = False) -> None:
-    """Write ``views`` in order, in one system call where the socket takes them all (``sendmsg``;
-    ``ancillary`` goes with the first byte); ``one``: a single ``bytes``, tried whole first."""
-    if one:
-        n = sock.sendmsg(views, ancillary or ())
-        if n == len(views[0]):
-            return
-        views, ancillary = [memoryview(views[0])[n:]], None
-    pending = [m for m in (memoryview(v).cast("B") for v in views) if m.nbytes]
-    while pending:
-        pending = _advance(pending, sock.sendmsg(pending[:_IOV_MAX], ancillary or []))
-        ancillary = None
