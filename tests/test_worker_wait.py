@@ -8,6 +8,7 @@ from __future__ import annotations
 import doctest
 import multiprocessing
 import os
+import select
 import threading
 import time
 
@@ -110,3 +111,43 @@ def test_credit_counted_in_the_ring_wakes_the_worker_exactly_at_the_count_it_ask
         assert not reader.took(5)             # another partition's word
     finally:
         writer.close()
+
+
+def _take_n(fd: int, n: int, wakes: int) -> None:
+    """The parent's side in a process of its own: ``n`` takes counted, a byte on ``wakes`` for each that says to wake."""
+    reader = ring.RingReader(fd)
+    for _ in range(n):
+        if reader.took(3):
+            os.write(wakes, b"w")
+    os._exit(0)
+
+
+@pytest.mark.skipif(not ring.HAS_RING, reason="shared memory (Linux)")
+def test_no_wake_is_lost_while_the_parent_counts_takes_in_another_process() -> None:
+    """The two processes race on the count and the word thousands of times: every wait the worker
+    asks for ends with a wake (a word read half written, as ``struct.pack_into`` wrote them, lost
+    about one in thirty, and the worker slept until its heartbeat), and the count it reads never goes back."""
+    writer = ring.RingWriter(1 << 16)
+    n = 300_000
+    r, w = os.pipe()
+    child = multiprocessing.get_context("fork").Process(target=_take_n, args=(os.dup(writer.fd), n, w))
+    child.start()
+    lost = waits = back = 0
+    last = 0
+    try:
+        while (seen := writer.taken(3)) < n - 2:
+            back += seen < last
+            last = seen
+            if writer.wake_at(3, seen + 2):   # (at most n: the parent gets there)
+                waits += 1
+                ready, _, _ = select.select([r], [], [], 5.0)
+                if not ready:
+                    lost += 1
+                    break
+                os.read(r, 1)   # (a wake, or one left from a wait that did not happen: either ends this one)
+    finally:
+        child.join(10)
+        writer.close()
+        os.close(r)
+        os.close(w)
+    assert lost == 0 and back == 0 and waits > 100, (lost, back, waits)

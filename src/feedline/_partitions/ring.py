@@ -47,7 +47,7 @@ from collections import deque
 
 import numpy as np
 
-from feedline._partitions.blocks import BLOCK, MAX_BLOCKS, Blocks, HeldBlocks, fence
+from feedline._partitions.blocks import BLOCK, MAX_BLOCKS, Blocks, HeldBlocks, fence, words_of
 
 __all__ = ["CAPACITY", "HAS_RING", "SLOTS", "RingReader", "RingWriter"]
 
@@ -59,12 +59,12 @@ HAS_RING = hasattr(os, "memfd_create") and hasattr(socket, "SCM_RIGHTS")
 _SLOT = 16      # a partition's credit: the batches the parent took (u64, the parent's) and the count to wake the worker at (u64)
 _SIZES_AT = 8   # after the released position (u64): the ring's bytes, the blocks and their bytes (u64 each, the worker's)
 _SLOTS_AT = 64  # (padded to a cache line)
+_COUNT = _SLOTS_AT // 8   # (the first slot's count, as a control word)
 #: The partitions of one worker whose credit goes through the ring (the others' goes by message).
 SLOTS = 248
 _WORDS_AT = _SLOTS_AT + SLOTS * _SLOT   # each block's word (:mod:`.blocks`)
 _CONTROL = _WORDS_AT + MAX_BLOCKS * 8   # the control area: one page
 _ALIGN = 64
-_POS = struct.Struct("<Q")
 
 
 class RingWriter:
@@ -81,13 +81,14 @@ class RingWriter:
             os.close(self.fd)
             raise
         self.mem = memoryview(self.map)
+        self.word = words_of(self.mem[:_CONTROL])   # the control words, read and written whole
         struct.pack_into("<QQQ", self.map, _SIZES_AT, capacity, blocks, block)
         self.head = 0   # the position after the last region taken (positions only grow; index = position % capacity)
         self.blocks = Blocks(self.mem, _CONTROL + capacity, _WORDS_AT, blocks, block)
 
     def free(self) -> int:
         """The bytes the parent released and the worker may write."""
-        return self.capacity - (self.head - _POS.unpack_from(self.map, 0)[0])
+        return self.capacity - (self.head - self.word[0])  # type: ignore[no-any-return]
 
     def place(self, views: list[memoryview]) -> tuple[list[int], int] | None:
         """Copy ``views`` (bytes) into one region: ``(their positions, the region's end)``, or ``None``
@@ -99,7 +100,7 @@ class RingWriter:
         start = self.head
         if start % self.capacity + total > self.capacity:   # not at the end: from the ring's start
             start += self.capacity - start % self.capacity
-        released = _POS.unpack_from(self.map, 0)[0]
+        released = self.word[0]
         if start + total - released > self.capacity:
             return None
         at = [start + o for o in offsets]
@@ -111,24 +112,26 @@ class RingWriter:
 
     def taken(self, slot: int) -> int:
         """The batches of the partition in ``slot`` the parent took so far (:meth:`RingReader.took`)."""
-        return _POS.unpack_from(self.map, _SLOTS_AT + slot * _SLOT)[0]  # type: ignore[no-any-return]
+        return self.word[_COUNT + 2 * slot]  # type: ignore[no-any-return]
 
     def wake_at(self, slot: int, count: int) -> bool:
         """Ask to be woken (by message) when the parent's count of ``slot`` reaches ``count`` (0: not
         waiting); ``False`` where it already has, so the caller goes on without waiting. The word is
         written, fenced, then the count read again: a take the read missed sees the word (the parent
         counts, fences, then reads it), so exactly one of the two acts."""
-        _POS.pack_into(self.map, _SLOTS_AT + slot * _SLOT + 8, count)
+        self.word[_COUNT + 2 * slot + 1] = count
         if not count:
             return True
         fence()
         if self.taken(slot) >= count:
-            _POS.pack_into(self.map, _SLOTS_AT + slot * _SLOT + 8, 0)
+            self.word[_COUNT + 2 * slot + 1] = 0
             return False
         return True
 
     def close(self) -> None:
         try:
+            self.word.release()
+            self.blocks.word.release()
             self.mem.release()
             self.map.close()
         except BufferError:   # arrays of a block still referred to (a pipeline being closed): unmapped at exit
@@ -151,6 +154,7 @@ class RingReader:
             raise EOFError(f"a partition worker's shared memory is {size} bytes, not the {self.capacity}-byte ring and "
                            f"{blocks} blocks of {block} bytes it says: the stream is corrupt")
         self.mem = memoryview(self.map)
+        self.word = words_of(self.mem[:_CONTROL])   # the control words, read and written whole
         self.blocks = HeldBlocks(self.mem, _CONTROL + self.capacity, _WORDS_AT, blocks, block)
         # each message's region: its end, and its arrays (weakly: it is done when none is left)
         self.held: deque[tuple[int, list[weakref.ref[np.ndarray]]]] = deque()
@@ -188,11 +192,11 @@ class RingReader:
     def took(self, slot: int) -> bool:
         """Count a batch of the partition in ``slot`` taken (its credit: one more batch may come);
         ``True`` where this is the count its worker asked to be woken at (:meth:`RingWriter.wake_at`)."""
-        at = _SLOTS_AT + slot * _SLOT
-        n = _POS.unpack_from(self.map, at)[0] + 1
-        _POS.pack_into(self.map, at, n)
+        at = _COUNT + 2 * slot
+        n = self.word[at] + 1
+        self.word[at] = n
         fence()
-        return _POS.unpack_from(self.map, at + 8)[0] == n  # type: ignore[no-any-return]
+        return self.word[at + 1] == n  # type: ignore[no-any-return]
 
     def block_region(self, start: int, end: int) -> np.ndarray:
         """A message's arrays in one of the worker's blocks (:meth:`region`'s, for :mod:`.blocks`)."""
@@ -209,4 +213,4 @@ class RingReader:
             released = self.held.popleft()[0]
         if released is not None:
             fence()
-            _POS.pack_into(self.map, 0, released)
+            self.word[0] = released
