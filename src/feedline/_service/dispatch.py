@@ -40,7 +40,7 @@ from feedline._service.protocol import (
     unpack_header,
 )
 from feedline._service.ranked import RankedCursor
-from feedline._service.session import MAX_PREFETCH, Client, Hello, validate_hello
+from feedline._service.session import MAX_PREFETCH, Client, validate_hello
 from feedline._service.shared import SharedQueue
 from feedline._service.transport import Transport
 from feedline._service.trust import stream_limits
@@ -82,25 +82,18 @@ class Dispatcher:
                  resume: Mapping[str, dict[str, Any]] | None = None) -> None:
         if not streams:
             raise SpecError("a server needs at least one stream")
-        self.streams = dict(streams)
-        self.options = options
-        self.transport = transport
-        self.initial = dict(initial)
-        self.wake = wake
+        self.streams, self.options, self.transport = dict(streams), options, transport
+        self.initial, self.wake = dict(initial), wake
         self.hashes = {name: p.spec.hash() for name, p in self.streams.items()}
         self.shapes = {name: stream_limits(p.spec) for name, p in self.streams.items()}   # a welcome's "batch"
         self.counters = {name: StreamCounters() for name in self.streams}
         self.clients: dict[bytes, Client] = {}
         self.cursors: dict[tuple[str, int], list[RankedCursor]] = {}
         self.queues: dict[str, SharedQueue] = {}
-        self.stopping = False
-        self.malformed = 0
-        self.internal_errors = 0
+        self.stopping, self.malformed, self.internal_errors = False, 0, 0
         self.stats = stats or (lambda: {})
         self.resume = dict(resume or {})
-        #: When a held send is due (monotonic seconds; ``None``: nothing held): the event loop
-        #: dispatches again by then.
-        self.due: float | None = None
+        self.due: float | None = None   # when a held send is due (monotonic; None: none): the loop dispatches by then
 
     # ---------------------------------------------------------------- inbound
     def receive(self, ident: bytes, frames: Sequence[Any], now: float | None = None) -> None:
@@ -186,7 +179,8 @@ class Dispatcher:
         self.transport.send(ident, [pack("welcome", v=PROTOCOL_VERSION, stream=name, spec_hash=self.hashes[name],
                                          state=state_json, heartbeat=self.options.heartbeat,
                                          timeout=self.options.timeout, prefetch=in_flight, batch=self.shapes[name])])
-        log.info("client %s joined stream %r as %s", ident.hex(), name, _role(hello))
+        role = "shared" if hello.mode == "shared" else f"rank {hello.rank}/{hello.world_size}"
+        log.info("client %s joined stream %r as %s", ident.hex(), name, role)
 
     def _queue_for(self, name: str, start: Mapping[str, Any] | None) -> SharedQueue:
         q = self.queues.get(name)
@@ -401,7 +395,3 @@ class Dispatcher:
             d.close()
         self.cursors.clear()
         self.queues.clear()
-
-
-def _role(hello: Hello) -> str:
-    return "shared" if hello.mode == "shared" else f"rank {hello.rank}/{hello.world_size}"
