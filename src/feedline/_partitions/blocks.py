@@ -187,8 +187,10 @@ class HeldBlocks:
     def release(self) -> None:
         """Free each block that the worker retired, whose messages were all read and none of whose arrays is left."""
         for b in range(self.count):
-            word = self.word[b]
-            if word & RETIRED and word & ~RETIRED == self.read[b] and all(r() is None for r in self.held[b]):
+            word, held = self.word[b], self.held[b]
+            # (the newest message's arrays are, as a rule, dropped last: looked at first)
+            if word & RETIRED and word & ~RETIRED == self.read[b] and not (held and held[-1]() is not None) \
+                    and all(r() is None for r in held):
                 self.held[b], self.read[b] = [], 0
                 fence()
                 self.word[b] = 0
