@@ -38,7 +38,9 @@ real tokens and reads the CPU seconds (user + system) of the whole process tree 
 the fork server, the workers) and of this process alone. K = 0 is the plain loader in this
 process; K = 1 is ``partitions: 1`` in a worker process (``--placement``); K > 1 as for rates.
 Per setting, medians of ``--rounds`` interleaved rounds: tree CPU seconds per million tokens (and
-as a ratio to K = 0 and to K = 1) and the composing process's CPU ms per step. ``--base CHECKOUT``
+as a ratio to K = 0 and to K = 1: of the medians, and *paired*, the median and range of each
+round's ratio, which a box whose speed drifts within the hour does not move) and the composing
+process's CPU ms per step. ``--base CHECKOUT``
 runs every setting under that checkout's ``src`` too, in the same rounds in alternating order (on a
 shared machine only such same-run ratios mean anything), and prints this one's ratios to it. On 2 cores K = 14
 needs ``--warmup 12``: with less, the window still holds its 14 pipelines' start (0.1 M tok/s).
@@ -139,6 +141,17 @@ def cpu_child(name: str, k: int, placement: str, mb: float, seconds: float, warm
             "ms_per_step": got["cpu_ms_per_step"]}
 
 
+def paired(runs: dict[tuple[str, int], list[dict[str, float]]], t: str, k: int, j: int) -> str:
+    """K's CPU per token over K = ``j``'s, round by round (the two ran minutes apart at most, so a box
+    whose speed drifts over an hour drifts out of each ratio): the median and the range; blank where a
+    run of either failed (the rounds no longer pair up)."""
+    a, b = runs.get((t, k), []), runs.get((t, j), [])
+    if not a or len(a) != len(b):
+        return ""
+    ratios = sorted(x["cpu_s_per_m"] / y["cpu_s_per_m"] for x, y in zip(a, b))
+    return f"{statistics.median(ratios):.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+
+
 def cpu_costs(args: argparse.Namespace, ks: list[int]) -> None:
     """``--cpu``; with ``--base``, each setting runs under both checkouts in the same rounds (this one
     and the base, in alternating order), and a table per checkout is printed, then this one's ratios to the base's."""
@@ -164,15 +177,15 @@ def cpu_costs(args: argparse.Namespace, ks: list[int]) -> None:
                   f"{args.seconds:g} s from {args.warmup:g} s after the first batch, medians of {args.rounds} "
                   f"interleaved fresh processes (K = 0: in-process; K >= 1: {args.placement})"
                   + (f", every process on CPUs {args.pin}" if args.pin else ""))
-            print("| K | M tok/s | tree CPU s / M tok | x K=0 | x K=1 | composer CPU ms/step | each run (CPU s / M) |\n"
-                  "|---|---:|---:|---:|---:|---:|---|")
+            print("| K | M tok/s | tree CPU s / M tok | x K=0 | x K=1 | x K=0, paired | x K=1, paired | composer CPU ms/step "
+                  "| each run (CPU s / M) |\n|---|---:|---:|---:|---:|---:|---:|---:|---|")
             for k in ks:
                 if (t, k) not in med:
                     continue
                 m = med[(t, k)]
                 r0, r1 = (med[(t, j)]["cpu_s_per_m"] if (t, j) in med else float("nan") for j in (0, 1))
                 print(f"| {k} | {m['tokens_per_s'] / 1e6:.2f} | {m['cpu_s_per_m']:.3f} | {m['cpu_s_per_m'] / r0:.2f} | "
-                      f"{m['cpu_s_per_m'] / r1:.2f} | {m['ms_per_step']:.3f} | "
+                      f"{m['cpu_s_per_m'] / r1:.2f} | {paired(runs, t, k, 0)} | {paired(runs, t, k, 1)} | {m['ms_per_step']:.3f} | "
                       f"{', '.join(format(r['cpu_s_per_m'], '.3f') for r in runs[(t, k)])} |", flush=True)
         if args.base:
             print(f"{name}: this / base, tree CPU per token (composer CPU per step): " + ", ".join(
