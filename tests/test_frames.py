@@ -237,7 +237,8 @@ def test_a_batch_crosses_in_one_write_and_three_reads_and_unpickles_without_nump
     batch = {"input_ids": rows, "labels": rows + 1, "position_ids": rows + 2, "attention_mask": np.ones_like(rows),
              "seq_lens": np.ones((16, 64), np.int32), "cu_seqlens": np.ones((16, 65), np.int32)}
     msg = ("batch", 1, 0, batch, {"step": 3})
-    reader.sock, writer.sock = _Counting(reader.sock), _Counting(writer.sock)   # type: ignore[assignment]
+    assert reader.io is not None   # (the reads go through its buffered socket)
+    reader.io.sock, writer.sock = _Counting(reader.sock), _Counting(writer.sock)   # type: ignore[assignment]
     got: list[Any] = []
     t = threading.Thread(target=lambda: got.append(reader.recv()))
     t.start()
@@ -389,7 +390,7 @@ def test_the_reader_takes_what_the_pipe_has_in_one_read_and_never_waits_for_a_me
     assert [g[0] for g in got] == ["batch", "batch", "batch", "alive", "state"]
     assert all((g[3]["labels"] == m[3]["labels"]).all() for g, m in zip(got[:3], msgs))
     assert got[4][4]["big"] == "x" * 200_000
-    assert reader.io.sock.calls <= 3   # type: ignore[attr-defined]   # (the small ones in one read; the big header beside it)
+    assert reader.sock.calls <= 3   # type: ignore[attr-defined]   # (the small ones in one read; the big header beside it)
     assert reader.recv_ready() is None and reader.drained and not reader.buffered()
     del got
     writer.close()

@@ -112,9 +112,6 @@ class Blocks:
         self.current: dict[Any, int] = {}   # key -> its block now
         self.sent = [0] * count             # messages sent from each block in its current use
 
-    def _word(self, b: int) -> int:
-        return self.word[b]  # type: ignore[no-any-return]
-
     def arena(self, key: Any, nbytes: int) -> BlockArena | None:
         """A free block for ``key``'s next gather of ``nbytes`` (its last one is retired), or ``None``."""
         self.retire(key)
@@ -122,7 +119,7 @@ class Blocks:
             return None
         held = set(self.current.values())
         for b in range(self.count):
-            if b not in held and self._word(b) == 0:
+            if b not in held and self.word[b] == 0:
                 fence()   # (the parent's reads of what it freed came before its word)
                 self.current[key], self.sent[b] = b, 0
                 return BlockArena(b, self.mem[self.at + b * self.size:self.at + (b + 1) * self.size])

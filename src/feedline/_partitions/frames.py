@@ -226,11 +226,16 @@ class FrameReader:
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
-        self.sock = socket_of(conn)
-        self.io = BufferedSocket(self.sock, self._shared) if self.sock is not None else None
+        sock = socket_of(conn)
+        self.io = BufferedSocket(sock, self._shared) if sock is not None else None
         self.kept: OrderedDict[bytes, Any] = OrderedDict()   # what came whole lately (see FrameWriter.sent)
         self.ring: RingReader | None = None   # the worker's shared memory, once its descriptor came
         self.layouts = Layouts()   # the batch layouts the worker sent (:mod:`.flat`)
+
+    @property
+    def sock(self) -> socket.socket | None:
+        """The socket over the pipe (``None`` where it is not one: every message on the ``Connection``)."""
+        return self.io.sock if self.io is not None else None
 
     def _shared(self, fd: int) -> None:
         self.ring = RingReader(fd)
