@@ -44,6 +44,9 @@ process's CPU ms per step. ``--base CHECKOUT``
 runs every setting under that checkout's ``src`` too, in the same rounds in alternating order (on a
 shared machine only such same-run ratios mean anything), and prints this one's ratios to it. On 2 cores K = 14
 needs ``--warmup 12``: with less, the window still holds its 14 pipelines' start (0.1 M tok/s).
+``--cpu --windows N`` builds every K's loader in one process and consumes them in alternating
+``--window``-second windows, N each, in ``--rounds`` fresh processes (``bench/cpu_windows.py``): two
+settings are measured a second apart, not minutes, and their ratios pair window by window.
 ``--pin CPUS`` (``--cpu``: e.g. ``0``) runs every setting's process tree on those CPUs only: with
 one, no two threads of a setting run at once, so what K = 1 spends above K = 0 is work it does
 (its pipe, its second process, their wake-ups), not the cost of running in parallel on a shared
@@ -326,6 +329,9 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true", help="tree CPU per M tokens and the composer's CPU per step")
     ap.add_argument("--mb", type=float, default=48, help="--cpu: corpus size per workload (no text twice)")
     ap.add_argument("--pin", help="--cpu: the CPUs (e.g. 0 or 0,1) every setting's process tree runs on")
+    ap.add_argument("--windows", type=int, default=0,
+                    help="--cpu: every K alive in one process, in N alternating windows each (bench/cpu_windows.py)")
+    ap.add_argument("--window", type=float, default=1.0, help="--windows: seconds a window")
     ap.add_argument("--base", help="--cpu: another checkout (its root) run in the same interleaved rounds, for A/B ratios")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -333,6 +339,11 @@ def main() -> None:
         if args.child[0] == "cpu":
             _, name, k, placement, mb, seconds, warmup = args.child
             print(json.dumps(cpu_child(name, int(k), placement, float(mb), float(seconds), float(warmup))))
+            return
+        if args.child[0] == "windows":
+            from cpu_windows import main_child
+
+            main_child(args.child[1:])
             return
         kind, name, k, extra = args.child
         if kind == "breakdown":
@@ -358,6 +369,10 @@ def main() -> None:
         transport(args)
     elif args.one_core:
         one_core(args, ks)
+    elif args.cpu and args.windows:
+        from cpu_windows import cpu_windows
+
+        cpu_windows(args, ks, PLACEMENTS[args.placement], in_fresh_process)
     elif args.cpu:
         cpu_costs(args, ks)
     else:
