@@ -104,13 +104,14 @@ def cpu_windows(args: Any, ks: list[int], parallel: dict[str, Any], in_fresh_pro
     import scaling
 
     names = [n for n in args.workloads.split(",") if n in scaling.WORKLOADS] or ["clm-short", "clm-docs"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "src")}   # this checkout's
     for name in names:
         scaling.spec_for(name, args.mb, 0)  # the corpus written before any clock starts
         runs = []
         for _ in range(args.rounds):
             got = in_fresh_process("windows", name, ",".join(map(str, ks)), json.dumps(parallel), str(args.mb),
                                    str(args.window), str(args.windows), str(args.warmup),
-                                   timeout=120 + len(ks) * (args.warmup + 2 * args.windows * (args.window + 0.5)))
+                                   timeout=120 + len(ks) * (args.warmup + 2 * args.windows * (args.window + 0.5)), env=env)
             if got:
                 runs.append(got)
         if runs:

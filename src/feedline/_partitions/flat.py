@@ -31,10 +31,13 @@ from __future__ import annotations
 import functools
 import pickle
 import struct
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from feedline._core.deferred import shipping
 
 __all__ = ["PLAIN_KINDS", "Flat", "Layouts", "encode"]
 
@@ -140,9 +143,11 @@ class Layouts:
     def __init__(self) -> None:
         self.known: dict[int, _Layout] = {}
 
-    def decode(self, head: bytes | bytearray | memoryview, region: Callable[[int, int], np.ndarray]) -> list[tuple[Any, ...]]:
+    def decode(self, head: bytes | bytearray | memoryview, region: Callable[[int, int], np.ndarray],
+               kept: OrderedDict[bytes, Any] | None = None) -> list[tuple[Any, ...]]:
         """The messages a header describes, their arrays over ``region(start, end)`` (the ring's part
-        the message's arrays lie in, as ``uint8``).
+        the message's arrays lie in, as ``uint8``); ``kept``: the stream's memory, for its pickled
+        part (:func:`~feedline._core.deferred.shipping`).
 
         Raises:
             EOFError: the header is not one :func:`encode` made (a corrupt stream).
@@ -154,7 +159,7 @@ class Layouts:
             buf = region(start, end)
             try:   # the pickled part's arrays are copied out: a state is kept long, and must not hold the ring
                 bufs = [buf[o:o + size].copy() for o, size in _BUF.iter_unpack(head[_HEAD.size:at])]
-                layout, states = pickle.loads(memoryview(head)[at:at + extra], buffers=bufs)
+                layout, states = _loads(memoryview(head)[at:at + extra], bufs, kept)
             except (struct.error, pickle.UnpicklingError, ValueError, TypeError) as e:
                 raise EOFError(f"a partition worker's message has a broken header ({e}): the stream is corrupt") from e
             at += extra
@@ -173,3 +178,10 @@ class Layouts:
                     for v, state in zip(one.iter_unpack(memoryview(head)[at:]), states)]
         except (TypeError, ValueError) as e:   # an array outside its region
             raise EOFError(f"a partition worker's message places an array outside its memory ({e}): the stream is corrupt") from e
+
+
+def _loads(data: memoryview, buffers: list[np.ndarray], kept: OrderedDict[bytes, Any] | None) -> Any:
+    if kept is None:
+        return pickle.loads(data, buffers=buffers)
+    with shipping(kept):   # (what came whole lately, kept by key: a pack window)
+        return pickle.loads(data, buffers=buffers)

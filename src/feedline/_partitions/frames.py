@@ -256,8 +256,10 @@ class FrameReader:
             EOFError: the worker closed its end (exited or died), also in the middle of a message.
             OSError: the pipe failed.
         """
-        with shipping(self.kept):
-            return self._recv()
+        if self.io is None:
+            with shipping(self.kept):
+                return self.conn.recv()
+        return self._recv()
 
     def recv_ready(self) -> Any:
         """The next message where any of it has arrived (then it waits for the rest), else ``None`` at once."""
@@ -269,14 +271,13 @@ class FrameReader:
 
     def _recv(self) -> Any:
         io = self.io
-        if io is None:
-            return self.conn.recv()
+        assert io is not None
         count, header_size = _PREFIX.unpack(io.take(_PREFIX.size))
         if count & _FLAT:   # batches as integers, their arrays in the ring or a block (:mod:`.flat`)
             if self.ring is None or count & ~_BLOCK != _IN_RING | _FLAT:
                 raise EOFError("a partition worker's message is in shared memory it never sent: the stream is corrupt")
             region = self.ring.block_region if count & _BLOCK else self.ring.region
-            msgs = self.layouts.decode(io.take(header_size), region)   # (at once: the header may lie in the buffer)
+            msgs = self.layouts.decode(io.take(header_size), region, self.kept)   # (at once: the header may lie in the buffer)
             return msgs[0] if len(msgs) == 1 else ("many", msgs)
         shared, as_views, count = count & _IN_RING, count & _VIEWS, count & ~(_IN_RING | _VIEWS | _FLAT)
         if count > MAX_BUFFERS:
@@ -294,7 +295,8 @@ class FrameReader:
                 self.ring.release()
             buffers = [np.empty(size, dtype=np.uint8) for size in sizes]
             io.read_all([b.data for b in buffers])   # the arrays' own memory: the socket writes into it
-        return pickle.loads(memoryview(head)[skip:], buffers=buffers)
+        with shipping(self.kept):
+            return pickle.loads(memoryview(head)[skip:], buffers=buffers)
 
     def close(self) -> None:
         """Stop reading: a thread inside :meth:`recv` gets ``EOFError``, and the worker sees the pipe closed

@@ -54,6 +54,7 @@ class WorkerPool:
         # a step asks only those, not every worker (the composer's cost per step does not grow with K)
         self._spoke: deque[int] = deque()
         self._watched = time.monotonic()   # when watch() last ran
+        self._noted = False   # a notice was ever posted (until then a message has none to clear)
         self.beat = min(1.0, options.hang_timeout / 8)   # the workers' heartbeat, and how often silence is checked
 
     def owner(self, p: int) -> int:
@@ -75,10 +76,11 @@ class WorkerPool:
         """The next message of a worker in the pool, as ``(w, message)`` (waits, watching for silent
         workers; waiting for partition ``p``'s batch, a quarter of ``hang_timeout`` without any message
         is named too, once per wait: its worker lives, but its pipeline is slow or stuck)."""
-        since, named = time.monotonic(), False
+        since, named = 0.0, False
         while True:
             got = self._take()
             if got is None:
+                since = since or time.monotonic()
                 self._wait(self.beat)
                 if not self._due():
                     continue
@@ -88,13 +90,15 @@ class WorkerPool:
                     note = (f"waited {waited:.0f} s for a batch of partition {p} from its worker process (pid "
                             f"{live.pid if live is not None else '-'}), which is alive but sent none: its pipeline is "
                             "slow or stuck (a transform that never returns?)")
+                    self._noted = True
                     notices.post((id(self), "wait", p), note)
                     log.warning("%s", note)
                 continue
             w, msg = got
-            notices.clear((id(self), w))
-            if p is not None:
-                notices.clear((id(self), "wait", p))
+            if self._noted:
+                notices.clear((id(self), w))
+                if p is not None:
+                    notices.clear((id(self), "wait", p))
             return w, msg
 
     def idle(self) -> None:
@@ -167,12 +171,14 @@ class WorkerPool:
                 note = (f"the worker process of partitions {worker.owned} (pid {worker.pid}) has said nothing for "
                         f"{silent:.0f} s (stopped, or hung); it is killed and restarted from their states after "
                         f"{limit:.0f} s of silence (parallel.hang_timeout)")
+                self._noted = True
                 notices.post((id(self), self.owner(worker.owned[0])), note)
                 log.warning("%s", note)
             if silent >= limit:
                 worker.named = -1.0   # killed: once
                 note = (f"killed the worker process of partitions {worker.owned} (pid {worker.pid}), silent for "
                         f"{silent:.0f} s; restarting it from their states")
+                self._noted = True
                 notices.post((id(self), self.owner(worker.owned[0])), note)
                 log.warning("%s", note)
                 worker.kill()

@@ -180,7 +180,7 @@ class ProcessPlacement(Placement):
         ring = worker.reader.ring if worker is not None else None
         if worker is None or ring is None:
             return False
-        slot = worker.owned.index(p)   # its place among the worker's partitions, as the worker numbers them
+        slot = p // self.pool.size   # its place among the worker's partitions (``range(w, K, size)``), as it numbers them
         if slot >= SLOTS:
             return False
         if ring.took(slot):
