@@ -41,9 +41,10 @@ def windows_child(name: str, ks: list[int], parallel: dict[str, Any], mb: float,
                   warmup: float) -> dict[str, Any]:
     """Every setting's CPU per token (tree, and this process alone) in each of its ``windows`` windows
     (K >= 1 under ``parallel``, e.g. ``{"placement": "processes"}``)."""
-    import feedline
     import scaling
     from common import tree_cpu
+
+    import feedline
 
     specs = {k: scaling.spec_for(name, mb, 0, max(k, 1)) for k in ks}
     for k, spec in specs.items():
