@@ -36,9 +36,10 @@ when its parent dies (it watches the parent's sentinel), so no worker outlives a
 The process is the worker's own, so its cyclic garbage collector is tuned for a pipeline: what
 lives once a partition has made its first batch (the modules, the tokenizer, the pipelines) is
 frozen out of the collector's passes, and the young generation is collected every
-:data:`GC_YOUNG` allocations, not 700. A pipeline of short records allocates ~1,100 containers a
-batch, nearly all freed by their counts; with the defaults its thread spent ~10 % in the collector
-(~130 us a batch, most of it full passes over ~40,000 objects), ~30 us with these. Once a
+:data:`GC_YOUNG` allocations, not 700. A pipeline of short records makes many small containers a
+batch, nearly all freed by their counts; with the defaults its thread spent ~12 % in the collector
+(~150 us a batch, half of it full passes over ~40,000 objects), ~40-55 us with these
+(``bench/gc_cost.py``). Once a
 pipeline is closed (a restart, an end), the next freeze collects first: frozen, its cycles never
 would be.
 """
@@ -234,6 +235,7 @@ def run_worker(conn: Connection, make_bytes: bytes, owned: list[int], prefetch: 
                             stage.start()
                         except BaseException as e:   # SystemExit from user code too: reported, never a death
                             stage.close()
+                            closed = True
                             out.append(("error", msg[1], p, *portable(e)))
                             continue
                         stages[p] = stage
