@@ -209,7 +209,7 @@ class WorkerProcess:
 
     def send(self, msg: tuple[Any, ...]) -> None:
         """Put ``msg`` on the worker's pipe (pickled plainly: ``Connection.send``'s pickler copies its
-        reducer table at every call, ~10 us of a credit's wake; no message here needs its reducers)."""
+        reducer table at every call, 1.9 us against 0.3 for a credit's wake; no message here needs its reducers)."""
         data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
         with self.lock:
             try:
