@@ -32,11 +32,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 TAKEN_FIRST = 8   # batches taken before each window: those made ahead while another setting was measured
 
 
-def _own_cpu() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
 def windows_child(name: str, ks: list[int], parallel: dict[str, Any], mb: float, window: float, windows: int,
                   warmup: float) -> dict[str, Any]:
     """Every setting's CPU per token (tree, and this process alone) in each of its ``windows`` windows
@@ -66,11 +61,11 @@ def windows_child(name: str, ks: list[int], parallel: dict[str, Any], mb: float,
                 it = its[k]
                 for _ in range(TAKEN_FIRST):
                     next(it)
-                n, c, s, t = 0, tree_cpu(), _own_cpu(), time.perf_counter()
+                n, c, s, t = 0, tree_cpu(), time.process_time(), time.perf_counter()
                 while time.perf_counter() - t < window:
                     n += int(next(it)["attention_mask"].sum())
                 tree[k].append((tree_cpu() - c) / n * 1e6)
-                own[k].append((_own_cpu() - s) / n * 1e6)
+                own[k].append((time.process_time() - s) / n * 1e6)
                 tokens[k].append(n)
     finally:
         for loader in loaders.values():

@@ -21,7 +21,8 @@ before (:mod:`.frames`).
     >>> for a, pos in zip(flat.arrays, at):
     ...     region[pos:pos + a.nbytes] = a.reshape(-1).view(np.uint8)
     >>> extra = pickle.dumps(flat.extra())   # a new layout: it goes once
-    >>> msgs = Layouts().decode(flat.header({}, at, 0, 128, extra, []), lambda start, end: region)
+    >>> from collections import OrderedDict
+    >>> msgs = Layouts().decode(flat.header({}, at, 0, 128, extra, []), lambda start, end: region, OrderedDict())
     >>> msgs[0][:3], msgs[0][3]["ids"].tolist(), int(msgs[0][3]["n"]), msgs[0][4:]
     (('batch', 0, 1), [[0, 1, 2], [3, 4, 5]], 7, (None, 5))
 """
@@ -144,7 +145,7 @@ class Layouts:
         self.known: dict[int, _Layout] = {}
 
     def decode(self, head: bytes | bytearray | memoryview, region: Callable[[int, int], np.ndarray],
-               kept: OrderedDict[bytes, Any] | None = None) -> list[tuple[Any, ...]]:
+               kept: OrderedDict[bytes, Any]) -> list[tuple[Any, ...]]:
         """The messages a header describes, their arrays over ``region(start, end)`` (the ring's part
         the message's arrays lie in, as ``uint8``); ``kept``: the stream's memory, for its pickled
         part (:func:`~feedline._core.deferred.shipping`).
@@ -159,7 +160,8 @@ class Layouts:
             buf = region(start, end)
             try:   # the pickled part's arrays are copied out: a state is kept long, and must not hold the ring
                 bufs = [buf[o:o + size].copy() for o, size in _BUF.iter_unpack(head[_HEAD.size:at])]
-                layout, states = _loads(memoryview(head)[at:at + extra], bufs, kept)
+                with shipping(kept):   # (what came whole lately, kept by key: a pack window)
+                    layout, states = pickle.loads(memoryview(head)[at:at + extra], buffers=bufs)
             except (struct.error, pickle.UnpicklingError, ValueError, TypeError) as e:
                 raise EOFError(f"a partition worker's message has a broken header ({e}): the stream is corrupt") from e
             at += extra
@@ -178,10 +180,3 @@ class Layouts:
                     for v, state in zip(one.iter_unpack(memoryview(head)[at:]), states)]
         except (TypeError, ValueError) as e:   # an array outside its region
             raise EOFError(f"a partition worker's message places an array outside its memory ({e}): the stream is corrupt") from e
-
-
-def _loads(data: memoryview, buffers: list[np.ndarray], kept: OrderedDict[bytes, Any] | None) -> Any:
-    if kept is None:
-        return pickle.loads(data, buffers=buffers)
-    with shipping(kept):   # (what came whole lately, kept by key: a pack window)
-        return pickle.loads(data, buffers=buffers)
